@@ -1,0 +1,27 @@
+"""Verifiable rewards: math, code (sandboxed), logic games, instruction following.
+
+    from verifiers import Reward, verify, verify_batch, get_verifier, register_verifier, VERIFIERS
+
+See verifiers/README.md. This package imports nothing from the rest of the repository.
+"""
+from .api import VerifierPool, shutdown_pool, verify, verify_batch
+from .registry import VERIFIERS, get_verifier, register_verifier
+from .schema import Reward, TaskRow
+
+# domain modules register themselves on import
+from . import math_answer  # noqa: E402,F401
+from . import code_exec  # noqa: E402,F401
+from . import ifeval  # noqa: E402,F401
+from .logic import arc, countdown, knights_knaves, maze, sudoku  # noqa: E402,F401
+
+__all__ = [
+    "Reward",
+    "TaskRow",
+    "VERIFIERS",
+    "VerifierPool",
+    "get_verifier",
+    "register_verifier",
+    "shutdown_pool",
+    "verify",
+    "verify_batch",
+]

@@ -1,0 +1,214 @@
+"""``verify`` (one row, in-process) and ``verify_batch`` (process pool).
+
+``verify_batch`` keeps a module-level pool of worker processes alive between calls (an RL
+loop calls it every step; starting processes each time would cost more than verifying).
+Workers are forked from a forkserver that has already imported ``verifiers``. Each row
+gets ``timeout_s``: the worker enforces it in-process (SIGALRM), and the parent kills a
+worker that is still busy ``timeout_s + grace`` after dispatch (C-level hangs, crashes),
+records score 0 with the reason and starts a fresh worker. Order is preserved.
+``num_workers=0`` verifies in the calling process (no isolation from crashes).
+"""
+from __future__ import annotations
+
+import atexit
+import multiprocessing as mp
+import threading
+import time
+import traceback
+from collections import deque
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from .extract import NoAnswer, final_text
+from .registry import get_verifier
+from .timeouts import VerifierTimeout, time_limit
+from .schema import Reward, TaskRow
+
+DEFAULT_TIMEOUT_S = 10.0
+KILL_GRACE_S = 2.0
+
+
+def verify(row: TaskRow | dict[str, Any], response: str, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> Reward:
+    """Verify one response in this process. Never raises for bad answers or verifier bugs:
+    those give score 0 with the reason. Raises only for a malformed row (no domain)."""
+    t0 = time.perf_counter()
+    try:
+        row = TaskRow.coerce(row)
+    except Exception as e:  # pydantic.ValidationError
+        return Reward(score=0.0, reason=f"invalid task row: {e}".splitlines()[0], elapsed_s=time.perf_counter() - t0)
+    try:
+        fn = get_verifier(row.domain)
+    except KeyError as e:
+        return Reward(score=0.0, reason=str(e.args[0]), elapsed_s=time.perf_counter() - t0)
+    try:
+        require_think = bool((row.extraction or {}).get("require_think", False))
+        text = final_text(response, require_think=require_think)
+        with time_limit(timeout_s):
+            reward = fn(row, text)
+    except NoAnswer as e:
+        reward = Reward.zero(str(e))
+    except VerifierTimeout as e:
+        reward = Reward.zero(f"verifier timeout: {e}")
+    except Exception as e:
+        reward = Reward.zero(f"verifier error: {type(e).__name__}: {e}", traceback=traceback.format_exc(limit=5))
+    reward.elapsed_s = time.perf_counter() - t0
+    if row.id is not None:
+        reward.details.setdefault("id", row.id)
+    reward.details.setdefault("domain", row.domain)
+    return reward
+
+
+# ---- worker pool -----------------------------------------------------------------------
+def _worker_main(conn: Connection) -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        idx, row, response, timeout_s = msg
+        r = verify(row, response, timeout_s=timeout_s)
+        conn.send((idx, r.model_dump()))
+
+
+class _Worker:
+    def __init__(self, ctx) -> None:
+        self.conn, child = ctx.Pipe(duplex=True)
+        self.proc = ctx.Process(target=_worker_main, args=(child,), daemon=True)
+        self.proc.start()
+        child.close()
+        self.task: int | None = None
+        self.deadline = 0.0
+
+    def kill(self) -> None:
+        try:
+            self.proc.kill()
+            self.proc.join(timeout=5)
+        finally:
+            self.conn.close()
+
+
+class VerifierPool:
+    """A fixed number of worker processes, reused across ``run`` calls."""
+
+    def __init__(self, num_workers: int) -> None:
+        self.num_workers = num_workers
+        self._ctx = mp.get_context("forkserver")
+        self._ctx.set_forkserver_preload(["verifiers"])
+        self._workers = [_Worker(self._ctx) for _ in range(num_workers)]
+        self._lock = threading.Lock()
+
+    def _replace(self, i: int) -> None:
+        self._workers[i].kill()
+        self._workers[i] = _Worker(self._ctx)
+
+    def run(self, rows: list[Any], responses: list[str], timeout_s: float) -> list[Reward]:
+        with self._lock:
+            return self._run(rows, responses, timeout_s)
+
+    def _run(self, rows, responses, timeout_s):
+        results: list[Reward | None] = [None] * len(rows)
+        sent_at: dict[int, float] = {}
+        todo = deque(range(len(rows)))
+        for i, w in enumerate(self._workers):
+            if not w.proc.is_alive():
+                self._replace(i)
+        while todo or any(w.task is not None for w in self._workers):
+            for w in self._workers:
+                if w.task is None and todo:
+                    idx = todo.popleft()
+                    row = rows[idx].model_dump() if isinstance(rows[idx], TaskRow) else rows[idx]
+                    try:
+                        w.conn.send((idx, row, responses[idx], timeout_s))
+                    except Exception as e:  # unpicklable row, broken pipe
+                        results[idx] = Reward.zero(f"could not send row to worker: {type(e).__name__}: {e}")
+                        continue
+                    w.task, sent_at[idx] = idx, time.monotonic()
+                    w.deadline = sent_at[idx] + timeout_s + KILL_GRACE_S
+            busy = [w for w in self._workers if w.task is not None]
+            if not busy:
+                continue
+            now = time.monotonic()
+            wait_s = max(0.0, min(w.deadline for w in busy) - now)
+            ready = wait([w.conn for w in busy] + [w.proc.sentinel for w in busy], timeout=wait_s)
+            now = time.monotonic()
+            for i, w in enumerate(self._workers):
+                if w.task is None:
+                    continue
+                idx = w.task
+                if w.conn in ready:
+                    try:
+                        got_idx, payload = w.conn.recv()
+                        results[got_idx] = Reward.model_validate(payload)
+                        w.task = None
+                        continue
+                    except (EOFError, OSError):
+                        pass  # died while answering: handled below
+                if w.conn in ready or w.proc.sentinel in ready or not w.proc.is_alive():
+                    w.proc.join(timeout=1)
+                    results[idx] = Reward.zero(f"verifier process crashed (exit code {w.proc.exitcode})")
+                    results[idx].elapsed_s = now - sent_at[idx]
+                    self._replace(i)
+                elif now >= w.deadline:
+                    results[idx] = Reward.zero(f"verifier timeout: killed after {timeout_s:g}s")
+                    results[idx].elapsed_s = now - sent_at[idx]
+                    self._replace(i)
+        return [r for r in results]  # type: ignore[misc]
+
+    def close(self) -> None:
+        for w in self._workers:
+            try:
+                w.conn.send(None)
+            except Exception:
+                pass
+        for w in self._workers:
+            w.proc.join(timeout=2)
+            if w.proc.is_alive():
+                w.kill()
+        self._workers = []
+
+
+_POOL: VerifierPool | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def get_pool(num_workers: int) -> VerifierPool:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL.num_workers != num_workers:
+            if _POOL is not None:
+                _POOL.close()
+            _POOL = VerifierPool(num_workers)
+        return _POOL
+
+
+def shutdown_pool() -> None:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is not None:
+            _POOL.close()
+            _POOL = None
+
+
+atexit.register(shutdown_pool)
+
+
+def verify_batch(
+    rows: list[TaskRow | dict[str, Any]],
+    responses: list[str],
+    num_workers: int = 2,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> list[Reward]:
+    """Verify many responses in a reused process pool; order preserved; never raises for
+    a crashing or hanging verifier (score 0 with the reason instead)."""
+    if len(rows) != len(responses):
+        raise ValueError(f"verify_batch: {len(rows)} rows but {len(responses)} responses")
+    if not rows:
+        return []
+    if num_workers <= 0:
+        return [verify(r, s, timeout_s=timeout_s) for r, s in zip(rows, responses)]
+    return get_pool(num_workers).run(list(rows), list(responses), timeout_s)

@@ -1,0 +1,190 @@
+"""Code: run the candidate program against test cases inside the sandbox (``sandbox.py``).
+
+Reference (``row.reference``)::
+
+    {"tests": [{"input": "1 2\\n", "output": "3\\n"}, ...]}                  # stdin/stdout
+    {"tests": [{"fn": "add", "args": [1, 2], "kwargs": {}, "expected": 3}]}  # function calls
+    optional: "fn_name" (default function for call tests), "scoring": "fraction" (default)
+    or "all_or_nothing", "timeout_s" (wall seconds per test, default 4), "cpu_s" (2),
+    "memory_mb" (512), "float_tol" (1e-6, for numeric outputs)
+
+The program is the last fenced code block of the final answer (```python ... ```), or the
+whole final answer when it has no fence. Expected outputs never enter the sandbox: a
+program cannot print them by reading test files. Each stdin test is a separate run; all
+call tests of a row share one run of a small harness that imports the candidate as a
+module, calls it with the arguments and writes the return values to a file.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from .registry import register_verifier
+from .sandbox import SandboxConfig, run_python
+from .schema import Reward, TaskRow
+from .timeouts import remaining_s
+
+_FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
+
+HARNESS = r'''
+import json, sys, io, contextlib
+calls = json.load(open("calls.json"))
+out = open("results.jsonl", "w")
+sink = io.StringIO()
+try:
+    with contextlib.redirect_stdout(sink):
+        import solution
+except BaseException as e:
+    out.write(json.dumps({"import_error": "%s: %s" % (type(e).__name__, e)}) + "\n")
+    out.flush()
+    raise SystemExit(0)
+def _plain(x):
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if isinstance(x, dict):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (set, frozenset)):
+        return sorted((_plain(v) for v in x), key=repr)
+    return x
+for i, c in enumerate(calls):
+    try:
+        fn = getattr(solution, c["fn"])
+        with contextlib.redirect_stdout(sink):
+            r = fn(*c.get("args", []), **c.get("kwargs", {}))
+        line = json.dumps({"i": i, "ok": True, "value": _plain(r)})
+    except BaseException as e:
+        line = json.dumps({"i": i, "ok": False, "error": "%s: %s" % (type(e).__name__, str(e)[:200])})
+    out.write(line + "\n")
+    out.flush()
+'''
+
+
+def extract_code(text: str) -> str | None:
+    blocks = _FENCE_RE.findall(text)
+    if blocks:
+        py = [b for lang, b in blocks if lang.lower() in ("python", "py", "python3", "")]
+        return (py or [b for _, b in blocks])[-1]
+    return text if text.strip() else None
+
+
+def _norm_lines(s: str) -> list[str]:
+    lines = [ln.rstrip() for ln in s.replace("\r\n", "\n").split("\n")]
+    while lines and not lines[-1]:
+        lines.pop()
+    return lines
+
+
+def outputs_match(expected: str, got: str, float_tol: float = 1e-6) -> bool:
+    e, g = _norm_lines(expected), _norm_lines(got)
+    if e == g:
+        return True
+    if len(e) != len(g):
+        return False
+    for le, lg in zip(e, g):
+        te, tg = le.split(), lg.split()
+        if len(te) != len(tg):
+            return False
+        for a, b in zip(te, tg):
+            if a == b:
+                continue
+            try:
+                fa, fb = float(a), float(b)
+            except ValueError:
+                return False
+            if not math.isclose(fa, fb, rel_tol=float_tol, abs_tol=float_tol):
+                return False
+    return True
+
+
+def values_match(expected: Any, got: Any, float_tol: float = 1e-6) -> bool:
+    if isinstance(expected, bool) or isinstance(got, bool):
+        return expected is got or expected == got and type(expected) is type(got)
+    if isinstance(expected, (int, float)) and isinstance(got, (int, float)):
+        return math.isclose(expected, got, rel_tol=float_tol, abs_tol=float_tol)
+    if isinstance(expected, (list, tuple)) and isinstance(got, (list, tuple)):
+        return len(expected) == len(got) and all(values_match(a, b, float_tol) for a, b in zip(expected, got))
+    if isinstance(expected, dict) and isinstance(got, dict):
+        return expected.keys() == got.keys() and all(values_match(expected[k], got[k], float_tol) for k in expected)
+    return expected == got
+
+
+def run_tests(program: str, ref: dict[str, Any]) -> dict[str, Any]:
+    tests = ref.get("tests")
+    if not isinstance(tests, list) or not tests:
+        raise ValueError("code reference needs a non-empty 'tests' list")
+    per_test = float(ref.get("timeout_s", 4.0))
+    float_tol = float(ref.get("float_tol", 1e-6))
+    base = SandboxConfig(cpu_s=int(ref.get("cpu_s", 2)), wall_s=per_test, memory_mb=int(ref.get("memory_mb", 512)))
+    passed: list[bool] = [False] * len(tests)
+    notes: list[str] = [""] * len(tests)
+    call_idx = [i for i, t in enumerate(tests) if "fn" in t or ("args" in t and ref.get("fn_name"))]
+    io_idx = [i for i in range(len(tests)) if i not in set(call_idx)]
+    startup = []
+    for i in io_idx:
+        t = tests[i]
+        budget = remaining_s(default=per_test * len(tests) + 5) - 0.5
+        if budget <= 0.2:
+            notes[i] = "not run: verification budget spent"
+            continue
+        cfg = SandboxConfig(**{**base.__dict__, "wall_s": min(per_test, budget)})
+        r = run_python({"main.py": program}, "main.py", stdin=str(t.get("input", "")), config=cfg)
+        startup.append(r.elapsed_s)
+        if r.timed_out:
+            notes[i] = "timeout"
+        elif r.output_capped:
+            notes[i] = "output limit exceeded"
+        elif r.returncode != 0:
+            notes[i] = f"exit code {r.returncode}: " + r.stderr.decode(errors="replace")[-300:]
+        else:
+            passed[i] = outputs_match(str(t.get("output", "")), r.stdout.decode(errors="replace"), float_tol)
+            notes[i] = "ok" if passed[i] else "wrong output"
+    if call_idx:
+        calls = [{"fn": tests[i].get("fn", ref.get("fn_name")), "args": tests[i].get("args", []),
+                  "kwargs": tests[i].get("kwargs", {})} for i in call_idx]
+        budget = remaining_s(default=per_test * len(tests) + 5) - 0.5
+        cfg = SandboxConfig(**{**base.__dict__, "wall_s": max(0.2, min(per_test * len(calls), budget))})
+        r = run_python({"solution.py": program, "main.py": HARNESS, "calls.json": json.dumps(calls)}, "main.py",
+                       config=cfg, collect=("results.jsonl",))
+        results: dict[int, dict] = {}
+        for line in r.files.get("results.jsonl", b"").decode(errors="replace").splitlines():
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if "import_error" in obj:
+                for i in call_idx:
+                    notes[i] = "import failed: " + obj["import_error"]
+                break
+            if isinstance(obj.get("i"), int):
+                results[obj["i"]] = obj
+        for k, i in enumerate(call_idx):
+            obj = results.get(k)
+            if obj is None:
+                notes[i] = notes[i] or ("timeout" if r.timed_out else f"no result (exit code {r.returncode})")
+            elif not obj.get("ok"):
+                notes[i] = "raised " + str(obj.get("error"))
+            else:
+                passed[i] = values_match(tests[i].get("expected"), obj.get("value"), float_tol)
+                notes[i] = "ok" if passed[i] else "wrong value"
+    return {"passed": passed, "notes": notes, "sandbox_s": startup}
+
+
+@register_verifier("code")
+def verify_code(row: TaskRow, text: str) -> Reward:
+    ref = row.reference if isinstance(row.reference, dict) else {}
+    program = extract_code(text)
+    if program is None:
+        return Reward.zero("no program in the final answer")
+    res = run_tests(program, ref)
+    n_pass, n = sum(res["passed"]), len(res["passed"])
+    scoring = ref.get("scoring", "fraction")
+    score = n_pass / n if scoring == "fraction" else float(n_pass == n)
+    reason = f"{n_pass}/{n} tests passed"
+    first_fail = next((note for ok, note in zip(res["passed"], res["notes"]) if not ok), None)
+    if first_fail:
+        reason += f"; first failure: {first_fail[:200]}"
+    return Reward(score=score, extracted=program[:2000], reason=reason,
+                  details={"tests": [{"passed": p, "note": note[:300]} for p, note in zip(res["passed"], res["notes"])],
+                           "scoring": scoring})

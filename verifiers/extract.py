@@ -1,0 +1,135 @@
+"""Answer extraction shared by all verifiers.
+
+Only the text after the last ``</think>`` counts. A response whose ``<think>`` is never
+closed has no answer. Inside the final text, the answer is looked for with an ordered list
+of strategies (configurable per dataset through the row's ``extraction`` dict):
+
+- ``boxed``: the content of the last ``\\boxed{...}`` / ``\\fbox{...}`` (nested braces);
+- ``answer_is``: the text after "the answer is" / "final answer:" / "answer:" (last one);
+- ``last_number``: the last number in the text;
+- ``full``: the whole final text, stripped.
+
+Options (``row.extraction``): ``strategies`` (list, default
+``["boxed", "answer_is", "last_number"]``), ``require_think`` (bool, default False:
+responses without any ``<think>`` are taken whole), ``max_distinct_boxed`` (int, default 1:
+more distinct boxed answers than this is answer stuffing and extracts nothing).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+DEFAULT_STRATEGIES = ("boxed", "answer_is", "last_number")
+
+
+class NoAnswer(Exception):
+    """Raised when a response has no extractable final answer; the message is the reason."""
+
+
+@dataclass
+class ExtractionOptions:
+    strategies: tuple[str, ...] = DEFAULT_STRATEGIES
+    require_think: bool = False
+    max_distinct_boxed: int = 1
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> "ExtractionOptions":
+        d = dict(d or {})
+        opts = cls()
+        if "strategies" in d:
+            strategies = tuple(d.pop("strategies"))
+            unknown = set(strategies) - {"boxed", "answer_is", "last_number", "full"}
+            if unknown:
+                raise ValueError(f"unknown extraction strategies: {sorted(unknown)}")
+            opts.strategies = strategies
+        if "require_think" in d:
+            opts.require_think = bool(d.pop("require_think"))
+        if "max_distinct_boxed" in d:
+            opts.max_distinct_boxed = int(d.pop("max_distinct_boxed"))
+        opts.extra = d
+        return opts
+
+
+def final_text(response: str, require_think: bool = False) -> str:
+    """Text after the last ``</think>``. Raises NoAnswer for an unclosed thinking section."""
+    if response is None:
+        raise NoAnswer("response is None")
+    last_close = response.rfind(THINK_CLOSE)
+    last_open = response.rfind(THINK_OPEN)
+    if last_open > last_close:
+        raise NoAnswer("thinking section not closed (<think> without </think>): no final answer")
+    if last_close == -1:
+        if require_think:
+            raise NoAnswer("no </think> found and the dataset requires a thinking section")
+        return response.strip()
+    return response[last_close + len(THINK_CLOSE):].strip()
+
+
+_BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+
+
+def find_boxed(text: str) -> list[str]:
+    """All ``\\boxed{...}`` contents, in order, with nested braces balanced."""
+    out: list[str] = []
+    for m in _BOX_RE.finditer(text):
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            c = text[i]
+            if c == "\\" and i + 1 < len(text) and text[i + 1] in "{}":
+                i += 2
+                continue
+            if c == "{":
+                depth += 1
+            elif c == "}":
+                depth -= 1
+            i += 1
+        if depth == 0:
+            out.append(text[m.end(): i - 1].strip())
+    return out
+
+
+_ANSWER_IS_RE = re.compile(
+    r"(?:the\s+)?(?:final\s+)?answer\s*(?:is|:|=)\s*:?\s*(.+)", re.IGNORECASE
+)
+_NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?|-?\.\d+")
+
+
+def _clean_tail(s: str) -> str:
+    """First line of the text after "the answer is", without emphasis or a final period."""
+    s = s.strip()
+    s = s.splitlines()[0] if s else s
+    return s.strip().strip("*_ ").rstrip(".").strip().strip("*_ ")
+
+
+def extract_answer(text: str, opts: ExtractionOptions | None = None) -> tuple[str, str]:
+    """Extract from the final text. Returns (answer, strategy). Raises NoAnswer."""
+    opts = opts or ExtractionOptions()
+    for strategy in opts.strategies:
+        if strategy == "boxed":
+            boxed = find_boxed(text)
+            if boxed:
+                distinct = list(dict.fromkeys(b for b in boxed))
+                if len(distinct) > opts.max_distinct_boxed:
+                    raise NoAnswer(
+                        f"answer stuffing: {len(distinct)} different boxed answers "
+                        f"(at most {opts.max_distinct_boxed} allowed)"
+                    )
+                return boxed[-1], "boxed"
+        elif strategy == "answer_is":
+            matches = list(_ANSWER_IS_RE.finditer(text))
+            if matches:
+                ans = _clean_tail(matches[-1].group(1))
+                if ans:
+                    return ans.replace("$", "").strip(), "answer_is"
+        elif strategy == "last_number":
+            nums = _NUMBER_RE.findall(text)
+            if nums:
+                return nums[-1], "last_number"
+        elif strategy == "full":
+            if text.strip():
+                return text.strip(), "full"
+    raise NoAnswer(f"no answer found with strategies {list(opts.strategies)}")
