@@ -6,6 +6,8 @@ Workers are forked from a forkserver that has already imported ``verifiers``. Ea
 gets ``timeout_s``: the worker enforces it in-process (SIGALRM), and the parent kills a
 worker that is still busy ``timeout_s + grace`` after dispatch (C-level hangs, crashes),
 records score 0 with the reason and starts a fresh worker. Order is preserved.
+Verifiers registered from modules outside ``verifiers`` are imported in the workers by
+module name (the pool restarts when that set changes); ones defined in ``__main__`` are not.
 ``num_workers=0`` verifies in the calling process (no isolation from crashes).
 """
 from __future__ import annotations
@@ -20,7 +22,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from .extract import NoAnswer, final_text
-from .registry import get_verifier
+from .registry import VERIFIERS, get_verifier
 from .timeouts import VerifierTimeout, time_limit
 from .schema import Reward, TaskRow
 
@@ -59,10 +61,18 @@ def verify(row: TaskRow | dict[str, Any], response: str, timeout_s: float | None
 
 
 # ---- worker pool -----------------------------------------------------------------------
-def _worker_main(conn: Connection) -> None:
+def _worker_main(conn: Connection, sys_path: list[str], modules: list[str]) -> None:
+    import importlib
     import signal
+    import sys
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
+    sys.path[:] = list(dict.fromkeys(sys.path + sys_path))
+    for name in modules:  # verifiers registered in the parent by other modules
+        try:
+            importlib.import_module(name)
+        except Exception:
+            pass  # their rows then score 0 with "no verifier registered"
     while True:
         try:
             msg = conn.recv()
@@ -75,10 +85,17 @@ def _worker_main(conn: Connection) -> None:
         conn.send((idx, r.model_dump()))
 
 
+def _verifier_modules() -> tuple[str, ...]:
+    mods = {getattr(fn, "__module__", None) for fn in VERIFIERS.values()}
+    return tuple(sorted(m for m in mods if m and m != "__main__" and not m.startswith("verifiers.")))
+
+
 class _Worker:
-    def __init__(self, ctx) -> None:
+    def __init__(self, ctx, modules: tuple[str, ...]) -> None:
+        import sys
+
         self.conn, child = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(target=_worker_main, args=(child,), daemon=True)
+        self.proc = ctx.Process(target=_worker_main, args=(child, list(sys.path), list(modules)), daemon=True)
         self.proc.start()
         child.close()
         self.task: int | None = None
@@ -95,16 +112,17 @@ class _Worker:
 class VerifierPool:
     """A fixed number of worker processes, reused across ``run`` calls."""
 
-    def __init__(self, num_workers: int) -> None:
+    def __init__(self, num_workers: int, modules: tuple[str, ...] = ()) -> None:
         self.num_workers = num_workers
+        self.modules = modules
         self._ctx = mp.get_context("forkserver")
         self._ctx.set_forkserver_preload(["verifiers"])
-        self._workers = [_Worker(self._ctx) for _ in range(num_workers)]
+        self._workers = [_Worker(self._ctx, modules) for _ in range(num_workers)]
         self._lock = threading.Lock()
 
     def _replace(self, i: int) -> None:
         self._workers[i].kill()
-        self._workers[i] = _Worker(self._ctx)
+        self._workers[i] = _Worker(self._ctx, self.modules)
 
     def run(self, rows: list[Any], responses: list[str], timeout_s: float) -> list[Reward]:
         with self._lock:
@@ -179,10 +197,11 @@ _POOL_LOCK = threading.Lock()
 def get_pool(num_workers: int) -> VerifierPool:
     global _POOL
     with _POOL_LOCK:
-        if _POOL is None or _POOL.num_workers != num_workers:
+        modules = _verifier_modules()
+        if _POOL is None or _POOL.num_workers != num_workers or _POOL.modules != modules:
             if _POOL is not None:
                 _POOL.close()
-            _POOL = VerifierPool(num_workers)
+            _POOL = VerifierPool(num_workers, modules)
         return _POOL
 
 

@@ -6,11 +6,13 @@ of strategies (configurable per dataset through the row's ``extraction`` dict):
 
 - ``boxed``: the content of the last ``\\boxed{...}`` / ``\\fbox{...}`` (nested braces);
 - ``answer_is``: the text after "the answer is" / "final answer:" / "answer:" (last one);
-- ``last_number``: the last number in the text;
+- ``bare``: the whole final text when it is one short line of mathematics (no words of
+  two or more letters outside LaTeX commands), e.g. ``\frac{1}{2}`` or ``x = 3, y = 4``;
+- ``last_number``: the last number in the text (fractions a/b and a trailing % included);
 - ``full``: the whole final text, stripped.
 
 Options (``row.extraction``): ``strategies`` (list, default
-``["boxed", "answer_is", "last_number"]``), ``require_think`` (bool, default False:
+``["boxed", "answer_is", "bare", "last_number"]``), ``require_think`` (bool, default False:
 responses without any ``<think>`` are taken whole), ``max_distinct_boxed`` (int, default 1:
 more distinct boxed answers than this is answer stuffing and extracts nothing).
 """
@@ -22,7 +24,7 @@ from typing import Any
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
-DEFAULT_STRATEGIES = ("boxed", "answer_is", "last_number")
+DEFAULT_STRATEGIES = ("boxed", "answer_is", "bare", "last_number")
 
 
 class NoAnswer(Exception):
@@ -42,7 +44,7 @@ class ExtractionOptions:
         opts = cls()
         if "strategies" in d:
             strategies = tuple(d.pop("strategies"))
-            unknown = set(strategies) - {"boxed", "answer_is", "last_number", "full"}
+            unknown = set(strategies) - {"boxed", "answer_is", "bare", "last_number", "full"}
             if unknown:
                 raise ValueError(f"unknown extraction strategies: {sorted(unknown)}")
             opts.strategies = strategies
@@ -95,7 +97,7 @@ def find_boxed(text: str) -> list[str]:
 _ANSWER_IS_RE = re.compile(
     r"(?:the\s+)?(?:final\s+)?answer\s*(?:is|:|=)\s*:?\s*(.+)", re.IGNORECASE
 )
-_NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?|-?\.\d+")
+_NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?(?:\s*/\s*\d+)?%?|-?\.\d+%?")
 
 
 def _clean_tail(s: str) -> str:
@@ -125,6 +127,10 @@ def extract_answer(text: str, opts: ExtractionOptions | None = None) -> tuple[st
                 ans = _clean_tail(matches[-1].group(1))
                 if ans:
                     return ans.replace("$", "").strip(), "answer_is"
+        elif strategy == "bare":
+            t = text.strip().strip("$").strip().rstrip(".")
+            if t and "\n" not in t and len(t) <= 100 and not re.search(r"[A-Za-z]{2,}", re.sub(r"\\[A-Za-z]+", "", t)):
+                return t, "bare"
         elif strategy == "last_number":
             nums = _NUMBER_RE.findall(text)
             if nums:
