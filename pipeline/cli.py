@@ -1,0 +1,134 @@
+"""`ring-pipeline ...`: the user's entry point. Nothing imports this module."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from pipeline.loader import RecipeError, load_recipe
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Run the Ring-1T training recipe as one declarative pipeline.")
+
+RecipeArg = typer.Argument(..., help="recipe YAML file")
+SetOpt = typer.Option([], "--set", help="override a recipe value: KEY.PATH=VALUE (repeatable)")
+
+
+def _fail(message: str, code: int) -> None:
+    typer.secho(message, err=True, fg=typer.colors.RED)
+    raise typer.Exit(code)
+
+
+def _load(recipe: Path, overrides: list[str]):
+    try:
+        return load_recipe(recipe, overrides)
+    except RecipeError as e:
+        _fail("recipe error:\n" + "\n".join(f"  {p}" for p in e.problems), 2)
+
+
+def _plan(recipe):
+    from pipeline.plan import make_plan
+
+    try:
+        return make_plan(recipe)
+    except Exception as e:  # store unreachable, bad credentials, ...
+        _fail(f"cannot reach the artifact store {recipe.storage.url}: {type(e).__name__}: {e}", 1)
+
+
+@app.command()
+def validate(recipe: Path = RecipeArg, set_: list[str] = SetOpt) -> None:
+    """Check a recipe (schema, values, references, cycles) without running anything."""
+    r = _load(recipe, set_)
+    typer.echo(f"{recipe}: ok ({len(r.stages)} stages: {', '.join(r.stages)})")
+
+
+@app.command()
+def plan(recipe: Path = RecipeArg, set_: list[str] = SetOpt) -> None:
+    """Stages in order with their hashes, what is done / to run, and each launch command."""
+    from pipeline.launch import build_command
+
+    p = _plan(_load(recipe, set_))
+    typer.echo(f"recipe {p.recipe.name}  store {p.store.root}")
+    for i, s in enumerate(p.stages, 1):
+        status = "done" if s.done else "to run"
+        typer.echo(f"{i:>2}. {s.name:<16} {s.kind.name:<14} {s.short_hash}  {status:<7} "
+                   f"needs: {', '.join(s.deps) or '-'}")
+        typer.echo(f"    artifact: {s.url}")
+        cmd = build_command(s.kind.entry, Path("<job.json>"), s.resources, s.launcher, s.kind.distributed)
+        typer.echo(f"    launch:   {' '.join(cmd)}  (world size {s.resources.world_size if s.kind.distributed else 1})")
+
+
+@app.command()
+def run(recipe: Path = RecipeArg, set_: list[str] = SetOpt,
+        only: list[str] = typer.Option([], "--only", help="run just this stage (repeatable)"),
+        from_: Optional[str] = typer.Option(None, "--from", help="rerun this stage and everything after it"),
+        force: list[str] = typer.Option([], "--force", help="rerun this stage (and its dependents)")) -> None:
+    """Run the recipe as a Prefect flow; published stages are skipped."""
+    r = _load(recipe, set_)
+    p = _plan(r)
+    try:
+        p.select(only, from_, force)
+    except KeyError as e:
+        _fail(str(e.args[0]), 2)
+    from pipeline.artifacts import ArtifactError
+    from pipeline.flow import pipeline_flow
+    from pipeline.launch import StageFailed
+
+    try:
+        results = pipeline_flow(str(recipe), set_, only or None, from_, force or None)
+    except (StageFailed, ArtifactError) as e:
+        _fail(str(e), 1)
+    except KeyboardInterrupt:
+        _fail("interrupted: stage jobs were stopped; rerun to resume from the last checkpoints", 130)
+    for name, res in results.items():
+        extra = f" in {res['seconds']:.1f}s" if res["status"] == "ran" else ""
+        typer.echo(f"{name}: {res['status']}{extra} -> {res['url']}")
+
+
+@app.command()
+def status(recipe: Path = RecipeArg, set_: list[str] = SetOpt) -> None:
+    """Per stage: done / failed / pending, its artifact URI and MLflow run."""
+    from pipeline.execute import read_failure
+
+    p = _plan(_load(recipe, set_))
+    for s in p.stages:
+        if s.done:
+            m = p.store.read_manifest(s.url)
+            state, run_id = "done", m.get("mlflow_run_id")
+        else:
+            failure = read_failure(p.store, s.url)
+            state = "failed" if failure else "pending"
+            run_id = failure.get("run_id") if failure else None
+        typer.echo(f"{s.name:<16} {state:<8} {s.url}  mlflow run: {run_id or '-'}")
+
+
+@app.command()
+def schema() -> None:
+    """JSON Schema of a recipe (for editor completion)."""
+    from pipeline.recipe import Recipe
+
+    typer.echo(json.dumps(Recipe.model_json_schema(), indent=2))
+
+
+@app.command()
+def serve(recipe: Path = RecipeArg, set_: list[str] = SetOpt) -> None:
+    """Serve the recipe as a Prefect deployment, so runs and "Retry" work from the UI."""
+    r = _load(recipe, set_)
+    if not os.environ.get("PREFECT_API_URL"):
+        _fail("serve needs a Prefect server: start one (`prefect server start`) and set "
+              "PREFECT_API_URL=http://127.0.0.1:4200/api", 2)
+    from pipeline.flow import pipeline_flow
+
+    pipeline_flow.serve(name=r.name, parameters={"recipe_path": str(recipe.resolve()), "overrides": set_})
+
+
+def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(app())

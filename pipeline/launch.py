@@ -1,0 +1,131 @@
+"""How a stage's job starts: its own processes, never the Prefect process.
+
+Distributed kinds go through the `deepspeed` launcher (or `torchrun`) with the world
+size from the stage's resources: CPU = N local ranks on gloo, GPU = one rank per GPU,
+many nodes = a hostfile. Data stages run as one plain process. Output is streamed to
+the console with the stage name prefixed and saved to the stage's log file.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.stage_api import Launcher, Resources
+
+# Keep NVLink multicast off in every process we start (see the device notes); harmless on CPU.
+_CHILD_ENV = {
+    "PYTHONUNBUFFERED": "1",
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+_TAIL_LINES = 40
+
+
+class StageFailed(RuntimeError):
+    """A stage's job exited non-zero; the message carries its log tail."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def build_command(entry: str, job_path: Path, resources: Resources, launcher: Launcher,
+                  distributed: bool) -> list[str]:
+    """The command line that starts a stage's job (also shown by `ring-pipeline plan`)."""
+    module_args = ["--job", str(job_path)]
+    if not distributed or launcher == "local":
+        return [sys.executable, "-m", entry, *module_args]
+    port = str(resources.master_port or free_port())
+    if launcher == "deepspeed":
+        cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--master_port", port]
+        if resources.hostfile:
+            cmd += ["--hostfile", resources.hostfile, "--num_nodes", str(resources.nodes)]
+        else:
+            cmd += ["--num_nodes", "1"]
+        # On CPU deepspeed reads the same flag as the number of local ranks.
+        cmd += ["--num_gpus", str(resources.ranks_per_node), "--module", entry]
+        return cmd + module_args
+    if launcher == "torchrun":
+        cmd = [sys.executable, "-m", "torch.distributed.run",
+               "--nnodes", str(resources.nodes), "--nproc-per-node", str(resources.ranks_per_node)]
+        if resources.nodes > 1:
+            cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"$MASTER_ADDR:{port}"]
+        else:
+            cmd += ["--master-port", port]
+        return cmd + ["-m", entry, *module_args]
+    raise ValueError(f"unknown launcher {launcher!r}")
+
+
+@dataclass
+class LaunchResult:
+    returncode: int
+    log_path: Path
+
+
+def run_job(command: list[str], stage: str, log_path: Path, resources: Resources,
+            extra_env: dict[str, str] | None = None, cwd: str | None = None) -> LaunchResult:
+    """Run the job, stream its output prefixed with `[stage]`, save it to `log_path`.
+
+    A non-zero exit raises StageFailed with the log tail. Ctrl-C (or any exception
+    here) stops the whole process group of the job before re-raising.
+    """
+    env = {**os.environ, **_CHILD_ENV, **(extra_env or {})}
+    if resources.gpus_per_node == 0:
+        # CPU ranks share the cores: one intra-op thread pool per rank avoids oversubscription.
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // resources.ranks_per_node)))
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    # the repo root on the path, so `python -m stages.x` works from a source checkout too
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    tail: deque[str] = deque(maxlen=_TAIL_LINES)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                            cwd=cwd, start_new_session=True, text=True, errors="replace", bufsize=1)
+
+    def pump() -> None:
+        with open(log_path, "a", encoding="utf-8") as log:
+            for line in proc.stdout:  # type: ignore[union-attr]
+                log.write(line)
+                log.flush()
+                tail.append(line.rstrip("\n"))
+                sys.stdout.write(f"[{stage}] {line}")
+                sys.stdout.flush()
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        rc = proc.wait()
+    except BaseException:
+        stop_group(proc)
+        raise
+    finally:
+        reader.join(timeout=10)
+    if rc != 0:
+        raise StageFailed(f"stage {stage!r} failed: its job exited with code {rc}. "
+                          f"Log: {log_path}\n--- last lines ---\n" + "\n".join(tail))
+    return LaunchResult(rc, log_path)
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGINT, then SIGTERM, then SIGKILL to the job's process group."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue

@@ -1,0 +1,228 @@
+"""YAML -> Recipe: `extends`, `${env:VAR}` interpolation, `--set` overrides.
+
+Every error names where the bad value came from: `file:line: key.path: problem`
+(or `--set key=value: ...` for an override).
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from pipeline.recipe import Recipe, RecipeGraphError
+
+_ENV_RE = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
+Path_ = tuple  # a key path inside the recipe, e.g. ("stages", "sft", "lr")
+
+
+class RecipeError(Exception):
+    """A recipe that cannot be used; the message lists every problem with its location."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+@dataclass
+class Origin:
+    file: str
+    line: int | None  # 1-based
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}" if self.line else self.file
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate keys (a silent override is a classic recipe bug)."""
+
+
+_SCALARS = _Loader("")  # constructs scalar values (ints, floats, bools, null) from nodes
+
+
+def _compose(path: Path) -> yaml.Node | None:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RecipeError([f"{path}: recipe file not found"]) from None
+    except (UnicodeDecodeError, IsADirectoryError) as e:
+        raise RecipeError([f"{path}: cannot read recipe: {e}"]) from None
+    try:
+        return yaml.compose(text, Loader=_Loader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise RecipeError([f"{where}: invalid YAML: {getattr(e, 'problem', e)}"]) from None
+
+
+def _to_python(node: yaml.Node, file: str, key: Path_, origins: dict[Path_, Origin],
+               problems: list[str]) -> Any:
+    """Node tree -> plain data, recording the line of every key path."""
+    origins[key] = Origin(file, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        out: dict[str, Any] = {}
+        for k_node, v_node in node.value:
+            k = k_node.value
+            if k in out:
+                problems.append(f"{file}:{k_node.start_mark.line + 1}: {_dotted((*key, k))}: "
+                                "duplicate key")
+            out[k] = _to_python(v_node, file, (*key, k), origins, problems)
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [_to_python(v, file, (*key, i), origins, problems) for i, v in enumerate(node.value)]
+    value = node.value if node.tag == "tag:yaml.org,2002:str" else _SCALARS.construct_object(node, deep=True)
+    if isinstance(value, str):
+        value = _interpolate_env(value, f"{file}:{node.start_mark.line + 1}: {_dotted(key)}", problems)
+    return value
+
+
+def _interpolate_env(value: str, where: str, problems: list[str]) -> str:
+    def sub(m: re.Match) -> str:
+        var, default = m.group(1), m.group(2)
+        if var in os.environ:
+            return os.environ[var]
+        if default is not None:
+            return default
+        problems.append(f"{where}: environment variable {var} is not set "
+                        f"(write ${{env:{var}:-default}} for a default)")
+        return m.group(0)
+
+    return _ENV_RE.sub(sub, value)
+
+
+def _dotted(key: Path_) -> str:
+    return ".".join(str(k) for k in key) or "<root>"
+
+
+def _merge(base: Any, child: Any) -> Any:
+    """Deep merge: mappings merge key by key (order: base first); anything else replaces."""
+    if isinstance(base, dict) and isinstance(child, dict):
+        out = dict(base)
+        for k, v in child.items():
+            out[k] = _merge(base[k], v) if k in base else v
+        return out
+    return child
+
+
+def _load_file(path: Path, origins: dict[Path_, Origin], seen: tuple[Path, ...]) -> dict[str, Any]:
+    path = path.resolve()
+    if path in seen:
+        raise RecipeError([f"{path}: `extends` loops: " + " -> ".join(str(p) for p in (*seen, path))])
+    node = _compose(path)
+    problems: list[str] = []
+    file_origins: dict[Path_, Origin] = {}
+    data = _to_python(node, str(_display(path)), (), file_origins, problems) if node else {}
+    if problems:
+        raise RecipeError(problems)
+    if not isinstance(data, dict):
+        raise RecipeError([f"{_display(path)}:1: a recipe is a mapping (name, storage, stages, ...)"])
+    base_ref = data.pop("extends", None)
+    if base_ref is not None:
+        if not isinstance(base_ref, str):
+            raise RecipeError([f"{file_origins[('extends',)]}: extends: expected a file path"])
+        base_path = (path.parent / base_ref)
+        if not base_path.exists():
+            raise RecipeError([f"{file_origins[('extends',)]}: extends: {base_ref} not found "
+                               f"(looked at {base_path})"])
+        base = _load_file(base_path, origins, (*seen, path))
+        data = _merge(base, data)
+    origins.update({k: v for k, v in file_origins.items() if k != ("extends",)})
+    return data
+
+
+def _display(path: Path) -> Path:
+    try:
+        return path.relative_to(Path.cwd())
+    except ValueError:
+        return path
+
+
+def apply_override(data: dict[str, Any], assignment: str, origins: dict[Path_, Origin]) -> None:
+    """`a.b.c=value`: the value is parsed as YAML (so `3`, `1.0e-4`, `[a, b]`, `true` work)."""
+    if "=" not in assignment:
+        raise RecipeError([f"--set {assignment}: expected KEY.PATH=VALUE"])
+    dotted, raw = assignment.split("=", 1)
+    keys = [k for k in dotted.strip().split(".")]
+    if not all(keys):
+        raise RecipeError([f"--set {assignment}: empty key in {dotted!r}"])
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise RecipeError([f"--set {assignment}: value is not valid YAML: {e}"]) from None
+    node: Any = data
+    for i, k in enumerate(keys[:-1]):
+        nxt = node.get(k) if isinstance(node, dict) else None
+        if nxt is None:
+            nxt = node[k] = {}
+        if not isinstance(nxt, dict):
+            raise RecipeError([f"--set {assignment}: {'.'.join(keys[:i + 1])} is not a mapping"])
+        node = nxt
+    node[keys[-1]] = value
+    origin = Origin(f"--set {assignment}", None)
+    prefix = tuple(keys)
+    for k in [k for k in origins if k[:len(prefix)] == prefix]:
+        del origins[k]
+    origins[prefix] = origin
+
+
+def load_recipe(path: str | os.PathLike, overrides: list[str] = ()) -> Recipe:
+    origins: dict[Path_, Origin] = {}
+    data = _load_file(Path(path), origins, ())
+    for assignment in overrides:
+        apply_override(data, assignment, origins)
+    return validate_data(data, origins, str(_display(Path(path).resolve())))
+
+
+def _locate(loc: Path_, origins: dict[Path_, Origin], fallback: str) -> str:
+    """The closest recorded origin of a key path (the key itself, else its parent...)."""
+    for n in range(len(loc), -1, -1):
+        if loc[:n] in origins:
+            return str(origins[loc[:n]])
+    return fallback
+
+
+def _clean_loc(loc: tuple, data: dict[str, Any]) -> tuple:
+    """Drop pydantic's union-tag segments (e.g. 'sft' after a stage name) from a loc."""
+    out: list[Any] = []
+    node: Any = data
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            out.append(part)
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            out.append(part)
+            node = node[part]
+        elif isinstance(node, dict) and isinstance(part, str) and part.startswith("function-"):
+            continue
+        elif isinstance(node, dict) and part == node.get("kind"):
+            continue  # the discriminator tag pydantic inserts
+        else:
+            out.append(part)
+            node = None
+    return tuple(out)
+
+
+def validate_data(data: dict[str, Any], origins: dict[Path_, Origin], file: str) -> Recipe:
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as e:
+        problems = []
+        for err in e.errors(include_url=False):
+            loc = _clean_loc(tuple(err["loc"]), data)
+            ctx_err = (err.get("ctx") or {}).get("error")
+            if isinstance(ctx_err, RecipeGraphError):
+                loc = ctx_err.path
+                msg = str(ctx_err)
+            else:
+                msg = err["msg"]
+                if err["type"] == "extra_forbidden":
+                    msg = "unknown key (not part of this section's schema)"
+                elif "input" in err and not isinstance(err["input"], (dict, list)) \
+                        and err["type"] != "missing":
+                    msg += f" (got {err['input']!r})"
+            problems.append(f"{_locate(loc, origins, file)}: {_dotted(loc)}: {msg}")
+        raise RecipeError(problems) from None

@@ -1,0 +1,152 @@
+"""The DAG of a recipe: order, per-stage content hash, what is done and what will run.
+
+Stage hash = sha256(kind, the config keys that affect results, upstream stage hashes,
+the stage kind's code version). Cosmetic keys (log intervals, resources, launcher) stay
+out, so moving a run to other hardware or changing a log interval reuses artifacts.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from pydantic import BaseModel
+
+from pipeline.artifacts import ArtifactStore, join
+from pipeline.recipe import Recipe, iter_references, topological_order
+from pipeline.stage_api import Launcher, Resources, StageConfig
+from stages.registry import STAGE_KINDS, StageKind
+
+# StageConfig keys that never change results
+_EXECUTION_KEYS = {"resources", "launcher"}
+
+
+def result_config(model: BaseModel) -> Any:
+    """The config as data, without cosmetic fields (recursively)."""
+    out: dict[str, Any] = {}
+    for name, field in type(model).model_fields.items():
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        if extra.get("cosmetic") or (isinstance(model, StageConfig) and name in _EXECUTION_KEYS):
+            continue
+        out[name] = _result_value(getattr(model, name))
+    return out
+
+
+def _result_value(v: Any) -> Any:
+    if isinstance(v, BaseModel):
+        return result_config(v)
+    if isinstance(v, dict):
+        return {k: _result_value(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_result_value(x) for x in v]
+    return v
+
+
+def stage_hash(kind: StageKind, config: StageConfig, upstream: dict[str, str]) -> str:
+    payload = {
+        "kind": kind.name,
+        "config": result_config(config),
+        "upstream": dict(sorted(upstream.items())),
+        "code": kind.code_version,
+    }
+    blob = json.dumps(payload, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def resolve_references(value: Any, urls: dict[str, str]) -> Any:
+    """Replace `${stages.X.output}[/sub]` with the artifact URL of X (+ /sub)."""
+    if isinstance(value, dict):
+        return {k: resolve_references(v, urls) for k, v in value.items()}
+    if isinstance(value, list):
+        return [resolve_references(v, urls) for v in value]
+    if isinstance(value, str) and "${stages." in value:
+        (_, _, target, sub), = list(iter_references(value))
+        return join(urls[target], sub) if sub else urls[target]
+    return value
+
+
+@dataclass
+class PlannedStage:
+    name: str
+    kind: StageKind
+    config: StageConfig
+    deps: list[str]
+    hash: str
+    url: str
+    resources: Resources
+    launcher: Launcher
+    done: bool
+
+    @property
+    def short_hash(self) -> str:
+        return self.hash[:12]
+
+    def resolved_config(self, plan: "Plan") -> dict[str, Any]:
+        urls = {d: plan[d].url for d in self.deps}
+        return resolve_references(self.config.model_dump(mode="json"), urls)
+
+
+@dataclass
+class Plan:
+    recipe: Recipe
+    store: ArtifactStore
+    stages: list[PlannedStage]
+
+    def __getitem__(self, name: str) -> PlannedStage:
+        for s in self.stages:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.stages]
+
+    def downstream(self, names: Iterable[str]) -> set[str]:
+        """The given stages and everything that depends on them."""
+        out = set(names)
+        for s in self.stages:  # topological order: one pass suffices
+            if any(d in out for d in s.deps):
+                out.add(s.name)
+        return out
+
+    def select(self, only: list[str] = (), from_: str | None = None,
+               force: list[str] = ()) -> tuple[list[str], set[str]]:
+        """(stages to consider, stages to rerun even if published).
+
+        --only X: just X (its inputs must be published already).
+        --from X: X and everything downstream of it, rerun.
+        --force X: rerun X (and, since their inputs change, what depends on it).
+        """
+        for n in [*only, *force, *([from_] if from_ else [])]:
+            if n not in self.names:
+                raise KeyError(f"no stage named {n!r} in recipe {self.recipe.name!r} "
+                               f"(stages: {', '.join(self.names)})")
+        forced: set[str] = set()
+        if from_:
+            forced |= self.downstream([from_])
+        forced |= self.downstream(force) if force else set()
+        selected = [n for n in self.names if (not only or n in only)]
+        if from_:
+            selected = [n for n in selected if n in self.downstream([from_])]
+        return selected, forced
+
+
+def make_plan(recipe: Recipe) -> Plan:
+    store = ArtifactStore(join(recipe.storage.url, recipe.name), recipe.storage.options)
+    deps = recipe.dependencies()
+    planned: dict[str, PlannedStage] = {}
+    for name in topological_order(deps):
+        cfg = recipe.stages[name]
+        kind = STAGE_KINDS[cfg.kind]
+        h = stage_hash(kind, cfg, {d: planned[d].hash for d in deps[name]})
+        url = store.stage_url(name, h)
+        planned[name] = PlannedStage(
+            name=name, kind=kind, config=cfg, deps=deps[name], hash=h, url=url,
+            resources=recipe.stage_resources(name), launcher=recipe.stage_launcher(name),
+            done=False)
+    plan = Plan(recipe, store, list(planned.values()))
+    for s in plan.stages:
+        s.done = store.is_done(s.url)
+    return plan

@@ -1,0 +1,148 @@
+"""Pydantic models of a recipe: one discriminated union over the registered stage kinds."""
+from __future__ import annotations
+
+from typing import Annotated, Any, Iterator, Union
+
+from pydantic import Field, field_validator, model_validator
+
+from pipeline.stage_api import REFERENCE_RE, Launcher, Resources, StageConfig, Strict
+from stages.registry import STAGE_KINDS
+
+
+class StorageConfig(Strict):
+    url: str = Field("file://./.ring/artifacts", description="fsspec URL of the artifact store")
+    options: dict[str, Any] = Field({}, description="fsspec storage options (s3: endpoint_url, key, ...)")
+
+
+class TrackingConfig(Strict):
+    uri: str = Field("sqlite:///.ring/mlflow.db", description="MLflow tracking URI")
+    experiment: str | None = Field(None, description="MLflow experiment (default: the recipe name)")
+
+
+class Defaults(Strict):
+    resources: Resources = Resources()
+    launcher: Launcher = "deepspeed"
+    seed: int = 0
+    work_dir: str = Field(".ring/work", description="local scratch for stage jobs")
+
+
+def _stage_union() -> Any:
+    configs = tuple(k.config for k in STAGE_KINDS.values())
+    return Annotated[Union[configs], Field(discriminator="kind")]  # type: ignore[valid-type]
+
+
+StageSpec = _stage_union()
+
+
+def iter_references(value: Any, path: tuple = ()) -> Iterator[tuple[tuple, str, str, str]]:
+    """(key path, raw string, referenced stage, sub-path) for every `${stages.X.output}`."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from iter_references(v, (*path, k))
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from iter_references(v, (*path, i))
+    elif isinstance(value, str) and "${stages." in value:
+        m = REFERENCE_RE.match(value)
+        if not m:
+            raise ReferenceSyntaxError(path, value)
+        yield path, value, m.group(1), (m.group(2) or "").lstrip("/")
+
+
+class ReferenceSyntaxError(ValueError):
+    def __init__(self, path: tuple, value: str):
+        self.path = path
+        super().__init__(f"bad reference {value!r}: a reference is a whole value of the form "
+                         "${stages.NAME.output} or ${stages.NAME.output}/sub/path")
+
+
+class RecipeGraphError(ValueError):
+    """A reference to a missing stage, or a cycle; `path` locates it in the recipe."""
+
+    def __init__(self, path: tuple, message: str):
+        self.path = path
+        super().__init__(message)
+
+
+class Recipe(Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="names the store prefix")
+    description: str = ""
+    storage: StorageConfig = StorageConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    defaults: Defaults = Defaults()
+    stages: dict[str, StageSpec] = Field(min_length=1)  # type: ignore[valid-type]
+
+    @field_validator("stages")
+    @classmethod
+    def _stage_names(cls, v: dict[str, StageConfig]) -> dict[str, StageConfig]:
+        for name in v:
+            if not REFERENCE_RE.match(f"${{stages.{name}.output}}"):
+                raise ValueError(f"stage name {name!r}: use letters, digits, _ and -")
+        return v
+
+    @model_validator(mode="after")
+    def _graph(self) -> "Recipe":
+        self.dependencies()  # raises RecipeGraphError on a missing stage or a cycle
+        return self
+
+    def dependencies(self) -> dict[str, list[str]]:
+        """stage -> the stages it reads, in recipe order; checks references and cycles."""
+        deps: dict[str, list[str]] = {}
+        for name, spec in self.stages.items():
+            found: list[str] = []
+            try:
+                refs = list(iter_references(spec.model_dump(mode="json")))
+            except ReferenceSyntaxError as e:
+                raise RecipeGraphError(("stages", name, *e.path), str(e)) from None
+            for path, raw, target, _ in refs:
+                if target not in self.stages:
+                    raise RecipeGraphError(("stages", name, *path),
+                                           f"{raw} refers to stage {target!r}, which is not in the recipe "
+                                           f"(stages: {', '.join(self.stages)})")
+                if target == name:
+                    raise RecipeGraphError(("stages", name, *path), f"stage {name!r} refers to its own output")
+                if target not in found:
+                    found.append(target)
+            deps[name] = found
+        _check_acyclic(deps)
+        return deps
+
+    def stage_resources(self, name: str) -> Resources:
+        return self.stages[name].resources or self.defaults.resources
+
+    def stage_launcher(self, name: str) -> Launcher:
+        return self.stages[name].launcher or self.defaults.launcher
+
+
+def _check_acyclic(deps: dict[str, list[str]]) -> None:
+    state: dict[str, int] = {}
+
+    def visit(n: str, trail: list[str]) -> None:
+        if state.get(n) == 2:
+            return
+        if state.get(n) == 1:
+            cycle = trail[trail.index(n):] + [n]
+            raise RecipeGraphError(("stages", n), "stages form a cycle: " + " -> ".join(cycle))
+        state[n] = 1
+        for d in deps[n]:
+            visit(d, [*trail, n])
+        state[n] = 2
+
+    for n in deps:
+        visit(n, [])
+
+
+def topological_order(deps: dict[str, list[str]]) -> list[str]:
+    """Dependencies first; otherwise the recipe's own order."""
+    out: list[str] = []
+
+    def visit(n: str) -> None:
+        if n in out:
+            return
+        for d in deps[n]:
+            visit(d)
+        out.append(n)
+
+    for n in deps:
+        visit(n)
+    return out

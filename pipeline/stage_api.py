@@ -1,0 +1,115 @@
+"""The contract between the pipeline and a stage kind.
+
+A stage kind is a pydantic config model (subclass of `StageConfig`) plus an entry
+module run as the stage's job: `python -m <entry> --job job.json`. The job file is a
+`StageJob`: the resolved config, where the stage's artifact lives, where to write the
+outputs that the pipeline publishes, and which MLflow run to log to.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# `${stages.NAME.output}` optionally followed by `/sub/path`
+REFERENCE_RE = re.compile(r"^\$\{stages\.([A-Za-z_][A-Za-z0-9_-]*)\.output\}(/.*)?$")
+
+
+def cosmetic(default: Any = None, **kw: Any) -> Any:
+    """A field that does not change results (log interval, ...): kept out of the stage hash."""
+    extra = dict(kw.pop("json_schema_extra", None) or {})
+    extra["cosmetic"] = True
+    return Field(default, json_schema_extra=extra, **kw)
+
+
+class Strict(BaseModel):
+    """Every recipe model rejects unknown keys: a typo must not be silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class Resources(Strict):
+    nodes: int = Field(1, ge=1)
+    gpus_per_node: int = Field(0, ge=0, description="0 = CPU ranks on gloo")
+    cpu_ranks: int = Field(1, ge=1, description="local ranks per node when gpus_per_node is 0")
+    hostfile: str | None = Field(None, description="deepspeed hostfile for multi-node runs")
+    master_port: int | None = Field(None, ge=1024, le=65535, description="default: a free port")
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.gpus_per_node or self.cpu_ranks
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+
+Launcher = Literal["deepspeed", "torchrun", "local"]
+
+
+class StageConfig(Strict):
+    """Base of every stage kind's config. Subclasses add `kind: Literal[...]`."""
+
+    kind: str
+    resources: Resources | None = Field(None, description="overrides defaults.resources")
+    launcher: Launcher | None = Field(None, description="overrides defaults.launcher")
+    log_every: int = cosmetic(1, ge=1, description="metrics logging interval (steps)")
+
+
+class StageJob(BaseModel):
+    """What a stage's processes are given (serialised to job.json by the pipeline)."""
+
+    recipe: str
+    stage: str
+    kind: str
+    hash: str
+    config: dict[str, Any]
+    stage_url: str = Field(description="artifact directory of this stage in the store")
+    storage_options: dict[str, Any] = {}
+    upstream: dict[str, str] = Field({}, description="upstream stage name -> artifact URL")
+    output_dir: str = Field(description="local dir; rank 0 writes the stage's outputs here")
+    work_dir: str = Field(description="local scratch dir (downloads, local checkpoints)")
+    tracking_uri: str | None = None
+    run_id: str | None = None
+    seed: int = 0
+
+    # -- helpers for the stage's own process ------------------------------------
+    @classmethod
+    def from_argv(cls, argv: list[str] | None = None) -> "StageJob":
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--job", required=True, help="path of the job.json")
+        # deepspeed's launcher appends --local_rank=N; accept and ignore it
+        parser.add_argument("--local_rank", type=int, default=None)
+        args, _ = parser.parse_known_args(argv)
+        return cls.model_validate_json(Path(args.job).read_text())
+
+    def write(self, path: str | os.PathLike) -> None:
+        Path(path).write_text(self.model_dump_json(indent=2))
+
+    @property
+    def rank(self) -> int:
+        return int(os.environ.get("RANK", "0"))
+
+    @property
+    def local_rank(self) -> int:
+        return int(os.environ.get("LOCAL_RANK", "0"))
+
+    @property
+    def world_size(self) -> int:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+
+    def fetch(self, url: str) -> Path:
+        """Local path of an input: an upstream artifact (or a file inside one), verified
+        against its manifest's sha256, or an external fsspec URL / local path."""
+        from pipeline.artifacts import fetch_input
+
+        return fetch_input(url, Path(self.work_dir) / "inputs", self.storage_options,
+                           artifact_urls=list(self.upstream.values()))
+
+    def dump_config(self) -> str:
+        return json.dumps(self.config, sort_keys=True)

@@ -1,0 +1,44 @@
+"""Config of the `sft` stage (Long-CoT supervised fine-tuning)."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from pipeline.stage_api import StageConfig, cosmetic
+from stages.registry import StageKind, register
+
+
+class SFTConfig(StageConfig):
+    kind: Literal["sft"] = "sft"
+    model: str = Field(description="HF model dir: ${stages.X.output} or a URI")
+    data: str = Field(description="chat samples (jsonl/parquet file or dir); rows have `messages`")
+    max_seq_len: int = Field(65536, ge=8, description="packed sequence length (paper: 64k)")
+    packing: bool = True
+    epochs: int = Field(3, ge=1)
+    max_steps: int | None = Field(None, ge=1, description="stop after this many optimizer steps")
+    micro_batch_size: int = Field(1, ge=1, description="packed sequences per rank per micro step")
+    grad_accum: int = Field(1, ge=1)
+    lr: float = Field(2e-4, gt=0)
+    lr_schedule: Literal["cosine", "constant"] = "cosine"
+    warmup_steps: int = Field(30, ge=0)
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    weight_decay: float = Field(0.1, ge=0)
+    adam_betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = Field(1.0, gt=0)
+    zero_stage: Literal[0, 1, 2, 3] = 2
+    precision: Literal["auto", "bf16", "fp32"] = Field(
+        "auto", description="auto = bf16 on GPU, fp32 on CPU")
+    seed: int = 0
+    checkpoint_every: int = cosmetic(50, ge=1, description="optimizer steps between checkpoints")
+
+    @model_validator(mode="after")
+    def _warmup_fits(self) -> "SFTConfig":
+        if self.max_steps is not None and self.warmup_steps > self.max_steps:
+            raise ValueError(f"warmup_steps ({self.warmup_steps}) exceeds max_steps ({self.max_steps})")
+        return self
+
+
+KIND = register(StageKind(
+    name="sft", config=SFTConfig, entry="stages.sft.train", sources=("stages.sft",),
+    distributed=True, description="Long-CoT SFT: packed sequences, DeepSpeed ZeRO, resumable"))
