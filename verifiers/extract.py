@@ -75,9 +75,12 @@ _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 
 
 def find_boxed(text: str) -> list[str]:
-    """All ``\\boxed{...}`` contents, in order, with nested braces balanced."""
+    """All outermost ``\\boxed{...}`` contents, in order, with nested braces balanced."""
     out: list[str] = []
+    end_of_last = -1
     for m in _BOX_RE.finditer(text):
+        if m.start() < end_of_last:  # a box inside a box: the outer one is the answer
+            continue
         depth, i = 1, m.end()
         while i < len(text) and depth:
             c = text[i]
@@ -91,6 +94,7 @@ def find_boxed(text: str) -> list[str]:
             i += 1
         if depth == 0:
             out.append(text[m.end(): i - 1].strip())
+            end_of_last = i
     return out
 
 

@@ -34,6 +34,7 @@ def _strip_math(s: str) -> str:
     for a, b in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
         if s.startswith(a) and s.endswith(b) and len(s) >= len(a) + len(b):
             s = s[len(a): len(s) - len(b)].strip()
+    s = s.replace("\\$", "").replace("$", "")  # currency; inner $ $ pairs ("a+$ $b") would split the expression
     s = s.replace("\\!", "").replace("\\,", "").replace("\\ ", " ").replace("\\left", "").replace("\\right", "")
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     return s.strip().rstrip(".").strip()
@@ -112,8 +113,7 @@ def _num_close(a: Fraction, b: Fraction, inexact: bool) -> bool:
         return True
     if not inexact:
         return False
-    scale = max(abs(a), abs(b), Fraction(1, 10**6))
-    return abs(a - b) / scale <= Fraction(1, 10**6)
+    return abs(a - b) <= Fraction(1, 10**6) * max(abs(a), abs(b))  # relative only: 7.4e-12 != 8.4e-12
 
 
 def numbers_equal(gold: tuple[Fraction, bool, bool], pred: tuple[Fraction, bool, bool]) -> bool:
@@ -160,10 +160,23 @@ def _mv_parse(s: str):
     return mv.parse("$" + _strip_math(s) + "$", extraction_config=configs, parsing_timeout=None)
 
 
+def _reliable(src: str, parsed: list) -> bool:
+    """latex2sympy sometimes reads only a fragment of an expression it cannot handle (e.g.
+    "\\hbar \\omega(v+1/2) - ..." became 2). A parse that lost every variable of the
+    source (letters outside commands, \\text and \\mathrm) is not trusted."""
+    import sympy
+
+    expr = parsed[0]
+    letters = re.sub(r"\\(?:text|mathrm|mbox|operatorname)\s*\{[^{}]*\}|\\[A-Za-z]+", "", src)
+    if re.search(r"[A-Za-z]", letters) and isinstance(expr, sympy.Basic) and expr.is_number:
+        return False
+    return True
+
+
 def symbolic_equal(gold: str, pred: str) -> bool:
     mv, _ = _math_verify()
     g, p = _mv_parse(gold), _mv_parse(pred)
-    if not g or not p:
+    if not g or not p or not _reliable(_strip_math(gold), g) or not _reliable(_strip_math(pred), p):
         return False
     return bool(mv.verify(g, p, timeout_seconds=None))
 
@@ -175,8 +188,12 @@ def math_equal(gold: str, pred: str) -> tuple[bool, str]:
         return False, "empty"
     letter = mc_letter(gold)
     if letter is not None:
-        m = _MC_PRED_RE.match(_unwrap_text(_strip_math(pred)))
-        return (m is not None and m.group(1) == letter), "choice"
+        p = _unwrap_text(_strip_math(pred))
+        m = _MC_PRED_RE.match(p)
+        if m is None or re.search(r"\b(?:or|and)\b|[,;/]", p, re.IGNORECASE):
+            return False, "choice"
+        named = set(re.findall(r"\(([A-E])\)", p)) | {m.group(1)}
+        return named == {letter}, "choice"
     words = _as_words(gold)
     if words is not None:
         return _as_words(pred) == words, "text"
