@@ -1,0 +1,47 @@
+"""Shared fixtures: a real S3 API (moto's server on 127.0.0.1) and paths to shared data."""
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_BENCHMARKS = REPO.parent / "shared" / "benchmarks"
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto's S3 server on a free loopback port; yields fsspec storage options for s3fs."""
+    from moto.server import ThreadedMotoServer
+
+    from pipeline.launch import free_port
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+             "AWS_DEFAULT_REGION": "us-east-1"}
+    old = {k: os.environ.get(k) for k in creds}
+    os.environ.update(creds)
+    endpoint = f"http://127.0.0.1:{port}"
+    yield {"endpoint_url": endpoint, "key": "testing", "secret": "testing",
+           "client_kwargs": {"region_name": "us-east-1"}}
+    server.stop()
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture
+def s3_bucket(s3_server):
+    """A fresh bucket; yields (s3://bucket URL, storage options)."""
+    import boto3
+
+    name = f"ring-{uuid.uuid4().hex[:10]}"
+    boto3.client("s3", endpoint_url=s3_server["endpoint_url"], aws_access_key_id="testing",
+                 aws_secret_access_key="testing", region_name="us-east-1").create_bucket(Bucket=name)
+    yield f"s3://{name}", dict(s3_server)
