@@ -1,0 +1,97 @@
+"""Plan hashing/selection and the launcher, without running real stages."""
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+
+from pipeline.launch import StageFailed, build_command, run_job
+from pipeline.loader import load_recipe
+from pipeline.plan import make_plan
+from pipeline.stage_api import Resources
+
+from tests.pipeline.test_recipe import GOOD
+
+
+def _plan(tmp_path, overrides=()):
+    p = tmp_path / "r.yaml"
+    p.write_text(GOOD.replace("name: t\n", f"name: t\nstorage: {{url: 'file://{tmp_path}/store'}}\n"))
+    return make_plan(load_recipe(p, list(overrides)))
+
+
+def test_hash_tracks_results_not_cosmetics(tmp_path):
+    base = _plan(tmp_path)
+    assert base.names == ["data", "base", "sft"]
+    assert base["sft"].deps == ["base", "data"]
+    assert all(not s.done for s in base.stages)
+    same = _plan(tmp_path, ["stages.sft.checkpoint_every=7", "stages.sft.log_every=3",
+                            "defaults.resources.cpu_ranks=4", "defaults.launcher=torchrun"])
+    assert [s.hash for s in same.stages] == [s.hash for s in base.stages]
+    lr = _plan(tmp_path, ["stages.sft.lr=1e-4"])
+    assert lr["sft"].hash != base["sft"].hash and lr["base"].hash == base["base"].hash
+    upstream = _plan(tmp_path, ["stages.base.seed=3"])
+    assert upstream["base"].hash != base["base"].hash
+    assert upstream["sft"].hash != base["sft"].hash  # a changed upstream changes the downstream hash
+    assert upstream["data"].hash == base["data"].hash
+
+
+def test_selection(tmp_path):
+    plan = _plan(tmp_path)
+    assert plan.select(["sft"], None, []) == (["sft"], set())
+    assert plan.select([], "base", []) == (["base", "sft"], {"base", "sft"})
+    assert plan.select([], None, ["data"]) == (["data", "base", "sft"], {"data", "base", "sft"})
+    with pytest.raises(KeyError, match="no stage named 'nope'"):
+        plan.select(["nope"], None, [])
+
+
+def test_resolved_config_points_at_upstream_artifacts(tmp_path):
+    plan = _plan(tmp_path)
+    cfg = plan["sft"].resolved_config(plan)
+    assert cfg["model"] == plan["base"].url
+    assert cfg["data"] == plan["data"].url + "/sft.jsonl"
+
+
+def test_launch_commands():
+    job = "/tmp/job.json"
+    cpu = build_command("stages.sft.train", job, Resources(cpu_ranks=2, master_port=29600), "deepspeed", True)
+    assert cpu[1:] == ["-m", "deepspeed.launcher.runner", "--master_port", "29600", "--num_nodes", "1",
+                       "--num_gpus", "2", "--module", "stages.sft.train", "--job", job]
+    multi = build_command("stages.sft.train", job, Resources(nodes=4, gpus_per_node=8, hostfile="/h",
+                                                             master_port=29600), "deepspeed", True)
+    assert ["--hostfile", "/h", "--num_nodes", "4"] == multi[5:9] and "8" in multi
+    tr = build_command("stages.sft.train", job, Resources(gpus_per_node=8, master_port=29600), "torchrun", True)
+    assert tr[1:7] == ["-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "8"]
+    single = build_command("stages.curate.run", job, Resources(cpu_ranks=2), "deepspeed", False)
+    assert single[1:] == ["-m", "stages.curate.run", "--job", job]
+
+
+def test_failed_job_raises_with_log_tail(tmp_path, capsys):
+    script = "import sys\nfor i in range(100): print('line', i)\nsys.exit(3)\n"
+    log = tmp_path / "stage.log"
+    with pytest.raises(StageFailed, match=r"(?s)exited with code 3.*line 99"):
+        run_job([sys.executable, "-c", script], "demo", log, Resources())
+    out = capsys.readouterr().out
+    assert "[demo] line 0" in out  # streamed with the stage prefix
+    assert "line 99" in log.read_text()  # and saved
+
+
+def test_interrupt_stops_the_job(tmp_path):
+    import os
+    import signal
+    import threading
+    import time
+
+    import psutil
+
+    script = "import subprocess, sys, time\np = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\nprint('child', p.pid, flush=True)\ntime.sleep(60)\n"
+    log = tmp_path / "stage.log"
+    timer = threading.Timer(1.5, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    t0 = time.time()
+    with pytest.raises(KeyboardInterrupt):
+        run_job([sys.executable, "-c", script], "demo", log, Resources())
+    assert time.time() - t0 < 15
+    child = int(log.read_text().split()[1])
+    time.sleep(0.5)
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
