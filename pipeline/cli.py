@@ -11,6 +11,9 @@ import typer
 
 from pipeline.loader import RecipeError, load_recipe
 
+# Prefect's ephemeral server reports telemetry into its SQLite DB, racing the flow's own writes.
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Run the Ring-1T training recipe as one declarative pipeline.")
 
