@@ -5,7 +5,8 @@ namespace mode it is PID 1 of fresh PID/mount/network namespaces (``unshare`` ma
 it hides host directories under empty tmpfs mounts, re-exposes the Python installation
 read-only, drops to an unprivileged uid, applies rlimits and execs the program. In
 fallback mode (no namespaces) it only applies rlimits and execs the program behind an
-audit hook that refuses sockets, signals, process creation, ctypes and reads of hidden paths.
+audit hook that refuses sockets, signals, process creation, ctypes, writes outside the
+work directory and reads of hidden paths.
 """
 import ctypes
 import json
@@ -20,6 +21,7 @@ FALLBACK_BOOT = r"""
 import sys, os
 _hidden = tuple(%(hidden)r)
 _allowed = tuple(%(allowed)r)
+_workdir = %(workdir)r
 _blocked_events = {"os.kill", "os.killpg", "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata",
                    "os.fork", "os.forkpty", "os.posix_spawn", "os.exec", "os.system",
                    "subprocess.Popen", "os.putenv", "pty.spawn"}
@@ -28,6 +30,11 @@ def _hook(event, args):
         raise PermissionError("sandbox (fallback mode): %%s is not allowed" %% event)
     if event == "open" and args and isinstance(args[0], (str, bytes)):
         p = os.path.abspath(os.fsdecode(args[0])) + "/"
+        if p.startswith(_workdir):
+            return
+        mode, flags = (args[1] if len(args) > 1 else None) or "", (args[2] if len(args) > 2 else 0) or 0
+        if any(c in str(mode) for c in "wax+") or flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC):
+            raise PermissionError("sandbox (fallback mode): writing %%s is not allowed" %% p)
         if p.startswith(_allowed):
             return
         if p.startswith(_hidden) or (p.startswith("/proc/") and not p.startswith("/proc/self/")):
@@ -91,7 +98,8 @@ def main():
     argv = cfg["argv"]
     if cfg["mode"] != "ns":
         boot = FALLBACK_BOOT % {"hidden": [p.rstrip("/") + "/" for p in cfg["hide"]],
-                                "allowed": [p.rstrip("/") + "/" for p in cfg["expose"]] + [cfg["workdir"].rstrip("/") + "/"]}
+                                "allowed": [p.rstrip("/") + "/" for p in cfg["expose"]],
+                                "workdir": cfg["workdir"].rstrip("/") + "/"}
         argv = [argv[0], "-E", "-s", "-B", "-c", boot] + [a for a in argv[1:] if not a.startswith("-")]
     os.execve(argv[0], argv, cfg["env"])
 

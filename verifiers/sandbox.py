@@ -23,7 +23,7 @@ Guarantees (namespace mode, the default where ``unshare`` works, e.g. as root on
 
 Fallback mode (no usable ``unshare``): same temp dir, rlimits, env scrubbing, timeouts,
 caps and process-group kill, plus a Python audit hook that refuses sockets, os.kill,
-process creation, ctypes and opening hidden paths or other processes' /proc entries. This
+process creation, ctypes, writing outside the work directory and opening hidden paths or other processes' /proc entries. This
 is weaker: audit hooks are a Python-level guard (a C extension could bypass them) and the
 program keeps the caller's uid. ``isolation_mode()`` says which mode is in force;
 ``RING_SANDBOX_MODE=fallback`` forces the fallback.
