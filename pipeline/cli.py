@@ -137,6 +137,22 @@ def serve(recipe: Path = RecipeArg, set_: list[str] = SetOpt) -> None:
     pipeline_flow.serve(name=r.name, parameters={"recipe_path": str(recipe.resolve()), "overrides": set_})
 
 
+@app.command()
+def verify(data: Path = typer.Argument(..., help="task rows (jsonl: domain, prompt, reference, id)"),
+           responses: Path = typer.Argument(..., help="responses (jsonl: id, response)"),
+           out: Optional[Path] = typer.Option(None, "--out", help="per-row rewards (jsonl)"),
+           workers: int = typer.Option(2, "--workers", min=0),
+           timeout_s: float = typer.Option(10.0, "--timeout", min=0.1)) -> None:
+    """Score model responses with the verifiers registry; prints a per-domain summary."""
+    from verifiers.cli import verify_files
+
+    try:
+        summary = verify_files(str(data), str(responses), str(out) if out else None, workers, timeout_s)
+    except (ValueError, FileNotFoundError) as e:
+        _fail(str(e), 2)
+    typer.echo(json.dumps(summary, indent=2))
+
+
 def main() -> None:  # pragma: no cover
     app()
 
