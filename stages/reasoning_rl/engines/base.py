@@ -42,13 +42,17 @@ class RolloutUpdate:
 
     uid: str
     token_ids: list[int]
-    logprobs: list[float]  # pi_infer of each new token, same length as token_ids
+    # pi_infer of each new token, same length as token_ids: log_softmax(logits / temperature)
+    # at the token (greedy: temperature 1); compare with the trainer's log_softmax of its
+    # logits divided by the same temperature
+    logprobs: list[float]
     finished: bool
     finish_reason: Literal["eos", "length"] | None = None
 
 
 class RolloutEngine(Protocol):
     name: str
+    last_sync_seconds: float | None  # wall time of the latest update_weights (None before one)
 
     def generate(self, requests: list[RolloutRequest], sampling: SamplingParams,
                  finished_token_budget: int | None = None) -> list[RolloutUpdate]:
@@ -66,6 +70,9 @@ class RolloutEngine(Protocol):
         ...
 
 
+# Every factory has the signature
+#   (model_dir: str, *, device: str = "cpu", dtype: str = "auto", max_batch: int = 64,
+#    max_len: int = 4096, seed: int = 0, **engine_options) -> RolloutEngine
 EngineFactory = Callable[..., RolloutEngine]
 ENGINES: dict[str, EngineFactory] = {}
 UNAVAILABLE: dict[str, str] = {}  # engine name -> why it cannot be used on this machine

@@ -1,0 +1,307 @@
+"""Contract tests of the rollout engines (stages/reasoning_rl/engines).
+
+Every engine known here runs the same contract: ("torch", "cpu") always, ("torch",
+"cuda") and ("vllm", "cuda") where the machine has what they need; the others are skipped
+with the reason (UNAVAILABLE[name] or "no CUDA device"). The model is a tiny random Qwen2
+with a WordLevel tokenizer built here, saved as a Hugging Face directory; reference
+log-probabilities come from a plain full-sequence transformers forward in fp32.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from stages.reasoning_rl.engines import (ENGINES, UNAVAILABLE, RolloutRequest, SamplingParams,
+                                         create_engine)
+
+VOCAB = 300
+EOS, PAD = 1, 0
+# (engine, device, options): "torch-cpu-static" runs the GPU's bucketed bookkeeping (padded
+# batch and kv-length buckets, idle rows, compaction) on CPU, minus the graph capture
+CASES = [("torch", "cpu", {}), ("torch", "cpu", {"static_shapes": True}),
+         ("torch", "cuda", {}), ("vllm", "cuda", {})]
+GREEDY = SamplingParams(temperature=0.0)
+
+
+# ------------------------------------------------------------------------------ fixtures
+def _save_tokenizer(out: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": PAD, "<eos>": EOS, **{f"w{i}": i for i in range(2, VOCAB)}}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>",
+                            pad_token="<pad>").save_pretrained(out)
+
+
+def _build_model(model_type: str = "qwen2", seed: int = 0):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(
+        model_type, vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, intermediate_size=128,
+        max_position_embeddings=256, tie_word_embeddings=(model_type == "qwen2"),
+        eos_token_id=EOS, pad_token_id=PAD, bos_token_id=None, initializer_range=0.2)
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(cfg).eval()
+
+
+def _save_model(model, out: Path) -> Path:
+    model.save_pretrained(out)
+    _save_tokenizer(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return _save_model(_build_model(), tmp_path_factory.mktemp("tiny_qwen2"))
+
+
+def _open(name: str, device: str, options: dict, model_dir: Path, **kw):
+    if name in UNAVAILABLE:
+        pytest.skip(f"engine {name!r} unavailable: {UNAVAILABLE[name]}")
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip(f"engine {name!r} on cuda: no CUDA device on this machine")
+    kw = {**options, **kw}
+    kw.setdefault("max_batch", 8)
+    kw.setdefault("max_len", 128)
+    return create_engine(name, str(model_dir), device=device, dtype="float32", seed=0, **kw)
+
+
+@pytest.fixture(scope="module", params=CASES,
+                ids=lambda c: f"{c[0]}-{c[1]}" + ("-static" if c[2].get("static_shapes") else ""))
+def case(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def engine(case, model_dir):
+    """An engine with EOS switched off: lengths are exactly max_new_tokens."""
+    return _open(*case, model_dir, eos_token_ids=[])
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+
+
+def _ref_logprobs(model, prompt, tokens, temperature=1.0):
+    """log_softmax(logits / T) of `tokens` from one full-sequence forward over prompt+tokens."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + tokens])).logits[0].float()
+    lp = torch.log_softmax(logits[len(prompt) - 1:-1] / temperature, dim=-1)
+    return lp.gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+
+
+def _prompts(n, seed=0, lo=3, hi=20):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(2, VOCAB, (int(torch.randint(lo, hi, (1,), generator=g)),),
+                          generator=g).tolist() for _ in range(n)]
+
+
+def _tol(case):
+    return 1e-4 if case[1] == "cpu" else 2e-3
+
+
+# ------------------------------------------------------------------------------ contract
+def test_registry_lists_every_engine_or_says_why_not():
+    assert "torch" in ENGINES and "torch" not in UNAVAILABLE
+    for name in ("torch", "vllm"):
+        assert name in ENGINES or UNAVAILABLE.get(name), name
+    with pytest.raises(KeyError, match="unknown rollout engine"):
+        create_engine("nope", "/nowhere")
+    if "vllm" in UNAVAILABLE and "vllm" not in ENGINES:
+        with pytest.raises(RuntimeError, match="unavailable"):
+            create_engine("vllm", "/nowhere")
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
+def test_one_update_per_request_with_logprobs_of_the_sampled_tokens(engine, case, reference,
+                                                                      temperature):
+    prompts = _prompts(5, seed=1)
+    reqs = [RolloutRequest(uid=f"r{i}", prompt_ids=p, max_new_tokens=3 + 2 * i)
+            for i, p in enumerate(prompts)]
+    ups = engine.generate(reqs, SamplingParams(temperature=temperature, seed=7))
+    assert [u.uid for u in ups] == [r.uid for r in reqs]
+    for r, u in zip(reqs, ups):
+        assert len(u.token_ids) == r.max_new_tokens == len(u.logprobs)
+        assert u.finished and u.finish_reason == "length"
+        assert all(lp <= 0 for lp in u.logprobs)
+        assert all(0 <= t < VOCAB for t in u.token_ids)
+        ref = _ref_logprobs(reference, r.prompt_ids, u.token_ids, temperature or 1.0)
+        torch.testing.assert_close(torch.tensor(u.logprobs), ref, atol=_tol(case), rtol=0)
+    if temperature == 0.0:  # greedy = argmax of the full forward
+        for r, u in zip(reqs, ups):
+            with torch.no_grad():
+                logits = reference(input_ids=torch.tensor([r.prompt_ids + u.token_ids])).logits[0]
+            assert logits[len(r.prompt_ids) - 1:-1].argmax(-1).tolist() == u.token_ids
+
+
+def test_seeded_sampling_is_reproducible_and_the_seed_matters(engine):
+    reqs = [RolloutRequest(uid=f"s{i}", prompt_ids=p, max_new_tokens=12)
+            for i, p in enumerate(_prompts(4, seed=2))]
+    a = engine.generate(reqs, SamplingParams(temperature=1.0, seed=11))
+    b = engine.generate(reqs, SamplingParams(temperature=1.0, seed=11))
+    c = engine.generate(reqs, SamplingParams(temperature=1.0, seed=12))
+    assert [u.token_ids for u in a] == [u.token_ids for u in b]
+    assert [u.token_ids for u in a] != [u.token_ids for u in c]
+
+
+def test_eos_finish_vs_length_finish(case, model_dir):
+    prompt = _prompts(1, seed=3)[0]
+    plain = _open(*case, model_dir, eos_token_ids=[])
+    ref = plain.generate([RolloutRequest("a", prompt, 16)], GREEDY)[0].token_ids
+    stop = ref[5]
+    cut = ref.index(stop) + 1
+    eng = _open(*case, model_dir, eos_token_ids=[stop])
+    eos_up, len_up = eng.generate([RolloutRequest("a", prompt, 16),
+                                   RolloutRequest("b", prompt, cut - 1)], GREEDY)
+    assert eos_up.token_ids == ref[:cut] and eos_up.finished and eos_up.finish_reason == "eos"
+    assert len(eos_up.logprobs) == cut
+    assert len_up.token_ids == ref[:cut - 1] and len_up.finish_reason == "length"
+    # by default EOS comes from the model directory (generation config / tokenizer)
+    default = _open(*case, model_dir)
+    if hasattr(default, "eos_token_ids"):
+        assert default.eos_token_ids == [EOS]
+
+
+def test_budget_stops_when_finished_lengths_reach_it(engine, case):
+    prompts = _prompts(5, seed=4)
+    reqs = [RolloutRequest("f2", prompts[0], 2), RolloutRequest("f3", prompts[1], 3),
+            *(RolloutRequest(f"long{i}", prompts[2 + i], 20) for i in range(3))]
+    full = engine.generate(reqs, GREEDY)
+    assert all(u.finished for u in full)
+    ups = engine.generate(reqs, GREEDY, finished_token_budget=5)
+    done = [u for u in ups if u.finished]
+    assert {u.uid for u in done} == {"f2", "f3"}
+    assert sum(len(u.token_ids) for u in done) >= 5
+    for u, f, r in zip(ups, full, reqs):
+        assert u.token_ids == f.token_ids[:len(u.token_ids)]  # a prefix of the free run
+        assert len(u.token_ids) == len(u.logprobs)
+        if not u.finished:
+            assert u.finish_reason is None and len(u.token_ids) < r.max_new_tokens
+    if case[0] == "torch":  # decoding stopped right after the step that reached the budget
+        assert [len(u.token_ids) for u in ups] == [2, 3, 3, 3, 3]
+    # earlier tokens (generated_ids) count toward the budget: this one alone reaches it
+    carried = RolloutRequest("carried", prompts[0], 1, generated_ids=full[0].token_ids * 3)
+    ups = engine.generate([carried, *reqs[2:]], GREEDY, finished_token_budget=6)
+    assert ups[0].finished and all(not u.finished for u in ups[1:])
+    if case[0] == "torch":
+        assert [len(u.token_ids) for u in ups] == [1, 1, 1, 1]
+
+
+def test_continuation_equals_decoding_in_one_go(engine, case):
+    prompts = _prompts(3, seed=5)
+    one = engine.generate([RolloutRequest(f"c{i}", p, 14) for i, p in enumerate(prompts)], GREEDY)
+    first = engine.generate([RolloutRequest(f"c{i}", p, 5) for i, p in enumerate(prompts)], GREEDY)
+    assert all(u.finish_reason == "length" for u in first)
+    second = engine.generate([RolloutRequest(f"c{i}", p, 9, generated_ids=f.token_ids)
+                              for i, (p, f) in enumerate(zip(prompts, first))], GREEDY)
+    for o, f, s in zip(one, first, second):
+        assert f.token_ids + s.token_ids == o.token_ids
+        torch.testing.assert_close(torch.tensor(f.logprobs + s.logprobs), torch.tensor(o.logprobs),
+                                   atol=_tol(case), rtol=0)
+
+
+def test_batched_equals_unbatched_under_greedy(case, model_dir):
+    # more requests than slots: exercises refill of finished slots and compaction
+    eng = _open(*case, model_dir, eos_token_ids=[], max_batch=3)
+    prompts = _prompts(7, seed=6, lo=2, hi=30)
+    reqs = [RolloutRequest(f"b{i}", p, 2 + (5 * i) % 11) for i, p in enumerate(prompts)]
+    batched = eng.generate(reqs, GREEDY)
+    for r, b in zip(reqs, batched):
+        alone = eng.generate([r], GREEDY)[0]
+        assert b.token_ids == alone.token_ids, r.uid
+        torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(alone.logprobs),
+                                   atol=_tol(case), rtol=0)
+
+
+def test_update_weights_changes_outputs_like_a_fresh_engine(case, model_dir, tmp_path):
+    eng = _open(*case, model_dir, eos_token_ids=[])
+    reqs = [RolloutRequest(f"u{i}", p, 10) for i, p in enumerate(_prompts(3, seed=8))]
+    before = eng.generate(reqs, GREEDY)
+    new = _build_model(seed=1)  # a different policy, same shapes
+    eng.update_weights(new.named_parameters())
+    assert eng.last_sync_seconds is not None and eng.last_sync_seconds >= 0
+    after = eng.generate(reqs, GREEDY)
+    assert [u.token_ids for u in after] != [u.token_ids for u in before]
+    fresh = _open(*case, _save_model(new, tmp_path / "new"), eos_token_ids=[])
+    expected = fresh.generate(reqs, GREEDY)
+    for a, e in zip(after, expected):
+        assert a.token_ids == e.token_ids
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(e.logprobs),
+                                   atol=_tol(case), rtol=0)
+
+
+# ------------------------------------------------------------------------------ torch only
+@pytest.fixture(scope="module")
+def torch_cpu(model_dir):
+    return create_engine("torch", str(model_dir), device="cpu", dtype="float32",
+                         max_batch=8, max_len=128, eos_token_ids=[])
+
+
+def test_torch_logprobs_are_pre_truncation_under_top_k_top_p(torch_cpu, reference):
+    reqs = [RolloutRequest(f"k{i}", p, 10) for i, p in enumerate(_prompts(4, seed=9))]
+    ups = torch_cpu.generate(reqs, SamplingParams(temperature=0.8, top_k=5, top_p=0.9, seed=3))
+    for r, u in zip(reqs, ups):
+        with torch.no_grad():
+            logits = reference(input_ids=torch.tensor([r.prompt_ids + u.token_ids])).logits[0]
+        steps = logits[len(r.prompt_ids) - 1:-1]
+        top5 = steps.topk(5, dim=-1).indices
+        assert all(t in row.tolist() for t, row in zip(u.token_ids, top5))
+        ref = torch.log_softmax(steps / 0.8, -1).gather(-1, torch.tensor(u.token_ids)[:, None])[:, 0]
+        torch.testing.assert_close(torch.tensor(u.logprobs), ref, atol=1e-4, rtol=0)
+    # nucleus: the probability mass ranked above a sampled token is at most top_p
+    ups = torch_cpu.generate(reqs, SamplingParams(temperature=1.0, top_p=0.5, seed=4))
+    for r, u in zip(reqs, ups):
+        with torch.no_grad():
+            logits = reference(input_ids=torch.tensor([r.prompt_ids + u.token_ids])).logits[0]
+        probs = torch.softmax(logits[len(r.prompt_ids) - 1:-1], -1)
+        for p, t in zip(probs, u.token_ids):
+            assert p[p > p[t]].sum() <= 0.5 + 1e-5
+    # top_k=1 and a tiny top_p are greedy whatever the noise
+    greedy = [u.token_ids for u in torch_cpu.generate(reqs, GREEDY)]
+    for sp in (SamplingParams(temperature=1.0, top_k=1, seed=5),
+               SamplingParams(temperature=1.0, top_p=1e-6, seed=5)):
+        assert [u.token_ids for u in torch_cpu.generate(reqs, sp)] == greedy
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+def test_torch_engine_other_supported_architectures(model_type, tmp_path):
+    model = _build_model(model_type, seed=2)
+    eng = create_engine("torch", str(_save_model(model, tmp_path / model_type)), dtype="float32",
+                        max_batch=2, max_len=64, eos_token_ids=[])
+    reqs = [RolloutRequest(f"m{i}", p, 6) for i, p in enumerate(_prompts(3, seed=10))]
+    for u, r in zip(eng.generate(reqs, SamplingParams(temperature=1.0, seed=1)), reqs):
+        torch.testing.assert_close(torch.tensor(u.logprobs), _ref_logprobs(model, r.prompt_ids, u.token_ids),
+                                   atol=1e-4, rtol=0)
+
+
+def test_torch_engine_rejects_bad_input_clearly(model_dir, tmp_path):
+    torch_cpu = create_engine("torch", str(model_dir), max_batch=2, max_len=128)
+    with pytest.raises(ValueError, match=r"'long'.*> max_len 128"):
+        torch_cpu.generate([RolloutRequest("long", [5] * 100, 40)], GREEDY)
+    with pytest.raises(ValueError, match=r"'oov'.*outside the vocabulary"):
+        torch_cpu.generate([RolloutRequest("oov", [5, VOCAB + 3], 4)], GREEDY)
+    params = dict(_build_model(seed=3).named_parameters())
+    with pytest.raises(ValueError, match="match no engine parameter"):
+        torch_cpu.update_weights([*params.items(), ("model.nonexistent.weight", torch.zeros(1))])
+    with pytest.raises(ValueError, match="has shape"):
+        torch_cpu.update_weights([("model.norm.weight", torch.zeros(3))])
+    with pytest.raises(ValueError, match="were not sent"):
+        torch_cpu.update_weights([("model.norm.weight", params["model.norm.weight"])])
+    # DeepSpeed's `module.` prefix is understood
+    torch_cpu.update_weights((f"module.{k}", v) for k, v in params.items())
+    gpt2 = tmp_path / "gpt2"
+    gpt2.mkdir()
+    (gpt2 / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    with pytest.raises(ValueError, match="model_type 'gpt2'.*not supported"):
+        create_engine("torch", str(gpt2))
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        create_engine("torch", str(tmp_path / "missing"))
