@@ -49,7 +49,7 @@ from __future__ import annotations
 import random
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Protocol, Sequence
 
 from stages.reasoning_rl.engines.base import RolloutRequest, RolloutUpdate, SamplingParams
@@ -241,6 +241,7 @@ class _Scheduler:
         self.to_start: deque[str] = deque()     # groups with unstarted members, oldest first
         self.next_group = 0
         self.rollouts_started = 0
+        self.generate_calls = 0
         self.totals = {"purged": 0, "carried_over_finished": 0, "groups_dropped": 0, "groups_trained": 0,
                        "generated_tokens": 0, "rollouts_finished": 0}
 
@@ -273,8 +274,12 @@ class _Scheduler:
         requests = [RolloutRequest(uid=r.uid, prompt_ids=r.prompt_ids,
                                    max_new_tokens=r.max_new_tokens - len(r.token_ids),
                                    generated_ids=list(r.token_ids)) for r in rollouts]
+        sampling = self.sampling
+        if sampling.seed is not None:  # a fresh, reproducible seed per engine call (resumes replay it)
+            sampling = replace(sampling, seed=sampling.seed + self.generate_calls)
+        self.generate_calls += 1
         t0 = time.perf_counter()
-        updates = self.engine.generate(requests, self.sampling, finished_token_budget=budget)
+        updates = self.engine.generate(requests, sampling, finished_token_budget=budget)
         st["rollout_seconds"] += time.perf_counter() - t0
         st["generate_calls"] += 1
         if len(updates) != len(requests):
@@ -389,7 +394,8 @@ class _Scheduler:
                 "waiting": [asdict(r) for r in self.waiting.values()],
                 "groups": [asdict(g) for g in self.groups.values()],
                 "to_start": list(self.to_start), "next_group": self.next_group,
-                "rollouts_started": self.rollouts_started, "totals": dict(self.totals),
+                "rollouts_started": self.rollouts_started, "generate_calls": self.generate_calls,
+                "totals": dict(self.totals),
                 "sampler": self.sampler.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -404,6 +410,7 @@ class _Scheduler:
         self.to_start = deque(state["to_start"])
         self.next_group = int(state["next_group"])
         self.rollouts_started = int(state["rollouts_started"])
+        self.generate_calls = int(state["generate_calls"])
         self.totals = {**self.totals, **state["totals"]}
         self.sampler.load_state_dict(state["sampler"])
 

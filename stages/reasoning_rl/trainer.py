@@ -1,0 +1,456 @@
+"""The `reasoning_rl` stage's job: `python -m stages.reasoning_rl.trainer --job job.json`.
+
+Process layout (N ranks under the deepspeed launcher; CPU ranks on gloo, GPUs on nccl):
+- rank 0 owns the rollout engine (`rollout.engine` on `rollout.device`; `auto` = rank 0's
+  own device, i.e. colocated) and the scheduler (C3PO++ or sync, `c3po.py`), which calls the
+  verifiers (`verifiers.verify_batch`) for rewards;
+- every step rank 0 broadcasts the training batch (token ids, pi_infer, advantages,
+  policy versions) with `broadcast_object_list`; all ranks compute pi_train(theta_old) and
+  the update (`learner.py`) under DeepSpeed (ZeRO stage from the config, a torch AdamW
+  passed in);
+- after the update rank 0 pushes the new weights into the engine (`update_weights`; under
+  ZeRO-3 every rank joins the per-parameter gathers) and logs the sync time.
+A later multi-GPU setup puts the engine on its own device with `rollout.device: cuda:N`.
+
+Policy versions: v = number of updates applied; the rollout engine holds v when step v+1
+generates; a rollout carried over keeps the versions of its earlier tokens (c3po.py).
+
+Checkpoints (every `checkpoint_every` steps and at the end, through CheckpointStore): the
+DeepSpeed state (module, optimizer) + `scheduler.json.gz` (inference pool, training pool,
+open groups, sampler position, counters, metric history). A restarted job resumes from the
+latest one with the same unfinished rollouts.
+
+Outputs (rank 0, job.output_dir): the final policy as a Hugging Face dir + tokenizer,
+`metrics.jsonl` (one line per step), `stage_summary.json`. Metrics per step and a few
+sample rollouts go to MLflow (StageLogger).
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from pipeline.artifacts import CheckpointStore
+from pipeline.stage_api import StageJob
+from pipeline.tracking import StageLogger, info
+from stages.reasoning_rl.config import ReasoningRLConfig
+
+
+class RLStageError(RuntimeError):
+    """A problem the user can fix (data, model, engine choice); printed without a traceback."""
+
+
+# -- distributed plumbing ---------------------------------------------------------------------------
+def _init_distributed(use_cuda: bool):
+    import deepspeed
+    import torch.distributed as dist
+
+    if "RANK" not in os.environ:  # started without a launcher: a world of one
+        from pipeline.launch import free_port
+
+        os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
+    deepspeed.init_distributed(dist_backend="nccl" if use_cuda else "gloo")
+    return dist
+
+
+def _broadcast(dist, obj: Any) -> Any:
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _rank0_do(dist, rank: int, fn, what: str) -> Any:
+    """Run `fn` on rank 0 and hand its result (or its failure) to every rank, so a bad input
+    on rank 0 stops all ranks with the same message instead of leaving them waiting."""
+    result: Any = None
+    err: str | None = None
+    if rank == 0:
+        try:
+            result = fn()
+        except RLStageError as e:
+            err = str(e)
+        except Exception as e:  # noqa: BLE001 - reported on every rank, then re-raised on rank 0
+            err = f"{what} failed: {type(e).__name__}: {e}"
+            traceback.print_exc()
+    status = _broadcast(dist, err)
+    if status is not None:
+        raise RLStageError(status)
+    return result
+
+
+class DeepSpeedBackend:
+    """learner.Backend over a DeepSpeed engine: gradient accumulation with a caller-chosen
+    boundary (the number of micro-batches varies from step to step)."""
+
+    def __init__(self, engine, device, dist):
+        self.engine, self.module, self.device, self.dist = engine, engine.module, device, dist
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+
+    def backward(self, loss, boundary: bool) -> None:
+        self.engine.set_gradient_accumulation_boundary(boundary)
+        self.engine.backward(loss)
+
+    def step(self) -> float:
+        self.engine.set_gradient_accumulation_boundary(True)
+        self.engine.step()
+        norm = self.engine.get_global_grad_norm()
+        return float(norm) if norm is not None else math.nan
+
+    def all_reduce(self, t, op: str):
+        if self.world_size > 1:
+            self.dist.all_reduce(t, op=self.dist.ReduceOp.SUM if op == "sum" else self.dist.ReduceOp.MAX)
+        return t
+
+
+def push_weights(ds_engine, rollout_engine, rank: int, zero3: bool) -> float:
+    """Policy weights -> rollout engine (rank 0). Under ZeRO-3 all ranks join each gather."""
+    import deepspeed
+
+    module = ds_engine.module
+    t0 = time.perf_counter()
+
+    def named():
+        for name, p in module.named_parameters():
+            if zero3:
+                with deepspeed.zero.GatheredParameters([p], modifier_rank=None):
+                    if rank == 0:
+                        yield name, p.data.detach().clone()
+            else:
+                yield name, p.detach()
+
+    if rank == 0:
+        rollout_engine.update_weights(named())
+    elif zero3:
+        for _ in named():
+            pass
+    return time.perf_counter() - t0
+
+
+# -- setup pieces ----------------------------------------------------------------------------------
+def load_data(job: StageJob, cfg: ReasoningRLConfig, tokenizer):
+    from stages.reasoning_rl.data import RLDataError, load_rows, render_prompts, rows_by_domain
+    from verifiers import VERIFIERS
+
+    try:
+        sources = [(src, job.fetch(src)) for src in cfg.data_list]
+        rows = load_rows(sources)
+        rows, prompt_ids, skipped = render_prompts(rows, tokenizer, cfg.prompt_max_len)
+    except RLDataError as e:
+        raise RLStageError(str(e)) from e
+    if not rows:
+        raise RLStageError(f"every RL prompt is longer than prompt_max_len={cfg.prompt_max_len} tokens")
+    domains = rows_by_domain(rows)
+    unknown = sorted(d for d in domains if d not in VERIFIERS)
+    if unknown:
+        first = {d: rows[domains[d][0]]["id"] for d in unknown}
+        raise RLStageError(f"RL data has domains with no registered verifier: {first} "
+                           f"(first row of each); known domains: {sorted(VERIFIERS)}")
+    if cfg.domain_weights is not None:
+        missing = sorted(set(cfg.domain_weights) - set(domains))
+        if missing:
+            raise RLStageError(f"domain_weights name domains absent from the RL data: {missing} "
+                               f"(data domains: {sorted(domains)})")
+    return rows, prompt_ids, skipped, domains
+
+
+def make_engine(cfg: ReasoningRLConfig, model_dir: Path, device: str):
+    import stages.reasoning_rl.engines  # noqa: F401  (registers the engines it ships)
+    from stages.reasoning_rl.engines.base import ENGINES, UNAVAILABLE
+
+    name = cfg.rollout.engine
+    if name not in ENGINES:
+        why = f" ({UNAVAILABLE[name]})" if name in UNAVAILABLE else ""
+        raise RLStageError(f"rollout.engine {name!r} is not available{why}; available: {sorted(ENGINES)}")
+    return ENGINES[name](str(model_dir), device=device, dtype=cfg.rollout.dtype, max_batch=cfg.rollout.max_batch,
+                         max_len=cfg.prompt_max_len + cfg.max_len, seed=cfg.seed, **cfg.rollout.options)
+
+
+def rollout_device(cfg: ReasoningRLConfig, train_device) -> str:
+    import torch
+
+    d = cfg.rollout.device
+    if d == "auto":
+        return str(train_device)
+    if d.startswith("cuda") and not torch.cuda.is_available():
+        raise RLStageError(f"rollout.device is {d!r} but this machine has no CUDA device")
+    return "cuda:0" if d == "cuda" else d
+
+
+def ds_config(cfg: ReasoningRLConfig, bf16: bool) -> dict[str, Any]:
+    zero: dict[str, Any] = {"stage": cfg.zero_stage}
+    if cfg.zero_stage == 3:
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,  # accumulation boundaries are set by the learner
+        "gradient_clipping": cfg.grad_clip,
+        "zero_optimization": zero,
+        "zero_allow_untested_optimizer": True,
+        "bf16": {"enabled": bf16},
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+    }
+
+
+def save_hf(ds_engine, tokenizer, out: Path, rank: int, zero3: bool, grad_ckpt: bool) -> None:
+    module = ds_engine.module
+    state = ds_engine._zero3_consolidated_16bit_state_dict() if zero3 else None
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        if grad_ckpt:
+            module.gradient_checkpointing_disable()
+        module.save_pretrained(out, state_dict=state, safe_serialization=True)
+        tokenizer.save_pretrained(out)
+
+
+def sample_text(tokenizer, samples, n: int, step: int) -> str:
+    parts = []
+    for s in samples[:n]:
+        versions = sorted({v for _, v in s.segments})
+        parts.append(f"### {s.uid} (row {s.row_index}, domain {s.domain}) reward {s.reward:.3f} "
+                     f"adv {s.advantage:+.3f} finish {s.finish_reason} policy versions {versions}\n"
+                     f"reason: {s.reward_reason}\n--- prompt ---\n"
+                     f"{tokenizer.decode(s.prompt_ids, skip_special_tokens=False)}\n--- response ---\n"
+                     f"{s.response_text}\n")
+    return f"step {step}\n\n" + "\n".join(parts)
+
+
+def batch_metrics(samples) -> dict[str, float]:
+    out: dict[str, float] = {}
+    by_dom: dict[str, list[float]] = {}
+    for s in samples:
+        by_dom.setdefault(s.domain, []).append(s.reward)
+    rewards = [s.reward for s in samples]
+    out["reward_mean"] = sum(rewards) / len(rewards)
+    for d, r in sorted(by_dom.items()):
+        out[f"reward_mean/{d}"] = sum(r) / len(r)
+    lens = [len(s.response_ids) for s in samples]
+    out["response_len_mean"] = sum(lens) / len(lens)
+    out["response_len_max"] = float(max(lens))
+    out["finished_by_length_fraction"] = sum(s.finish_reason == "length" for s in samples) / len(samples)
+    out["zero_advantage_fraction"] = sum(s.advantage == 0 for s in samples) / len(samples)
+    out["carried_over_trained"] = float(sum(s.carried for s in samples))
+    return out
+
+
+def summarize(history: list[dict[str, float]], sched_totals: dict[str, int], extra: dict[str, Any]) -> dict:
+    def mean(key):
+        vals = [h[key] for h in history if key in h and math.isfinite(h[key])]
+        return sum(vals) / len(vals) if vals else None
+
+    return {
+        **extra,
+        "steps": len(history),
+        "reward_first": history[0]["reward_mean"] if history else None,
+        "reward_last": history[-1]["reward_mean"] if history else None,
+        "masked_fraction_mean": mean("masked_fraction"),
+        "mismatch_kl_mean": mean("mismatch_kl"),
+        "weight_sync_seconds_mean": mean("weight_sync_seconds"),
+        "rollout_seconds_mean": mean("rollout_seconds"),
+        "step_seconds_mean": mean("step_seconds"),
+        "carried_over_finished": int(sched_totals.get("carried_over_finished", 0)),
+        "carried_over_trained": int(sum(h.get("carried_over_trained", 0) for h in history)),
+        "purged": int(sched_totals.get("purged", 0)),
+        "groups_dropped": int(sched_totals.get("groups_dropped", 0)),
+        "groups_trained": int(sched_totals.get("groups_trained", 0)),
+        "rollouts_trained": int(sum(h.get("train_rollouts", 0) for h in history)),
+        "tokens_trained": int(sum(h.get("train_tokens", 0) for h in history)),
+        "generated_tokens": int(sched_totals.get("generated_tokens", 0)),
+    }
+
+
+# -- the job --------------------------------------------------------------------------------------
+def main(job: StageJob) -> None:
+    cfg = ReasoningRLConfig.model_validate(job.config)
+    import deepspeed
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from stages.reasoning_rl.c3po import PromptSampler, SchedulerConfig, make_scheduler
+    from stages.reasoning_rl.engines.base import SamplingParams
+    from stages.reasoning_rl.icepop import LossConfig
+    from stages.reasoning_rl.learner import Learner, LearnerConfig, freeze_parameters
+
+    use_cuda = torch.cuda.is_available()
+    if cfg.precision == "bf16" and not use_cuda:
+        raise RLStageError("precision bf16 needs a GPU; use auto or fp32 on CPU")
+    dist = _init_distributed(use_cuda)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and use_cuda)
+    zero3 = cfg.zero_stage == 3
+    torch.manual_seed(cfg.seed)
+    log = StageLogger.for_job(job)
+    work = Path(job.work_dir)
+    out = Path(job.output_dir)
+
+    model_dir = job.fetch(cfg.model)
+    if not (Path(model_dir) / "config.json").is_file():
+        raise RLStageError(f"model {cfg.model}: {model_dir} is not a Hugging Face model dir (no config.json)")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    data = _rank0_do(dist, rank, lambda: load_data(job, cfg, tokenizer), "loading the RL data")
+
+    # -- policy under DeepSpeed ------------------------------------------------------------------
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16 if bf16 else torch.float32)
+    frozen = freeze_parameters(model, cfg.frozen_param_patterns)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, betas=tuple(cfg.adam_betas), weight_decay=cfg.weight_decay)
+    ds_engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config(cfg, bf16))
+    ref_model = None
+    if cfg.kl_coef > 0:
+        ref_model = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=torch.bfloat16 if bf16 else torch.float32).to(device).eval()
+        ref_model.requires_grad_(False)
+    loss_cfg = LossConfig(correction=cfg.correction, alpha=cfg.icepop_alpha, beta=cfg.icepop_beta,
+                          clip_eps_low=cfg.clip_eps, clip_eps_high=cfg.clip_eps_high if cfg.clip_eps_high is not None
+                          else cfg.clip_eps, tis_cap=cfg.tis_cap, kl_coef=cfg.kl_coef)
+    learner = Learner(DeepSpeedBackend(ds_engine, device, dist),
+                      LearnerConfig(loss=loss_cfg, pad_id=pad_id, temperature=cfg.temperature,
+                                    micro_batch_tokens=cfg.micro_tokens, updates_per_batch=cfg.updates_per_batch,
+                                    ppo_epochs=cfg.ppo_epochs, logit_chunk=cfg.logit_chunk),
+                      ref_model=ref_model)
+
+    # -- rollout side (rank 0) -----------------------------------------------------------------------
+    def build_rollout():
+        from verifiers import verify_batch
+
+        rows, prompt_ids, skipped, domains = data
+        engine = make_engine(cfg, Path(model_dir), rollout_device(cfg, device))
+        sampler = PromptSampler(domains, cfg.domain_weights, seed=cfg.seed)
+        sched_cfg = SchedulerConfig(rollouts_per_prompt=cfg.rollouts_per_prompt, max_new_tokens=cfg.max_len,
+                                    prompts_per_step=cfg.prompts_per_step, pool_capacity=cfg.pool_capacity,
+                                    token_budget=cfg.token_budget, retention_limit=cfg.c3po.retention_limit,
+                                    min_group_size=cfg.c3po.min_group_size, adv_eps=cfg.adv_eps)
+        sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, seed=cfg.seed)
+
+        def reward_fn(rws, texts):
+            return verify_batch(rws, texts, num_workers=cfg.verifier_workers, timeout_s=cfg.verifier_timeout_s)
+
+        def decode(ids):
+            return tokenizer.decode(ids, skip_special_tokens=True)
+
+        sched = make_scheduler(cfg.scheduler, engine, sched_cfg, rows, prompt_ids, sampler, sampling, decode,
+                               reward_fn)
+        return engine, sched
+
+    built = _rank0_do(dist, rank, build_rollout, "starting the rollout engine")
+    rollout_engine, scheduler = built if rank == 0 else (None, None)
+
+    # -- resume -------------------------------------------------------------------------------------
+    store = CheckpointStore(job.stage_url, job.storage_options)
+    latest = _broadcast(dist, store.latest() if rank == 0 else None)
+    history: list[dict[str, float]] = []
+    start = 0
+    resumed: dict[str, int] = {}
+    if latest is not None:
+        local = work / "resume"
+        if local_rank == 0:
+            store.restore(latest, local)
+        dist.barrier()
+        load_path, _ = ds_engine.load_checkpoint(str(local / "ds"), tag="state")
+        if load_path is None:
+            raise RLStageError(f"checkpoint step {latest} under {job.stage_url}/checkpoints has no DeepSpeed state")
+        if rank == 0:
+            with gzip.open(local / "scheduler.json.gz", "rt") as f:
+                state = json.load(f)
+            scheduler.load_state_dict(state["scheduler"])
+            history = state["history"]
+            resumed = {"resumed_pool_rollouts": len(scheduler.pool),
+                       "resumed_pool_tokens": sum(len(r.token_ids) for r in scheduler.pool.values()),
+                       "resumed_waiting_rollouts": len(scheduler.waiting)}
+        start = latest
+        sync_s = push_weights(ds_engine, rollout_engine, rank, zero3)
+        info(f"reasoning_rl: resumed from step {latest} with {resumed.get('resumed_pool_rollouts')} unfinished "
+             f"rollouts in the pool (weights pushed to the engine in {sync_s:.2f}s)")
+    if rank == 0:
+        info(f"reasoning_rl: {len(data[0])} prompts ({data[2]} skipped as too long), domains "
+             f"{ {d: len(v) for d, v in data[3].items()} }, scheduler {cfg.scheduler}, correction "
+             f"{cfg.correction}, world {world}, frozen {len(frozen)} params, steps {start}..{cfg.steps}")
+
+    def save_checkpoint(step: int) -> None:
+        local = work / "checkpoint" / f"step-{step:08d}"
+        if local_rank == 0 and local.exists():
+            import shutil
+
+            shutil.rmtree(local)
+        dist.barrier()
+        ds_engine.save_checkpoint(str(local / "ds"), tag="state")
+        if rank == 0:
+            with gzip.open(local / "scheduler.json.gz", "wt") as f:
+                json.dump({"scheduler": scheduler.state_dict(), "history": history, "step": step}, f)
+        dist.barrier()
+        if rank == 0:
+            store.save(local, step)
+        dist.barrier()
+
+    # -- the loop -----------------------------------------------------------------------------------
+    for step in range(start, cfg.steps):
+        t_step = time.perf_counter()
+        version = step  # updates applied so far
+
+        batch = _rank0_do(dist, rank, lambda: scheduler.next_batch(version), f"step {step + 1}: rollouts")
+        samples = _broadcast(dist, batch.samples if rank == 0 else None)
+        t_train = time.perf_counter()
+        stats = learner.train(samples, version)
+        t_train = time.perf_counter() - t_train
+        sync_s = push_weights(ds_engine, rollout_engine, rank, zero3)
+        if rank == 0:
+            m = {**batch.stats, **stats, **batch_metrics(samples)}
+            m["train_seconds"] = t_train
+            m["weight_sync_seconds"] = sync_s
+            engine_sync = getattr(rollout_engine, "last_sync_seconds", None)
+            if engine_sync is not None:
+                m["engine_sync_seconds"] = float(engine_sync)
+            m["step_seconds"] = time.perf_counter() - t_step
+            m["generated_tokens_per_second"] = (m["generated_tokens"] / m["rollout_seconds"]
+                                                if m["rollout_seconds"] else 0.0)
+            m["policy_version"] = float(version + 1)
+            history.append(m)
+            log.metrics(step + 1, m)
+            if cfg.sample_rollouts:
+                log.text(sample_text(tokenizer, samples, cfg.sample_rollouts, step + 1),
+                         f"rollouts/step_{step + 1:06d}.txt")
+        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+            save_checkpoint(step + 1)
+
+    # -- outputs ------------------------------------------------------------------------------------
+    save_hf(ds_engine, tokenizer, out, rank, zero3, cfg.gradient_checkpointing)
+    if rank == 0:
+        summary = summarize(history, scheduler.totals, {
+            "scheduler": cfg.scheduler, "correction": cfg.correction, "world_size": world,
+            "resumed_from_step": latest, "frozen_params": len(frozen), "frozen_param_names": frozen[:20], "prompts": len(data[0]),
+            "prompts_skipped": data[2], "pool_capacity": cfg.pool_capacity, "token_budget": cfg.token_budget,
+            "retention_limit": cfg.c3po.retention_limit, **resumed})
+        with open(out / "metrics.jsonl", "w") as f:
+            for i, h in enumerate(history, 1):
+                f.write(json.dumps({"step": i, **h}) + "\n")
+        (out / "stage_summary.json").write_text(json.dumps(summary, indent=2))
+        info(f"reasoning_rl: done: {json.dumps({k: summary[k] for k in ('steps', 'reward_first', 'reward_last', 'carried_over_trained', 'purged')})}")
+    dist.barrier()
+
+
+def entry(argv: list[str] | None = None) -> int:
+    job = StageJob.from_argv(argv)
+    try:
+        main(job)
+    except RLStageError as e:
+        print(f"reasoning_rl: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(entry())
