@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -387,28 +388,38 @@ class TorchEngine:
         call_seed = sampling.seed if sampling.seed is not None else self.seed * 1_000_003 + self._calls
         self._calls += 1
         self._gen.manual_seed(int(call_seed) & 0x7FFF_FFFF_FFFF_FFFF)
-        eos = set(self.eos_token_ids)
+        eos = np.array(self.eos_token_ids, dtype=np.int64)
 
         n = len(requests)
-        toks: list[list[int]] = [[] for _ in range(n)]
-        lps: list[list[float]] = [[] for _ in range(n)]
+        earlier = np.array([len(r.generated_ids) for r in requests], dtype=np.int64)
+        limit = np.array([r.max_new_tokens for r in requests], dtype=np.int64)
+        count = np.zeros(n, dtype=np.int64)  # new tokens so far, per request
         reason: list[str | None] = [None] * n
+        logged: list[tuple[np.ndarray, np.ndarray]] = []  # per step: (requests, [token, logprob])
         done_tokens = 0  # summed response length of the requests finished in this call
         budget = finished_token_budget
-        stats = {"prefill_tokens": 0, "decode_steps": 0, "decode_row_steps": 0, "new_tokens": 0}
-
-        def finish(i: int, why: str) -> None:
-            nonlocal done_tokens
-            reason[i] = why
-            done_tokens += len(requests[i].generated_ids) + len(toks[i])
+        stats = {"prefill_tokens": 0, "decode_steps": 0, "decode_row_steps": 0}
 
         def over_budget() -> bool:
             return budget is not None and done_tokens >= budget
 
+        def record(reqs: np.ndarray, out: np.ndarray) -> np.ndarray:
+            """One new (token, logprob) per request in `reqs`; returns which of them finished."""
+            nonlocal done_tokens
+            logged.append((reqs, out))
+            count[reqs] += 1
+            is_eos = np.isin(out[:, 0].astype(np.int64), eos)
+            fin = is_eos | (count[reqs] >= limit[reqs])
+            for j in np.flatnonzero(fin):
+                reason[reqs[j]] = "eos" if is_eos[j] else "length"
+            done_tokens += int((earlier[reqs[fin]] + count[reqs[fin]]).sum())
+            return fin
+
         pending: list[int] = []
         for i, r in enumerate(requests):
             if r.max_new_tokens <= 0:
-                finish(i, "length")
+                reason[i] = "length"
+                done_tokens += int(earlier[i])
             else:
                 pending.append(i)
         pending.reverse()  # pop() from the end = request order
@@ -422,70 +433,72 @@ class TorchEngine:
                 need_len = min(_pow2_at_least(need_len, 16), self.max_len)
             self._ensure_buffers(n_slots, need_len)
 
-        slot_req = [-1] * self._cap_b   # request index per cache row
-        slot_pos = [0] * self._cap_b    # next cache position (= tokens in the row)
         n_slots = min(self.max_batch, self._cap_b)
-
-        def push(i: int, tok: int, lp: float) -> bool:
-            """Record a new token of request i; True when the request finished."""
-            toks[i].append(tok)
-            lps[i].append(lp)
-            stats["new_tokens"] += 1
-            if tok in eos:
-                finish(i, "eos")
-            elif len(toks[i]) >= requests[i].max_new_tokens:
-                finish(i, "length")
-            return reason[i] is not None
+        slot_req = np.full(self._cap_b, -1, dtype=np.int64)  # request index per cache row
+        slot_pos = np.zeros(self._cap_b, dtype=np.int64)     # next cache position of the row
+        dev = self.device
 
         while not over_budget():
             # 1) refill free slots from the pending requests (prefill in chunks)
-            free = [b for b in range(n_slots) if slot_req[b] < 0]
-            if pending and free:
-                new: list[tuple[int, int]] = []
-                while pending and len(new) < len(free):
-                    new.append((free[len(new)], pending.pop()))
+            free = np.flatnonzero(slot_req[:n_slots] < 0)
+            if pending and len(free):
+                new = [(int(b), pending.pop()) for b in free[:len(pending)]]
                 for chunk in self._chunks(new, requests):
-                    if over_budget():  # stop before prefilling more: those stay unstarted
-                        pending.extend(reversed([i for _, i in chunk]))
-                        continue
-                    slots = [b for b, _ in chunk]
-                    seqs = [requests[i].prompt_ids + requests[i].generated_ids for _, i in chunk]
-                    stats["prefill_tokens"] += sum(len(s) for s in seqs)
-                    out = self._prefill(slots, seqs, mode).cpu().tolist()
-                    for (b, i), s, (tok, lp) in zip(chunk, seqs, out):
-                        if not push(i, int(tok), lp):
-                            slot_req[b], slot_pos[b] = i, len(s)
-                            self._tok_in[b] = int(tok)
-                            self._pos_in[b] = len(s)
+                    if over_budget():  # the rest stay unstarted
+                        break
+                    slots = np.array([b for b, _ in chunk])
+                    reqs = np.array([i for _, i in chunk])
+                    seqs = [requests[i].prompt_ids + requests[i].generated_ids for i in reqs]
+                    stats["prefill_tokens"] += sum(len(q) for q in seqs)
+                    out = self._prefill(slots.tolist(), seqs, mode).cpu().numpy()
+                    keep = ~record(reqs, out)
+                    if keep.any():
+                        rows = slots[keep]
+                        slot_req[rows] = reqs[keep]
+                        slot_pos[rows] = [len(q) for q, k in zip(seqs, keep) if k]
+                        idx = torch.from_numpy(rows).to(dev)
+                        self._tok_in[idx] = torch.from_numpy(out[keep, 0]).long().to(dev)
+                        self._pos_in[idx] = torch.from_numpy(slot_pos[rows]).to(dev)
                 if over_budget():
                     break
-            busy = [b for b in range(n_slots) if slot_req[b] >= 0]
-            if not busy:
+            busy = np.flatnonzero(slot_req[:n_slots] >= 0)
+            if not len(busy):
                 if pending:
                     continue
                 break
             # 2) compact busy rows to the front once they fit a smaller batch bucket
-            hi = busy[-1] + 1
+            hi = int(busy[-1]) + 1
             if not pending and self._bucket_b(len(busy)) < self._bucket_b(hi):
                 self._compact(busy, slot_req, slot_pos)
-                busy = list(range(len(busy)))
+                busy = np.arange(len(busy))
                 hi = len(busy)
             # 3) one decode step for rows [0, nb)
             nb = self._bucket_b(hi)
-            kvb = self._bucket_kv(max(slot_pos[b] for b in busy) + 1)
-            self._decode(nb, kvb, mode)
-            out = self._out[:hi].cpu().tolist()
+            self._decode(nb, self._bucket_kv(int(slot_pos[busy].max()) + 1), mode)
+            out = self._out[:hi].cpu().numpy()
             stats["decode_steps"] += 1
             stats["decode_row_steps"] += nb
-            for b in busy:
-                slot_pos[b] += 1
-                if push(slot_req[b], int(out[b][0]), out[b][1]):
-                    slot_req[b], slot_pos[b] = -1, 0
+            fin = record(slot_req[busy], out[busy])
+            slot_pos[busy] += 1
+            slot_req[busy[fin]], slot_pos[busy[fin]] = -1, 0
             # next inputs: the sampled tokens; positions from the host mirror, where a free
             # row sits at 0 (it rewrites position 0 of its own unused row, never past it)
             self._tok_in[:hi].copy_(self._out[:hi, 0].long())
-            self._pos_in[:hi].copy_(torch.tensor(slot_pos[:hi]), non_blocking=True)
+            self._pos_in[:hi].copy_(torch.from_numpy(slot_pos[:hi]))
 
+        toks: list[list[int]] = [[] for _ in range(n)]
+        lps: list[list[float]] = [[] for _ in range(n)]
+        if logged:  # regroup the per-step logs by request (a stable sort keeps time order)
+            reqs = np.concatenate([r for r, _ in logged])
+            outs = np.concatenate([o for _, o in logged])
+            order = np.argsort(reqs, kind="stable")
+            reqs, outs = reqs[order], outs[order]
+            bounds = np.searchsorted(reqs, np.arange(n + 1))
+            for i in range(n):
+                part = outs[bounds[i]:bounds[i + 1]]
+                toks[i] = part[:, 0].astype(np.int64).tolist()
+                lps[i] = part[:, 1].tolist()
+        stats["new_tokens"] = int(count.sum())
         stats["seconds"] = time.perf_counter() - t0
         self.last_stats = stats
         return [RolloutUpdate(uid=r.uid, token_ids=toks[i], logprobs=lps[i],
@@ -506,18 +519,18 @@ class TorchEngine:
         if chunk:
             yield chunk
 
-    def _compact(self, busy: list[int], slot_req: list[int], slot_pos: list[int]) -> None:
+    def _compact(self, busy: np.ndarray, slot_req: np.ndarray, slot_pos: np.ndarray) -> None:
+        """Move the busy cache rows (ascending) to the front: rows [0, len(busy))."""
         n = len(busy)
-        length = max(slot_pos[b] for b in busy)
-        src = torch.tensor(busy, device=self.device)
+        length = int(slot_pos[busy].max())
+        src = torch.from_numpy(busy).to(self.device)
         for cache in (*self._k, *self._v):
             cache[:n, :, :length] = cache[src, :, :length]
-        self._tok_in[:n] = self._tok_in[src].clone()
-        self._pos_in[:n] = self._pos_in[src].clone()
+        self._tok_in[:n] = self._tok_in[src]
+        self._pos_in[:n] = self._pos_in[src]
         self._pos_in[n:] = 0
-        reqs, poss = [slot_req[b] for b in busy], [slot_pos[b] for b in busy]
-        for b in range(len(slot_req)):
-            slot_req[b], slot_pos[b] = (reqs[b], poss[b]) if b < n else (-1, 0)
+        slot_req[:n], slot_req[n:] = slot_req[busy], -1
+        slot_pos[:n], slot_pos[n:] = slot_pos[busy], 0
 
     # ---------------------------------------------------------------- weights
     @torch.no_grad()

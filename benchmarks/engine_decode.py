@@ -1,0 +1,171 @@
+"""Decode throughput of the torch rollout engine next to transformers' `generate`.
+
+Same random-init model (default: the Qwen2-0.5B shape; nothing is downloaded), same batch,
+prompt length and number of new tokens, both measured in this run. Both sample at
+temperature 1 (no top-k/top-p), EOS off so every row generates exactly --new-tokens;
+the engine also returns every token's logprob, `generate` does not.
+
+Reported, per system: end-to-end generated tokens/s (prefill included) and decode-only
+tokens/s = batch * (new - 1) / (time(new tokens) - time(1 token)). Plus a sanity check:
+the share of rows whose first --check-tokens greedy tokens agree between the two (1.0 in
+fp32; in bf16 the two code paths round differently and some rows drift apart).
+
+Needs only torch + transformers (no DeepSpeed / MLflow / Prefect). Prints a markdown row
+for benchmarks/RESULTS.md (--header prints the header first).
+
+    python benchmarks/engine_decode.py --device cuda --dtype bfloat16 --batch 256 \\
+        --prompt-len 128 --new-tokens 512 --header
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere
+
+COLUMNS = ["date", "device", "model", "dtype", "batch", "prompt", "new", "engine tok/s",
+           "generate tok/s", "speedup", "engine decode tok/s", "generate decode tok/s",
+           "greedy agree", "engine warm-up s", "graphs", "torch / transformers"]
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--hidden", type=int, default=896)
+    p.add_argument("--layers", type=int, default=24)
+    p.add_argument("--heads", type=int, default=14)
+    p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--intermediate", type=int, default=4864)
+    p.add_argument("--vocab", type=int, default=151936)
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=512)
+    p.add_argument("--dtype", default="auto", help="auto = bfloat16 on cuda, float32 on cpu")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--repeats", type=int, default=2, help="timed runs per measurement (best kept)")
+    p.add_argument("--no-cuda-graphs", action="store_true", help="engine decodes eagerly")
+    p.add_argument("--skip-generate", action="store_true", help="engine only")
+    p.add_argument("--check-tokens", type=int, default=16, help="greedy agreement check (0 = off)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--header", action="store_true")
+    return p.parse_args()
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def best_time(fn, repeats: int, device: torch.device) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def build_model(a, dtype: torch.dtype, device: torch.device):
+    import transformers
+    from transformers import AutoModelForCausalLM, GenerationConfig, Qwen2Config
+
+    cfg = Qwen2Config(vocab_size=a.vocab, hidden_size=a.hidden, num_hidden_layers=a.layers,
+                      num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
+                      intermediate_size=a.intermediate, max_position_embeddings=32768,
+                      rope_theta=1_000_000.0, tie_word_embeddings=True, eos_token_id=None,
+                      bos_token_id=None, pad_token_id=0)
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    kw = {"dtype" if (major, minor) >= (4, 56) else "torch_dtype": dtype}
+    torch.manual_seed(a.seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, **kw)
+    model = model.to(device=device, dtype=dtype).eval()
+    model.generation_config = GenerationConfig(eos_token_id=None, pad_token_id=0, bos_token_id=None)
+    return model
+
+
+def main() -> None:
+    a = parse()
+    from stages.reasoning_rl.engines import RolloutRequest, SamplingParams, create_engine
+    from stages.reasoning_rl.engines.torch_engine import _resolve_dtype
+    import transformers
+
+    device = torch.device(a.device)
+    dtype = _resolve_dtype(a.dtype, device)
+    model = build_model(a, dtype, device)
+    g = torch.Generator().manual_seed(a.seed + 1)
+    prompts = torch.randint(1, a.vocab, (a.batch, a.prompt_len), generator=g)
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp)
+        engine = create_engine("torch", tmp, device=a.device, dtype=str(dtype).split(".")[1],
+                               max_batch=a.batch, max_len=a.prompt_len + a.new_tokens,
+                               seed=a.seed, eos_token_ids=[],
+                               **({"cuda_graphs": False} if a.no_cuda_graphs else {}))
+
+    sample = SamplingParams(temperature=1.0, seed=a.seed)
+
+    def run_engine(new: int, sampling=sample):
+        reqs = [RolloutRequest(uid=str(i), prompt_ids=p, max_new_tokens=new)
+                for i, p in enumerate(prompts.tolist())]
+        return engine.generate(reqs, sampling)
+
+    t0 = time.perf_counter()
+    run_engine(a.new_tokens)  # warm-up: captures every graph the timed runs replay
+    sync(device)
+    warm = time.perf_counter() - t0
+    e_full = best_time(lambda: run_engine(a.new_tokens), a.repeats, device)
+    e_one = best_time(lambda: run_engine(1), a.repeats, device)
+    n_new = a.batch * a.new_tokens
+    row = {"engine tok/s": n_new / e_full,
+           "engine decode tok/s": a.batch * (a.new_tokens - 1) / max(e_full - e_one, 1e-9),
+           "engine warm-up s": warm, "graphs": len(engine._graphs) if engine.use_graphs else "off"}
+
+    if not a.skip_generate:
+        ids = prompts.to(device)
+        mask = torch.ones_like(ids)
+
+        def run_generate(new: int, greedy: bool = False):
+            with torch.inference_mode():
+                kw = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=1.0,
+                                                               top_k=0, top_p=1.0)
+                return model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new,
+                                      min_new_tokens=new, pad_token_id=0, **kw)
+
+        run_generate(8)  # warm-up
+        g_full = best_time(lambda: run_generate(a.new_tokens), a.repeats, device)
+        g_one = best_time(lambda: run_generate(1), a.repeats, device)
+        row["generate tok/s"] = n_new / g_full
+        row["generate decode tok/s"] = a.batch * (a.new_tokens - 1) / max(g_full - g_one, 1e-9)
+        row["speedup"] = f"{row['engine tok/s'] / row['generate tok/s']:.1f}x"
+        if a.check_tokens:
+            k = min(a.check_tokens, a.new_tokens)
+            ref = run_generate(k, greedy=True)[:, a.prompt_len:].tolist()
+            got = [u.token_ids for u in run_engine(k, SamplingParams(temperature=0.0))]
+            row["greedy agree"] = f"{sum(r == o for r, o in zip(ref, got)) / a.batch:.2f}"
+
+    shape = f"Qwen2 h{a.hidden} L{a.layers} q{a.heads}/kv{a.kv_heads} ff{a.intermediate} V{a.vocab}"
+    dev = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    row.update({"date": dt.date.today().isoformat(), "device": dev, "model": shape,
+                "dtype": str(dtype).split(".")[1], "batch": a.batch, "prompt": a.prompt_len,
+                "new": a.new_tokens,
+                "torch / transformers": f"{torch.__version__} / {transformers.__version__}"})
+
+    def fmt(v):
+        return f"{v:,.0f}" if isinstance(v, float) and v >= 100 else (
+            f"{v:.2f}" if isinstance(v, float) else str(v))
+
+    if a.header:
+        print("| " + " | ".join(COLUMNS) + " |")
+        print("|" + "|".join("---" for _ in COLUMNS) + "|")
+    print("| " + " | ".join(fmt(row.get(c, "-")) for c in COLUMNS) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
