@@ -13,7 +13,8 @@ the contract tests skip this engine with the reason recorded in UNAVAILABLE):
   NB: "processed" also applies top-k/top-p renormalisation, unlike the torch engine,
   which reports pre-truncation logprobs; the two agree whenever top_k=0 and top_p=1
   (the recipe's setting).
-- `llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=...), params)`,
+- `llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=...), params)`
+  (from ~0.12 the prompt first goes through `llm.input_processor.process_inputs`),
   `llm.llm_engine.step() -> list[RequestOutput]` (cumulative outputs),
   `llm.llm_engine.abort_request([ids])`: the stepping loop that implements the
   finished-token budget (C3PO++): once the finished rollouts' lengths reach the budget the
@@ -38,6 +39,7 @@ CUDA_VISIBLE_DEVICES per process.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import logging
 import os
 import time
@@ -130,6 +132,21 @@ class VllmEngine:
             top_k=s.top_k if s.top_k > 0 else -1, seed=seed, max_tokens=r.max_new_tokens,
             logprobs=0, stop_token_ids=list(self.eos_token_ids), detokenize=False)
 
+    def _add(self, rid: str, prompt, params) -> None:
+        """Queue one request. vLLM >= ~0.12 turns prompts into EngineCoreRequests in the LLM
+        (`llm.input_processor`) and deprecates doing it in LLMEngine.add_request; older
+        versions take the prompt itself. Outputs and aborts use our id either way."""
+        engine = self.llm.llm_engine
+        proc = getattr(self.llm, "input_processor", None)
+        if proc is None or not hasattr(proc, "process_inputs"):
+            engine.add_request(rid, prompt, params)
+            return
+        accepted = inspect.signature(proc.process_inputs).parameters
+        kw = {}
+        if "supported_tasks" in accepted and hasattr(self.llm, "supported_tasks"):
+            kw["supported_tasks"] = self.llm.supported_tasks
+        engine.add_request(rid, proc.process_inputs(rid, prompt, params, **kw), params)
+
     def generate(self, requests: list[RolloutRequest], sampling: SamplingParams,
                  finished_token_budget: int | None = None) -> list[RolloutUpdate]:
         t0 = time.perf_counter()
@@ -163,8 +180,8 @@ class VllmEngine:
                 for i, r in enumerate(requests):
                     if reason[i] is None:
                         rid = f"{call}-{i}-{r.uid}"
-                        engine.add_request(rid, TokensPrompt(prompt_token_ids=r.prompt_ids + r.generated_ids),
-                                           self._params(sampling, r))
+                        self._add(rid, TokensPrompt(prompt_token_ids=r.prompt_ids + r.generated_ids),
+                                  self._params(sampling, r))
                         live[rid] = i
             while live and not over_budget():
                 for out in engine.step():
