@@ -52,6 +52,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--skip-generate", action="store_true", help="engine only")
     p.add_argument("--check-tokens", type=int, default=16, help="greedy agreement check (0 = off)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
     p.add_argument("--header", action="store_true")
     return p.parse_args()
 
@@ -93,6 +94,8 @@ def build_model(a, dtype: torch.dtype, device: torch.device):
 
 def main() -> None:
     a = parse()
+    if a.threads:
+        torch.set_num_threads(a.threads)
     from stages.reasoning_rl.engines import RolloutRequest, SamplingParams, create_engine
     from stages.reasoning_rl.engines.torch_engine import _resolve_dtype
     import transformers
