@@ -363,8 +363,9 @@ def test_vllm_engine_glue_against_a_fake_vllm(monkeypatch, model_dir):
                 r["out"].append(tok)
                 reason = ("stop" if tok in r["p"].stop_token_ids else
                           "length" if len(r["out"]) >= r["p"].max_tokens else None)
-                lps = [{t: types.SimpleNamespace(logprob=-0.1 * (k + 1))} for k, t in enumerate(r["out"])]
-                comp = types.SimpleNamespace(token_ids=list(r["out"]), logprobs=lps, finish_reason=reason)
+                assert r["p"].output_kind == "DELTA"  # each output carries this step's token only
+                lps = [{tok: types.SimpleNamespace(logprob=-0.1 * len(r["out"]))}]
+                comp = types.SimpleNamespace(token_ids=[tok], logprobs=lps, finish_reason=reason)
                 outs.append(types.SimpleNamespace(request_id=rid, outputs=[comp], finished=reason is not None))
                 if reason:
                     del self.live[rid]
@@ -393,8 +394,11 @@ def test_vllm_engine_glue_against_a_fake_vllm(monkeypatch, model_dir):
     fake.LLM, fake.SamplingParams = FakeLLM, FakeParams
     fake.inputs = types.ModuleType("vllm.inputs")
     fake.inputs.TokensPrompt = dict
+    fake.sampling_params = types.ModuleType("vllm.sampling_params")
+    fake.sampling_params.RequestOutputKind = types.SimpleNamespace(DELTA="DELTA")
     monkeypatch.setitem(sys.modules, "vllm", fake)
     monkeypatch.setitem(sys.modules, "vllm.inputs", fake.inputs)
+    monkeypatch.setitem(sys.modules, "vllm.sampling_params", fake.sampling_params)
     monkeypatch.setattr(base, "ENGINES", {})
     monkeypatch.setattr(base, "UNAVAILABLE", {})
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -20,8 +20,9 @@ the contract tests skip this engine with the reason recorded in UNAVAILABLE):
   finished-token budget (C3PO++): once the finished rollouts' lengths reach the budget the
   rest are aborted and return what they have.
 - `SamplingParams(n=1, temperature, top_p, top_k (-1 = off), seed, max_tokens,
-  logprobs=0, stop_token_ids, detokenize=False)`; `logprobs=0` returns the sampled token's
-  logprob only; finish_reason "stop" (EOS / stop token) -> "eos", "length" -> "length".
+  logprobs=0, stop_token_ids, detokenize=False, output_kind=RequestOutputKind.DELTA)`;
+  `logprobs=0` returns the sampled token's logprob only; DELTA outputs carry only the new
+  tokens of each step (cumulative ones would copy whole 64k-token rollouts every step); finish_reason "stop" (EOS / stop token) -> "eos", "length" -> "length".
 - Weights: the model object's `load_weights(iterable of (hf_name, tensor))` (vLLM's own
   loader: it stacks q/k/v and gate/up and skips a tied lm_head). The model is reached in
   process: V1 with VLLM_ENABLE_V1_MULTIPROCESSING=0 (this engine sets it unless
@@ -58,6 +59,7 @@ try:  # import-guarded: the package is optional and GPU-only
     from vllm import LLM
     from vllm import SamplingParams as VllmSamplingParams
     from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
     VLLM_IMPORT_ERROR: str | None = None
 except Exception as e:  # ImportError, or a broken CUDA/vLLM install raising anything else
     vllm = None
@@ -130,7 +132,8 @@ class VllmEngine:
         return VllmSamplingParams(
             n=1, temperature=max(0.0, s.temperature), top_p=s.top_p,
             top_k=s.top_k if s.top_k > 0 else -1, seed=seed, max_tokens=r.max_new_tokens,
-            logprobs=0, stop_token_ids=list(self.eos_token_ids), detokenize=False)
+            logprobs=0, stop_token_ids=list(self.eos_token_ids), detokenize=False,
+            output_kind=RequestOutputKind.DELTA)
 
     def _add(self, rid: str, prompt, params) -> None:
         """Queue one request. vLLM >= ~0.12 turns prompts into EngineCoreRequests in the LLM
@@ -188,9 +191,9 @@ class VllmEngine:
                     i = live.get(out.request_id)
                     if i is None:
                         continue
-                    c = out.outputs[0]
-                    toks[i] = list(c.token_ids)
-                    lps[i] = [float(d[t].logprob) for t, d in zip(c.token_ids, c.logprobs or [])]
+                    c = out.outputs[0]  # DELTA: this step's new tokens only
+                    toks[i] += c.token_ids
+                    lps[i] += [float(d[t].logprob) for t, d in zip(c.token_ids, c.logprobs or [])]
                     if len(lps[i]) != len(toks[i]):
                         raise RuntimeError(f"vllm engine: request {requests[i].uid!r}: "
                                            f"{len(toks[i])} tokens but {len(lps[i])} logprobs")
