@@ -34,7 +34,9 @@ class TokenizerSpec(Strict):
     """A byte-level BPE trained locally (nothing is downloaded)."""
 
     corpus: list[str] = Field(min_length=1, description="jsonl files/refs whose text trains the BPE")
-    vocab_size: int = Field(512, ge=300, le=262144)
+    vocab_size: int = Field(512, ge=300, le=262144, description=(
+        "at most this many tokens, specials included (fewer when the corpus has fewer merges); "
+        "the model's vocabulary is the trained tokenizer's size"))
 
 
 class InitModelConfig(StageConfig):

@@ -30,6 +30,11 @@ class SFTConfig(StageConfig):
     precision: Literal["auto", "bf16", "fp32"] = Field(
         "auto", description="auto = bf16 on GPU, fp32 on CPU")
     seed: int = 0
+    on_bad_row: Literal["fail", "skip"] = Field(
+        "fail", description="a malformed row stops the stage (naming file/row/reason), or is "
+                            "left out and counted in the summary")
+    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = Field(
+        "auto", description="auto = flash_attention_2 on GPU when flash-attn is installed, else sdpa")
     checkpoint_every: int = cosmetic(50, ge=1, description="optimizer steps between checkpoints")
 
     @model_validator(mode="after")

@@ -41,8 +41,6 @@ class SyntheticDataConfig(StageConfig):
             if not name.endswith(".jsonl") or name.startswith("/") or any(p in ("", ".", "..") for p in parts):
                 raise ValueError(f"file name {name!r}: must be a relative path ending in .jsonl "
                                  "(no '..', no leading '/')")
-            if name in ("stage_summary.json", "manifest.json"):
-                raise ValueError(f"file name {name!r} is reserved")
         return files
 
 

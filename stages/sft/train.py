@@ -1,0 +1,415 @@
+"""The `sft` stage: Long-CoT supervised fine-tuning with DeepSpeed ZeRO.
+
+Run by the deepspeed launcher (`python -m stages.sft.train --job job.json` on every
+rank; CPU ranks on gloo, GPUs on nccl). Top to bottom:
+
+1. read the chat rows, tokenise them with the chat template, mask everything but the
+   assistant turns, pack them into `max_seq_len` sequences (stages/sft/data.py: the rules
+   for malformed rows, truncation and packing are written there);
+2. build the model (HF dir from `model`), torch AdamW (no decay on 1-D params: norms,
+   biases), warmup + cosine (or constant) schedule, DeepSpeed engine (ZeRO stage,
+   gradient clipping, bf16 on GPU / fp32 on CPU with `precision: auto`);
+3. resume from the stage's latest complete checkpoint if there is one: weights,
+   optimizer, scheduler, data position (epoch, step in epoch), RNG of every rank; the
+   step counter continues from the checkpoint;
+4. train: each step takes `grad_accum` micro batches of `micro_batch_size` packs per
+   rank (a deterministic order from the seed; the same number of packs on every rank).
+   The loss of a step is the mean over all trained tokens of all ranks and micro
+   batches (not a mean of per-batch means). Every step logs loss, lr, grad_norm,
+   tokens/s and tokens; every `checkpoint_every` steps a checkpoint is written locally by
+   DeepSpeed, uploaded by each node's local rank 0 and marked complete by rank 0;
+5. rank 0 writes the final model as a HF directory (ZeRO-3 weights gathered first), the
+   input model's tokenizer files, and stage_summary.json.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from pipeline.artifacts import ArtifactError, CheckpointStore, join
+from pipeline.stage_api import StageJob
+from pipeline.tracking import StageLogger, info
+from stages.sft.config import SFTConfig
+from stages.sft.data import DataError, DataPlan, build_samples, collate, data_files, pack_samples, read_rows
+
+# files of the input model dir that the trained model replaces
+_MODEL_FILES = ("config.json", "generation_config.json", "stage_summary.json", "manifest.json", "_SUCCESS")
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+class SFTError(RuntimeError):
+    """A problem the user can fix (model without chat template, world size change, ...)."""
+
+
+# -- small helpers ---------------------------------------------------------------------------
+def lr_factor(cfg: SFTConfig, total_steps: int) -> Callable[[int], float]:
+    """Multiplier of `lr` after `step` optimizer steps (LambdaLR): linear warmup to 1, then
+    cosine down to `min_lr_ratio` at the last step (or constant)."""
+    def f(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        if cfg.lr_schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    return f
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def choose_attn(cfg: SFTConfig, on_gpu: bool) -> str:
+    if cfg.attn_implementation != "auto":
+        return cfg.attn_implementation
+    if on_gpu:
+        try:
+            import flash_attn  # noqa: F401
+            return "flash_attention_2"
+        except ImportError:
+            pass
+    return "sdpa"
+
+
+def local_first(local_rank: int, fn: Callable[[], Any]) -> Any:
+    """Run `fn` on each node's local rank 0 first (fills caches), then on the other ranks.
+    An error on local rank 0 does not leave the others waiting: they run `fn` too and
+    meet the same (deterministic) error."""
+    result, error = None, None
+    if local_rank == 0:
+        try:
+            result = fn()
+        except Exception as e:  # noqa: BLE001 - re-raised after the barrier
+            error = e
+    dist.barrier()
+    if local_rank != 0:
+        result = fn()
+    if error is not None:
+        raise error
+    return result
+
+
+def ds_config(cfg: SFTConfig, world: int, bf16: bool) -> dict[str, Any]:
+    zero: dict[str, Any] = {"stage": cfg.zero_stage}
+    if cfg.zero_stage == 3:
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+    return {
+        "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
+        "gradient_accumulation_steps": cfg.grad_accum,
+        "train_batch_size": cfg.micro_batch_size * cfg.grad_accum * world,
+        "gradient_clipping": cfg.grad_clip,
+        "zero_optimization": zero,
+        "bf16": {"enabled": bf16},
+        "zero_allow_untested_optimizer": True,  # a torch AdamW (DS's own CPU Adam is a JIT build)
+        "steps_per_print": 10 ** 12,
+        "wall_clock_breakdown": False,
+    }
+
+
+def packed_logits(model, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    """Logits of packed sequences with no attention across samples.
+
+    transformers (5.x) builds a block-diagonal causal mask from position ids that restart
+    at 0 for each sample, but only when there is no attention mask and no cache: with
+    `use_cache` left to the config's default (True) a cache is created and the packed
+    samples attend to each other (seen with transformers 5.24; tests/stages/test_sft.py
+    checks that this function keeps samples apart)."""
+    return model(input_ids=input_ids, position_ids=position_ids, attention_mask=None,
+                 use_cache=False).logits
+
+
+def packed_loss_sum(model, batch: dict[str, torch.Tensor], device: torch.device,
+                    flatten: bool = False) -> torch.Tensor:
+    """Sum of the token cross-entropies of a collated batch (targets are pre-shifted).
+    `flatten` puts the micro batch in one row: flash-attention's varlen path detects
+    packing from the position ids of a single row only."""
+    ids, pos, tgt = (batch[k].to(device) for k in ("input_ids", "position_ids", "targets"))
+    if flatten:
+        ids, pos, tgt = ids.view(1, -1), pos.view(1, -1), tgt.view(1, -1)
+    logits = packed_logits(model, ids, pos)
+    return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), tgt.view(-1),
+                           ignore_index=-100, reduction="sum")
+
+
+# -- checkpoints -----------------------------------------------------------------------------
+class Checkpointer:
+    """DeepSpeed checkpoints written to a node-local dir, then into the stage's
+    CheckpointStore: every node's local rank 0 uploads its ranks' files, rank 0 marks
+    the step complete (and prunes old steps) once every node is done."""
+
+    def __init__(self, job: StageJob, engine, rank: int, local_rank: int):
+        self.store = CheckpointStore(job.stage_url, job.storage_options)
+        self.engine, self.rank, self.local_rank = engine, rank, local_rank
+        self.local_root = Path(job.work_dir) / "checkpoints"
+
+    @staticmethod
+    def tag(step: int) -> str:
+        return f"step-{step:08d}"
+
+    def save(self, step: int, client_state: dict[str, Any]) -> None:
+        tag = self.tag(step)
+        self.engine.save_checkpoint(str(self.local_root), tag=tag, client_state=client_state,
+                                    save_latest=False)
+        torch.save(rng_state(), self.local_root / tag / f"rng_rank{self.rank:05d}.pt")
+        dest = self.store._step_path(step)
+        if self.rank == 0 and self.store.fs.exists(dest):
+            self.store.fs.rm(dest, recursive=True)  # a stale, never completed upload
+        dist.barrier()
+        if self.local_rank == 0:
+            src = self.local_root / tag
+            for path in sorted(p for p in src.rglob("*") if p.is_file()):
+                rel = path.relative_to(src).as_posix()
+                self.store.fs.makedirs(join(dest, os.path.dirname(rel)) if "/" in rel else dest,
+                                       exist_ok=True)
+                self.store.fs.put_file(str(path), join(dest, rel))
+        dist.barrier()
+        if self.rank == 0:
+            with self.store.fs.open(join(dest, "_COMPLETE"), "w") as f:
+                f.write(str(step))
+            for old in self.store.steps()[:-self.store.keep]:
+                self.store.fs.rm(self.store._step_path(old), recursive=True)
+        if self.local_rank == 0:
+            shutil.rmtree(self.local_root / tag, ignore_errors=True)
+
+    def latest(self) -> int | None:
+        box = [self.store.latest() if self.rank == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def load(self, step: int) -> dict[str, Any]:
+        tag = self.tag(step)
+        root = self.local_root.parent / "resume"
+        if self.local_rank == 0:
+            self.store.restore(step, root / tag)
+        dist.barrier()
+        path, client_state = self.engine.load_checkpoint(str(root), tag=tag)
+        if path is None or client_state is None:
+            raise SFTError(f"checkpoint {tag} of {self.store.stage_url} could not be loaded")
+        rng_file = root / tag / f"rng_rank{self.rank:05d}.pt"
+        if rng_file.exists():
+            set_rng_state(torch.load(rng_file, weights_only=False))
+        return client_state
+
+
+# -- the stage -------------------------------------------------------------------------------
+def save_hf_model(engine, model_dir: Path, out: Path, zero_stage: int, rank: int) -> None:
+    """The final weights as a HF directory + the input model's tokenizer files."""
+    state_dict = engine._zero3_consolidated_16bit_state_dict() if zero_stage == 3 else None
+    if rank != 0:
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    for p in sorted(model_dir.iterdir()):
+        if p.is_file() and not p.name.startswith(".") and p.name not in _MODEL_FILES \
+                and not p.name.endswith(_WEIGHT_SUFFIXES) and not p.name.endswith(".index.json") \
+                and p.suffix != ".lock":
+            shutil.copy2(p, out / p.name)
+    module = engine.module
+    module.config.use_cache = True  # training ran without a cache; inference wants one
+    module.save_pretrained(out, state_dict=state_dict)
+
+
+def train(job: StageJob) -> dict[str, Any] | None:
+    import deepspeed
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    cfg = SFTConfig.model_validate(job.config)
+    on_gpu = torch.cuda.is_available()
+    deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
+    rank, world, local_rank = dist.get_rank(), dist.get_world_size(), job.local_rank
+    device = torch.device("cuda", local_rank) if on_gpu else torch.device("cpu")
+    if on_gpu:
+        torch.cuda.set_device(device)
+    bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and on_gpu)
+    log = StageLogger.for_job(job)
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+
+    # 1. data
+    model_dir = job.fetch(cfg.model)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if not getattr(tokenizer, "chat_template", None):
+        raise SFTError(f"model {cfg.model}: its tokenizer has no chat template (build it with "
+                       "init_model, or use a chat model)")
+    if tokenizer.eos_token is None:
+        raise SFTError(f"model {cfg.model}: its tokenizer has no eos token")
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    cache_dir = Path(job.work_dir) / "hf_datasets"
+
+    def load_data():
+        files = data_files(job.fetch(cfg.data), cfg.data)
+        return build_samples(read_rows(files, cache_dir), tokenizer, cfg.max_seq_len, cfg.on_bad_row)
+
+    samples, stats = local_first(local_rank, load_data)
+    if not samples:
+        raise SFTError(f"sft data {cfg.data}: no usable sample ({stats.rows} rows read)")
+    packs = pack_samples([len(s) for s in samples], cfg.max_seq_len, cfg.seed, cfg.packing)
+    plan = DataPlan(len(packs), world, cfg.micro_batch_size, cfg.grad_accum, cfg.seed)
+    total_steps = cfg.max_steps or cfg.epochs * plan.steps_per_epoch
+    if rank == 0:
+        bad = sum(stats.bad_rows.values())
+        info(f"sft: {stats.rows} rows -> {stats.samples} samples ({stats.target_tokens} trained of "
+             f"{stats.tokens} tokens) -> {len(packs)} packs of <= {cfg.max_seq_len} tokens; "
+             f"{plan.steps_per_epoch} steps/epoch, {total_steps} steps on {world} ranks")
+        if stats.truncated:
+            info(f"sft: {stats.truncated} samples longer than max_seq_len={cfg.max_seq_len} were "
+                 f"truncated to it; {stats.no_target_after_truncation} of them had no assistant "
+                 "token left and were left out")
+        if bad:
+            info(f"sft: {bad} malformed rows left out (on_bad_row=skip): {dict(stats.bad_rows)}; "
+                 f"first: {stats.bad_examples[:3]}")
+        log.params({"data.samples": stats.samples, "data.packs": len(packs),
+                    "data.steps_per_epoch": plan.steps_per_epoch, "train.total_steps": total_steps,
+                    "train.world_size": world})
+
+    # 2. model, optimizer, schedule, engine
+    ds_cfg = ds_config(cfg, world, bf16)
+    zero3_ctx = None
+    if cfg.zero_stage == 3:
+        from transformers.integrations import HfDeepSpeedConfig
+
+        zero3_ctx = HfDeepSpeedConfig(ds_cfg)  # noqa: F841 - from_pretrained partitions while loading
+    attn = choose_attn(cfg, on_gpu)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attn)
+    model.config.use_cache = False
+    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr, betas=tuple(cfg.adam_betas))
+    factor = lr_factor(cfg, total_steps)
+    # a callable: the schedule is built on DeepSpeed's wrapped optimizer (ZeRO regroups params)
+    engine, _, _, scheduler = deepspeed.initialize(
+        model=model, optimizer=optimizer, config=ds_cfg,
+        lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, factor))
+
+    # 3. resume
+    ckpt = Checkpointer(job, engine, rank, local_rank)
+    step, epoch, step_in_epoch = 0, 0, 0
+    tokens_seen, targets_seen, first_loss = 0, 0, None
+    resumed_from = ckpt.latest()
+    if resumed_from is not None:
+        state = ckpt.load(resumed_from)
+        if state["world_size"] != world or state["n_packs"] != len(packs):
+            raise SFTError(
+                f"checkpoint step {resumed_from} of {job.stage_url} was written with world size "
+                f"{state['world_size']} and {state['n_packs']} packs; this run has {world} and "
+                f"{len(packs)}. Resume with the same resources, or delete its checkpoints/")
+        step, epoch, step_in_epoch = state["step"], state["epoch"], state["step_in_epoch"]
+        tokens_seen, targets_seen, first_loss = state["tokens"], state["target_tokens"], state["first_loss"]
+        if rank == 0:
+            info(f"sft: resumed from checkpoint step {step} (epoch {epoch + 1}, step {step_in_epoch} "
+                 f"of the epoch)")
+
+    # 4. train
+    engine.train()
+    loss = None
+    flatten = attn == "flash_attention_2"  # FA2 detects packing from position ids of one row
+    while step < total_steps:
+        if step_in_epoch >= plan.steps_per_epoch:
+            epoch, step_in_epoch = epoch + 1, 0
+        t0 = time.perf_counter()
+        micro = plan.step_micro_batches(epoch, step_in_epoch, rank)
+        batches = [collate(samples, [packs[i] for i in mb], pad_id) for mb in micro]
+        counts = torch.tensor([float(sum((b["targets"] != -100).sum() for b in batches)),
+                               float(sum(len(samples[i]) for mb in micro for p in mb for i in packs[p]))],
+                              dtype=torch.float64, device=device)
+        dist.all_reduce(counts)
+        step_targets, step_tokens = int(counts[0].item()), int(counts[1].item())
+        lr = scheduler.get_last_lr()[0]
+        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        grad_norm = None
+        for j, b in enumerate(batches):
+            ce = packed_loss_sum(engine, b, device, flatten)
+            # DeepSpeed divides by grad_accum and averages over ranks: this makes the step's
+            # gradient that of the mean over every trained token of the global batch
+            engine.backward(ce * (cfg.grad_accum * world / max(step_targets, 1)))
+            if cfg.zero_stage == 0 and not bf16 and j == len(batches) - 1:
+                # plain DeepSpeed clips without reporting the norm: take it from the
+                # (already all-reduced) gradients before the step clips them
+                grad_norm = torch.nn.utils.get_total_norm(
+                    [p.grad for p in engine.module.parameters() if p.grad is not None]).item()
+            engine.step()
+            loss_sum += ce.detach().double()
+        dist.all_reduce(loss_sum)
+        loss = loss_sum.item() / max(step_targets, 1)
+        step, step_in_epoch = step + 1, step_in_epoch + 1
+        tokens_seen += step_tokens
+        targets_seen += step_targets
+        first_loss = loss if first_loss is None else first_loss
+        ds_norm = engine.get_global_grad_norm()
+        grad_norm = float(ds_norm) if ds_norm is not None else grad_norm
+        grad_norm = float("nan") if grad_norm is None else grad_norm
+        dt = time.perf_counter() - t0
+        if rank == 0:
+            info(f"sft step {step}/{total_steps} | epoch {epoch + 1} | loss {loss:.4f} | lr {lr:.3e} | "
+                 f"grad_norm {grad_norm:.3f} | {step_tokens / dt:,.0f} tok/s | tokens {tokens_seen:,}")
+        if step % cfg.log_every == 0 or step == total_steps:
+            log.metrics(step, {"loss": loss, "lr": lr, "grad_norm": grad_norm,
+                               "tokens_per_s": step_tokens / dt, "tokens": tokens_seen,
+                               "target_tokens": targets_seen, "epoch": epoch + step_in_epoch / plan.steps_per_epoch})
+        if step % cfg.checkpoint_every == 0 and step < total_steps:
+            ckpt.save(step, {"step": step, "epoch": epoch, "step_in_epoch": step_in_epoch,
+                             "tokens": tokens_seen, "target_tokens": targets_seen,
+                             "first_loss": first_loss, "world_size": world, "n_packs": len(packs)})
+            if rank == 0:
+                info(f"sft: checkpoint step {step} saved to {ckpt.store._step_path(step)}")
+
+    # 5. outputs
+    out = Path(job.output_dir)
+    save_hf_model(engine, model_dir, out, cfg.zero_stage, rank)
+    if rank != 0:
+        return None
+    summary = {"steps": step, "first_loss": first_loss, "final_loss": loss,
+               "tokens_trained": tokens_seen, "target_tokens_trained": targets_seen,
+               "epochs": round(epoch + step_in_epoch / plan.steps_per_epoch, 4),
+               "resumed_from_step": resumed_from, "world_size": world, "packs": len(packs),
+               "precision": "bf16" if bf16 else "fp32", "zero_stage": cfg.zero_stage,
+               "attn_implementation": attn, "data": stats.as_dict()}
+    (out / "stage_summary.json").write_text(json.dumps(summary, indent=2))
+    info(f"sft: done, {step} steps, loss {first_loss:.4f} -> {loss if loss is not None else float('nan'):.4f}; "
+         f"model saved to {out}")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    job = StageJob.from_argv(argv)
+    try:
+        train(job)
+    except (DataError, SFTError, ArtifactError) as e:
+        if job.rank == 0:
+            print(f"sft failed: {e}", file=sys.stderr, flush=True)
+        return 2
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
