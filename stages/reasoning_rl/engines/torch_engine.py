@@ -171,6 +171,13 @@ class TorchEngine:
             if not hasattr(inner, attr):
                 raise ValueError(f"torch engine: {config.model_type} model of this transformers "
                                  f"version has no model.{attr}; cannot run the static-cache path")
+        rope_type = getattr(inner.rotary_emb, "rope_type", "default")
+        if self.use_graphs and isinstance(rope_type, str) and (
+                "dynamic" in rope_type or rope_type == "longrope"):
+            # these recompute their frequencies from the positions on the host: not capturable
+            log.warning("torch engine: %s RoPE recomputes on the host; decoding without CUDA "
+                        "graphs", rope_type)
+            self.use_graphs = False
         self.layers = list(inner.layers)
         attn0 = self.layers[0].self_attn
         self.n_heads = int(config.num_attention_heads)
@@ -197,16 +204,46 @@ class TorchEngine:
         self.last_stats: dict[str, float] = {}
 
     # ---------------------------------------------------------------- buffers
+    # The KV cache holds `slots` rows of `capacity` positions per layer. It starts at the
+    # longest context of a call and doubles (keeping its contents) whenever a row reaches
+    # its end, up to max_len: memory follows the longest rollout actually decoded, not
+    # max_len. It only grows; `free_cache()` gives it back (e.g. while the trainer runs).
+    def _cap_for(self, length: int) -> int:
+        return min(_pow2_at_least(length, 16), self.max_len)
+
+    def free_cache(self) -> None:
+        """Release the KV cache and captured graphs; the next generate reallocates them."""
+        self._graphs.clear()
+        self._k, self._v = [], []
+        self._cap_b = self._cap_l = 0
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _grow(self, length: int) -> None:
+        """Make room for `length` positions mid-call, keeping every row's cached keys/values."""
+        if length <= self._cap_l:
+            return
+        cap = min(max(length, 2 * self._cap_l, 16), self.max_len)
+        if self.static_shapes:
+            cap = max(cap, self._cap_for(length))
+        self._graphs.clear()
+        shape = (self._cap_b, self.n_kv, cap, self.head_dim)
+        for cache in (self._k, self._v):
+            for i, old in enumerate(cache):  # one layer at a time: peak = cache + one layer
+                new = torch.zeros(shape, dtype=self.dtype, device=self.device)
+                new[:, :, :self._cap_l] = old
+                cache[i] = new
+                del old
+        self._ar_kv = torch.arange(cap, device=self.device)
+        self._cap_l = cap
+
     def _ensure_buffers(self, n_slots: int, length: int) -> None:
-        """Allocate (or grow) the static KV cache and the decode-step I/O buffers."""
+        """At the start of a call (nothing cached yet): room for n_slots rows of `length`."""
         if n_slots <= self._cap_b and length <= self._cap_l:
             return
         b = max(n_slots, self._cap_b)
         cap = max(length, self._cap_l)
-        self._graphs.clear()  # captured addresses die with the old buffers
-        self._k = self._v = []
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        self.free_cache()  # captured graphs die with the old buffers
         shape = (b, self.n_kv, cap, self.head_dim)
         self._k = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
         self._v = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
@@ -425,13 +462,11 @@ class TorchEngine:
         pending.reverse()  # pop() from the end = request order
 
         if pending and not over_budget():
-            need_len = max(len(requests[i].prompt_ids) + len(requests[i].generated_ids)
-                           + requests[i].max_new_tokens for i in pending)
             n_slots = min(self.max_batch, len(pending))
             if self.static_shapes:
                 n_slots = min(_pow2_at_least(n_slots), self.max_batch)
-                need_len = min(_pow2_at_least(need_len, 16), self.max_len)
-            self._ensure_buffers(n_slots, need_len)
+            self._ensure_buffers(n_slots, self._cap_for(max(
+                len(requests[i].prompt_ids) + len(requests[i].generated_ids) + 1 for i in pending)))
 
         n_slots = min(self.max_batch, self._cap_b)
         slot_req = np.full(self._cap_b, -1, dtype=np.int64)  # request index per cache row
@@ -449,6 +484,7 @@ class TorchEngine:
                     slots = np.array([b for b, _ in chunk])
                     reqs = np.array([i for _, i in chunk])
                     seqs = [requests[i].prompt_ids + requests[i].generated_ids for i in reqs]
+                    self._grow(max(len(q) for q in seqs) + 1)
                     stats["prefill_tokens"] += sum(len(q) for q in seqs)
                     out = self._prefill(slots.tolist(), seqs, mode).cpu().numpy()
                     keep = ~record(reqs, out)
@@ -474,7 +510,9 @@ class TorchEngine:
                 hi = len(busy)
             # 3) one decode step for rows [0, nb)
             nb = self._bucket_b(hi)
-            self._decode(nb, self._bucket_kv(int(slot_pos[busy].max()) + 1), mode)
+            kv_need = int(slot_pos[busy].max()) + 1
+            self._grow(kv_need)
+            self._decode(nb, self._bucket_kv(kv_need), mode)
             out = self._out[:hi].cpu().numpy()
             stats["decode_steps"] += 1
             stats["decode_row_steps"] += nb
