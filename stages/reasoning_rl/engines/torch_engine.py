@@ -390,7 +390,8 @@ class TorchEngine:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # thread_local: CUDA work of other threads (logging, data loading) does not void it
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             self._decode_body(nb, kvb, mode)
         return graph
 
