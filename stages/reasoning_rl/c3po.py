@@ -9,8 +9,12 @@ C3PO++ (`C3POScheduler`), one call of `next_batch` = one partition = one trainin
         decode every rollout of P in parallel (one engine call) until the rollouts that
         finish in the call reach the remaining budget Phi - C; finished ones (EOS or max
         length) move to Q and their lengths add to C
-    for each rollout still in P: retention += 1; purge it if retention > sigma
+    for each started rollout still in P: retention += 1; purge it if retention > sigma
     train on the resolved GRPO groups of Q (the trainer does that), remove them from Q
+
+Omega may exceed the engine's own concurrency (`max_batch`): the engine then keeps its
+decode slots full from the queued requests within the call (continuous batching), and
+rollouts it never started stay in P, unaged, for the next partition.
 
 Unfinished rollouts stay in P across the update and are continued by the updated policy:
 the engine re-encodes prompt + earlier tokens with the new weights and appends; the earlier
@@ -440,6 +444,8 @@ class C3POScheduler(_Scheduler):
             budget_tokens += finished_tokens
         # end of the partition: retention, purge
         for r in list(self.pool.values()):
+            if not r.token_ids:  # never started (the engine had no free slot for it): does not age
+                continue
             r.retention += 1
             if r.retention > self.cfg.retention_limit:
                 g = self._purge(r, st)

@@ -14,7 +14,6 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from pipeline.stage_api import StageConfig, Strict, cosmetic
-from stages.registry import StageKind, register
 
 _DEVICE_RE = re.compile(r"^(cpu|auto|cuda(:\d+)?)$")
 
@@ -149,6 +148,10 @@ class ReasoningRLConfig(StageConfig):
     def data_list(self) -> list[str]:
         return [self.data] if isinstance(self.data, str) else list(self.data)
 
+
+# Imported last: importing the registry loads every kind's config, and other kinds' configs
+# (general_rl) import ReasoningRLConfig from this module, which must exist by then.
+from stages.registry import StageKind, register  # noqa: E402
 
 KIND = register(StageKind(
     name="reasoning_rl", config=ReasoningRLConfig, entry="stages.reasoning_rl.trainer",

@@ -199,6 +199,17 @@ def ds_config(cfg: ReasoningRLConfig, bf16: bool) -> dict[str, Any]:
     }
 
 
+def load_policy(model_dir, dtype):
+    """AutoModelForCausalLM in `dtype` (the keyword is `dtype` from transformers 4.56, before
+    that `torch_dtype`)."""
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    key = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+    return AutoModelForCausalLM.from_pretrained(model_dir, **{key: dtype})
+
+
 def save_hf(ds_engine, tokenizer, out: Path, rank: int, zero3: bool, grad_ckpt: bool) -> None:
     module = ds_engine.module
     state = ds_engine._zero3_consolidated_16bit_state_dict() if zero3 else None
@@ -271,7 +282,7 @@ def main(job: StageJob) -> None:
     cfg = ReasoningRLConfig.model_validate(job.config)
     import deepspeed
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from stages.reasoning_rl.c3po import PromptSampler, SchedulerConfig, make_scheduler
     from stages.reasoning_rl.engines.base import SamplingParams
@@ -302,7 +313,7 @@ def main(job: StageJob) -> None:
     data = _rank0_do(dist, rank, lambda: load_data(job, cfg, tokenizer), "loading the RL data")
 
     # -- policy under DeepSpeed ------------------------------------------------------------------
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16 if bf16 else torch.float32)
+    model = load_policy(model_dir, torch.bfloat16 if bf16 else torch.float32)
     frozen = freeze_parameters(model, cfg.frozen_param_patterns)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
@@ -311,8 +322,7 @@ def main(job: StageJob) -> None:
     ds_engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config(cfg, bf16))
     ref_model = None
     if cfg.kl_coef > 0:
-        ref_model = AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=torch.bfloat16 if bf16 else torch.float32).to(device).eval()
+        ref_model = load_policy(model_dir, torch.bfloat16 if bf16 else torch.float32).to(device).eval()
         ref_model.requires_grad_(False)
     loss_cfg = LossConfig(correction=cfg.correction, alpha=cfg.icepop_alpha, beta=cfg.icepop_beta,
                           clip_eps_low=cfg.clip_eps, clip_eps_high=cfg.clip_eps_high if cfg.clip_eps_high is not None
@@ -440,6 +450,7 @@ def main(job: StageJob) -> None:
         (out / "stage_summary.json").write_text(json.dumps(summary, indent=2))
         info(f"reasoning_rl: done: {json.dumps({k: summary[k] for k in ('steps', 'reward_first', 'reward_last', 'carried_over_trained', 'purged')})}")
     dist.barrier()
+    dist.destroy_process_group()
 
 
 def entry(argv: list[str] | None = None) -> int:

@@ -30,14 +30,16 @@ class Call:
 
 
 class ScriptedEngine:
-    """A lockstep batched decoder: each iteration adds one token to every unfinished request.
+    """A lockstep batched decoder: each iteration adds one token to every active request
+    (all requests, or `max_batch` slots refilled in request order as requests finish).
     Rollout `uid` ends with EOS at response length `length_of(uid)` (or at its max_new_tokens).
     Honours `finished_token_budget` exactly as the engine protocol says."""
 
     name = "scripted"
 
-    def __init__(self, length_of: Callable[[str], int]):
+    def __init__(self, length_of: Callable[[str], int], max_batch: int | None = None):
         self.length_of = length_of
+        self.max_batch = max_batch  # None: every request decodes at once; else continuous batching
         self.version = 0
         self.calls: list[Call] = []
         self.last_sync_seconds = 0.0
@@ -49,8 +51,11 @@ class ScriptedEngine:
         lps = [[] for _ in requests]
         reason: list[str | None] = [None] * len(requests)
         done_tokens = 0
-        active = list(range(len(requests)))
-        while active:
+        pending = list(range(len(requests)))
+        active: list[int] = []
+        while active or pending:
+            while pending and (self.max_batch is None or len(active) < self.max_batch):
+                active.append(pending.pop(0))  # a free slot takes the next queued request
             still = []
             for i in active:
                 rq = requests[i]

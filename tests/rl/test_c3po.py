@@ -215,3 +215,19 @@ def test_prompt_sampler_weights_epochs_and_resume():
     assert [s1.next() for _ in range(50)] == [s2.next() for _ in range(50)] == draws[17:67]
     with pytest.raises(ValueError, match="no rows in the data"):
         PromptSampler(rows, {"a": 1.0, "zzz": 1.0})
+
+
+def test_pool_larger_than_engine_batch_keeps_unstarted_rollouts_unaged():
+    overrides = {}
+    engine = ScriptedEngine(lambda uid: overrides.get(uid, default_length(uid)), max_batch=4)
+    conf = SchedulerConfig(rollouts_per_prompt=4, max_new_tokens=1000, pool_capacity=12, token_budget=8,
+                           retention_limit=0)
+    sampler = PromptSampler({"math": list(range(12))}, None, 0)
+    sched = C3POScheduler(engine, conf, ROWS, PROMPT_IDS, sampler, SamplingParams(), decode, parity_reward)
+    batch = sched.next_batch(0)
+    assert all(len(c.requests) == 12 for c in engine.calls)  # the whole pool is handed over
+    unstarted = [r for r in sched.pool.values() if not r.token_ids]
+    assert unstarted and all(r.retention == 0 for r in unstarted)
+    # sigma = 0 purges every started, unfinished rollout but never an unstarted one
+    assert all(not r.token_ids for r in sched.pool.values())
+    assert batch.stats["purged"] >= 1
