@@ -1,0 +1,135 @@
+"""Config of the `general_rl` stage: RLHF with GRPO on a weighted prompt mix.
+
+It is the reasoning-RL config (same engines, loss, scheduler, DeepSpeed and checkpoint
+settings: `correction` icepop/tis/none, `scheduler` c3po/sync, `rollout`, `c3po`, ...) with
+the paper's general-RL numbers as defaults (arXiv 2510.18855: GRPO, lr 3e-6, KL 0,
+temperature 1.0, 80 prompts x 8 outputs per step, max length 32,768; AdamW as reasoning
+RL) and three differences:
+- `data` is a mapping source name -> {path, weight}: prompts are drawn per source by
+  weight (general chat prompts, instruction-following prompts with checkable constraints,
+  the prompts of human-preference pairs, ...); `domain_weights` does not apply;
+- `reward` combines the reward model's score, rule rewards of the verifiers and
+  format / length penalties (stages/general_rl/rewards.py);
+- `reasoning_eval` scores the policy on a held-out reasoning set before and after
+  training (the delta goes to MLflow and stage_summary.json). No torch import here.
+"""
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from pipeline.stage_api import Strict
+from stages.reasoning_rl.config import ReasoningRLConfig
+from stages.registry import StageKind, register
+
+_DEVICE_RE = re.compile(r"^(cpu|auto|cuda(:\d+)?)$")
+
+
+class PromptSource(Strict):
+    path: str | list[str] = Field(description="jsonl/json/parquet file(s) or dir(s): prompt rows, or "
+                                              "preference pairs (their prompts are used)")
+    weight: float = Field(1.0, ge=0, description="sampling weight of this source")
+
+    @property
+    def paths(self) -> list[str]:
+        return [self.path] if isinstance(self.path, str) else list(self.path)
+
+
+class RewardSettings(Strict):
+    """reward = rm_weight * RM score (z-scored within the prompt's group when
+    rm_normalization is "group") + rule_weight * verifier score (rows with a reference)
+    - format_penalty (response not `<think>...</think>answer`) - truncation_penalty (cut at
+    max_len) - overlong_penalty * (share of the last `overlong_buffer` tokens used)."""
+
+    rm_weight: float = Field(1.0, ge=0)
+    rm_normalization: Literal["group", "none"] = "group"
+    rm_device: str = Field("auto", description="cpu | cuda:N | auto (rank 0's device: CPU without CUDA)")
+    rm_batch_size: int = Field(16, ge=1, description="sequences per reward-model forward")
+    rule_weight: float = Field(1.0, ge=0)
+    format_penalty: float = Field(0.5, ge=0)
+    require_thinking: bool = Field(True, description="the format needs a <think>...</think> section")
+    truncation_penalty: float = Field(1.0, ge=0)
+    overlong_buffer: int = Field(0, ge=0, description="tokens before max_len where the soft penalty ramps up")
+    overlong_penalty: float = Field(0.0, ge=0)
+
+    @field_validator("rm_device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if not _DEVICE_RE.match(v):
+            raise ValueError(f"reward.rm_device must be cpu, auto, cuda or cuda:N, not {v!r}")
+        return v
+
+
+class ReasoningEvalSettings(Strict):
+    """A held-out reasoning set scored with a verifier before and after the stage, e.g. the
+    first `limit` rows of gsm8k.jsonl: prompt_field "question", answer_field "answer",
+    answer_regex "####\\s*(.+)$". Rows in RL format (prompt/reference) need no mapping."""
+
+    data: str
+    limit: int | None = Field(128, ge=1, description="the first N rows (null = all)")
+    prompt_field: str = "prompt"
+    answer_field: str = "reference"
+    answer_regex: str | None = Field(None, description="the answer = group 1 of this regex over the field")
+    domain: str = Field("math", description="verifier of the answers")
+    instruction: str = Field("", description="appended to each question (e.g. the answer format)")
+    max_new_tokens: int | None = Field(None, ge=1, description="default: the stage's max_len")
+    temperature: float = Field(0.0, ge=0, description="0 = greedy")
+
+    @field_validator("answer_regex")
+    @classmethod
+    def _regex(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                if re.compile(v).groups < 1:
+                    raise ValueError("it needs a capturing group (the answer)")
+            except re.error as e:
+                raise ValueError(f"answer_regex {v!r}: {e}") from None
+        return v
+
+
+class GeneralRLConfig(ReasoningRLConfig):
+    kind: Literal["general_rl"] = "general_rl"  # type: ignore[assignment]
+    data: dict[str, PromptSource] = Field(  # type: ignore[assignment]
+        min_length=1, description="source name -> {path, weight}: the prompt mix")
+    reward_model: str | None = Field(None, description="a reward_model stage output (${stages.X.output})")
+    reward: RewardSettings = RewardSettings()
+    reasoning_eval: ReasoningEvalSettings | None = Field(
+        description="held-out reasoning check before/after (required; null to skip it knowingly)")
+    # the paper's general-RL numbers
+    prompts_per_step: int = Field(80, ge=1, description="sync: prompts per step (C3PO++ sizes from it)")
+    max_len: int = Field(32768, ge=1, description="max response tokens of a rollout")
+    lr: float = Field(3e-6, gt=0)
+
+    @model_validator(mode="after")
+    def _general(self) -> "GeneralRLConfig":
+        if self.domain_weights is not None:
+            raise ValueError("general_rl weights prompt sources, not domains: set data.<source>.weight "
+                             "instead of domain_weights")
+        if not any(s.weight > 0 for s in self.data.values()):
+            raise ValueError("data: at least one source needs a positive weight")
+        r = self.reward
+        if r.rm_weight > 0 and self.reward_model is None:
+            raise ValueError("reward.rm_weight > 0 needs reward_model (a reward_model stage output); "
+                             "set rm_weight: 0 for rule rewards only")
+        if r.rm_weight == 0 and r.rule_weight == 0:
+            raise ValueError("reward: rm_weight and rule_weight are both 0 (no reward signal)")
+        ev = self.reasoning_eval
+        if ev is not None and ev.max_new_tokens is not None and ev.max_new_tokens > self.max_len:
+            raise ValueError(f"reasoning_eval.max_new_tokens ({ev.max_new_tokens}) exceeds max_len ({self.max_len}): "
+                             "the rollout engine is sized for max_len")
+        if r.overlong_buffer >= self.max_len:
+            raise ValueError(f"reward.overlong_buffer ({r.overlong_buffer}) must be below max_len ({self.max_len})")
+        return self
+
+    @property
+    def data_list(self) -> list[str]:
+        return [p for s in self.data.values() for p in s.paths]
+
+
+KIND = register(StageKind(
+    name="general_rl", config=GeneralRLConfig, entry="stages.general_rl.train",
+    sources=("stages.general_rl", "stages.reasoning_rl", "stages.reward_model", "verifiers"),
+    distributed=True,
+    description="RLHF: GRPO on a weighted prompt mix, reward model + rule rewards, reasoning guard"))

@@ -1,0 +1,193 @@
+"""The general-RL reward: reward-model score + rule rewards + format / length penalties.
+
+For response i of a prompt's group g (the G responses to one prompt in a training step):
+
+    reward_i = rm_weight   * z_g(rm_i)                  reward model, normalised in the group
+             + rule_weight * rule_i                      verifier score in [0, 1] (rows with a reference)
+             - format_penalty     * [format broken]      not `<think>...</think>` + a non-empty answer
+             - truncation_penalty * [cut at max_len]     no EOS
+             - overlong_penalty   * ramp_i               share of the last `overlong_buffer` tokens used
+
+z_g(x) = (x - mean_g) / (std_g + eps) (population std); a group of one, or whose RM scores
+are all equal, gets 0 (the RM then says nothing about it). With rm_normalization "none",
+the raw score is used. The RM score comes from `stages.reward_model.scoring.RewardScorer`
+(batched on its own device), the rule score from `verifiers.verify_batch`; a row with no
+`reference` gets no rule term (general chat prompts are judged by the RM alone). GRPO then
+group-normalises the combined reward again for the advantage (c3po.py), so only the
+relative weights of the terms matter within a group.
+
+`GeneralReward` is the scheduler's reward function: `(rows, texts) -> [RewardParts]`,
+each with `.score` and `.reason`. The scheduler passes texts only; the decode function of
+this module (`make_decoder`) returns `Decoded` strings that also carry the response's
+token count and whether it ended with EOS, which the length terms need.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+EPS = 1e-6
+
+
+class Decoded(str):
+    """A decoded response (special tokens removed) that remembers its token count and
+    whether generation ended with EOS."""
+
+    n_tokens: int
+    ended_by_eos: bool
+
+    def __new__(cls, text: str, n_tokens: int, ended_by_eos: bool) -> "Decoded":
+        obj = super().__new__(cls, text)
+        obj.n_tokens, obj.ended_by_eos = n_tokens, ended_by_eos
+        return obj
+
+    def __reduce__(self):  # pickles (broadcast_object_list) as itself
+        return (Decoded, (str(self), self.n_tokens, self.ended_by_eos))
+
+
+def make_decoder(tokenizer, eos_ids: Sequence[int]) -> Callable[[list[int]], Decoded]:
+    eos = set(int(t) for t in eos_ids)
+
+    def decode(ids: list[int]) -> Decoded:
+        return Decoded(tokenizer.decode(ids, skip_special_tokens=True), len(ids), bool(ids) and ids[-1] in eos)
+    return decode
+
+
+def format_ok(text: str, require_thinking: bool) -> tuple[bool, str]:
+    """(ok, why not): `<think> ... </think>` once, first, then a non-empty answer."""
+    t = text.strip()
+    opens, closes = t.count("<think>"), t.count("</think>")
+    if require_thinking:
+        if not t.startswith("<think>"):
+            return False, "does not start with <think>"
+        if opens != 1 or closes != 1:
+            return False, f"{opens} <think> and {closes} </think> (one each expected)"
+    elif opens or closes:
+        if opens != 1 or closes != 1 or t.index("<think>") > t.index("</think>"):
+            return False, f"unbalanced thinking section ({opens} <think>, {closes} </think>)"
+    answer = t.rsplit("</think>", 1)[1] if "</think>" in t else t
+    if not answer.strip():
+        return False, "empty answer"
+    return True, ""
+
+
+def group_normalise(values: Sequence[float], keys: Sequence[Any], eps: float = EPS) -> list[float]:
+    """z-score of each value within the values sharing its key (0 for degenerate groups)."""
+    groups: dict[Any, list[int]] = {}
+    for i, k in enumerate(keys):
+        groups.setdefault(k, []).append(i)
+    out = [0.0] * len(values)
+    for idx in groups.values():
+        vs = [float(values[i]) for i in idx]
+        if len(vs) < 2 or max(vs) == min(vs):
+            continue
+        mean = sum(vs) / len(vs)
+        std = math.sqrt(sum((v - mean) ** 2 for v in vs) / len(vs))
+        for i, v in zip(idx, vs):
+            out[i] = (v - mean) / (std + eps)
+    return out
+
+
+@dataclass
+class RewardParts:
+    score: float
+    parts: dict[str, float] = field(default_factory=dict)
+    reason: str = ""
+
+
+@dataclass
+class ResponseFacts:
+    """What the combiner needs to know of one response besides the two scores."""
+
+    group: Any                      # responses with the same key form a group
+    format_ok: bool = True
+    format_why: str = ""
+    truncated: bool = False
+    n_tokens: int = 0
+    rule_reason: str = ""
+
+
+def combine(rm: Sequence[float] | None, rule: Sequence[float | None], facts: Sequence[ResponseFacts],
+            settings: Any, max_len: int) -> list[RewardParts]:
+    """The reward of each response (module docstring); `settings` is a RewardSettings."""
+    n = len(facts)
+    if len(rule) != n or (rm is not None and len(rm) != n):
+        raise ValueError(f"combine: {n} responses but {len(rule)} rule and "
+                         f"{'no' if rm is None else len(rm)} RM scores")
+    if rm is not None and settings.rm_weight > 0:
+        rm_term = (group_normalise(rm, [f.group for f in facts]) if settings.rm_normalization == "group"
+                   else [float(x) for x in rm])
+    else:
+        rm_term = [0.0] * n
+    out = []
+    start = max_len - settings.overlong_buffer
+    for i, f in enumerate(facts):
+        parts: dict[str, float] = {}
+        reasons: list[str] = []
+        if rm is not None and settings.rm_weight > 0:
+            parts["rm_raw"] = float(rm[i])
+            parts["rm"] = settings.rm_weight * rm_term[i]
+        if rule[i] is not None and settings.rule_weight > 0:
+            parts["rule"] = settings.rule_weight * float(rule[i])
+            if f.rule_reason:
+                reasons.append(f"rule: {f.rule_reason}")
+        if not f.format_ok and settings.format_penalty:
+            parts["format"] = -settings.format_penalty
+            reasons.append(f"format: {f.format_why}")
+        if f.truncated and settings.truncation_penalty:
+            parts["truncation"] = -settings.truncation_penalty
+            reasons.append("truncated at max_len")
+        if settings.overlong_buffer and settings.overlong_penalty and f.n_tokens > start:
+            parts["overlong"] = -settings.overlong_penalty * min(1.0, (f.n_tokens - start) / settings.overlong_buffer)
+        score = sum(v for k, v in parts.items() if k != "rm_raw")
+        out.append(RewardParts(score, parts, "; ".join(reasons)))
+    return out
+
+
+class GeneralReward:
+    """The scheduler's reward function: RM scores and verifier scores for a batch of
+    (row, response) pairs, combined per group. Rows are the stage's prompt rows (`id`,
+    `messages`, and `domain` + `reference` when a verifier checks them)."""
+
+    def __init__(self, settings: Any, max_len: int, scorer=None, verify_batch=None,
+                 verifier_workers: int = 2, verifier_timeout_s: float = 10.0):
+        if settings.rm_weight > 0 and scorer is None:
+            raise ValueError("rm_weight > 0 needs a reward-model scorer")
+        self.settings, self.max_len, self.scorer = settings, max_len, scorer
+        self.verify_batch = verify_batch
+        self.workers, self.timeout_s = verifier_workers, verifier_timeout_s
+        self.last_seconds: dict[str, float] = {}
+        self.last_batch: tuple[list[dict], list[RewardParts]] = ([], [])  # for per-step metrics
+
+    def __call__(self, rows: list[dict], texts: list[str]) -> list[RewardParts]:
+        import time
+
+        s = self.settings
+        facts = []
+        for row, text in zip(rows, texts):
+            ok, why = format_ok(text, s.require_thinking)
+            n_tokens = getattr(text, "n_tokens", 0)
+            truncated = not getattr(text, "ended_by_eos", True)
+            facts.append(ResponseFacts(group=row["id"], format_ok=ok, format_why=why, truncated=truncated,
+                                       n_tokens=n_tokens))
+        rule: list[float | None] = [None] * len(rows)
+        checked = [i for i, row in enumerate(rows) if row.get("reference") is not None]
+        t0 = time.perf_counter()
+        if checked and s.rule_weight > 0:
+            if self.verify_batch is None:
+                raise ValueError("rows with a reference need a verifier (verify_batch)")
+            rewards = self.verify_batch([rows[i] for i in checked], [str(texts[i]) for i in checked],
+                                        num_workers=self.workers, timeout_s=self.timeout_s)
+            for i, r in zip(checked, rewards):
+                rule[i] = float(r.score)
+                facts[i].rule_reason = str(getattr(r, "reason", ""))
+        t1 = time.perf_counter()
+        rm = None
+        if s.rm_weight > 0:
+            rm = self.scorer.score([row["messages"] for row in rows], [str(t) for t in texts])
+        t2 = time.perf_counter()
+        self.last_seconds = {"rule_seconds": t1 - t0, "rm_seconds": t2 - t1}
+        out = combine(rm, rule, facts, s, self.max_len)
+        self.last_batch = (list(rows), out)
+        return out
