@@ -1,0 +1,481 @@
+"""Data in and out: input discovery, robust row reading with quarantine, step parts.
+
+Inputs are fsspec URLs or local paths: jsonl/json files (optionally compressed), parquet,
+arrow files, Hugging Face dataset directories (`save_to_disk` output, or a directory of
+data files), directories of such files and globs. Arrow files and dataset directories are
+read through `datasets`, parquet in pyarrow row-group batches; JSON lines are read by this
+module line by line, because a bad line must be quarantined with its reason instead of
+failing the whole load (and ranges of one big file are read in parallel).
+
+Inside a run, rows move between steps as parquet "parts" with fixed internal columns:
+`_row` (stable row id = source index << 40 | row index in the source), `_src`, `_line`
+(1-based line or row number), `_id`, `_raw` (the row as a JSON object string, exactly as
+read for JSON lines), `_prompt`, `_response` (matching text, see rows.py).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Iterator
+
+import fsspec
+
+from data_curation._base import CurationError
+from data_curation.rows import FieldMap, RowError, extract
+
+ROW_SHIFT = 40
+JSONL_EXT = (".jsonl", ".json", ".ndjson")
+COMPRESSED_EXT = (".gz", ".bz2", ".xz", ".zst", ".lz4")
+PARQUET_EXT = (".parquet",)
+ARROW_EXT = (".arrow",)
+HF_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
+ROW_COLUMNS = ("_row", "_src", "_line", "_id", "_raw", "_prompt", "_response")
+
+
+# -- URLs ---------------------------------------------------------------------------
+def norm_url(url: str) -> str:
+    if "://" not in url:
+        return "file://" + str(Path(url).expanduser().resolve())
+    proto, rest = url.split("://", 1)
+    if proto == "file":
+        return "file://" + str(Path(rest).expanduser().resolve())
+    return url.rstrip("/")
+
+
+def join(url: str, *parts: str) -> str:
+    return "/".join([url.rstrip("/"), *(p.strip("/") for p in parts if p)])
+
+
+def fs_path(url: str, storage_options: dict | None = None):
+    return fsspec.core.url_to_fs(url, **(storage_options or {}))
+
+
+def is_local(url: str) -> bool:
+    return "://" not in url or url.startswith("file://")
+
+
+def local_path(url: str) -> str:
+    return url[len("file://"):] if url.startswith("file://") else url
+
+
+def _info_identity(info: dict) -> dict:
+    keep = {k: info.get(k) for k in ("size", "ETag", "etag", "md5", "LastModified", "mtime",
+                                      "last_modified", "created") if info.get(k) is not None}
+    return {k: str(v) for k, v in keep.items()}
+
+
+# -- input discovery ------------------------------------------------------------------
+@dataclass
+class Source:
+    url: str                 # normalised URL of the file or dataset directory
+    fmt: str                 # jsonl | json_array | parquet | arrow | hf
+    identity: dict[str, Any]
+    split: str | None = None  # hf DatasetDict split
+    compression: str | None = None
+
+    name: str | None = None   # shown in reports instead of the URL (e.g. a local copy's origin)
+
+    @property
+    def label(self) -> str:
+        base = self.name or self.url
+        return f"{base}[{self.split}]" if self.split else base
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def rename_source(s: Source, names: dict[str, str]) -> Source:
+    """Give a source a display name from {input URL -> name} (prefix match for dirs)."""
+    for url, name in sorted(names.items(), key=lambda kv: -len(kv[0])):
+        if s.url == url or s.url.startswith(url.rstrip("/") + "/"):
+            return Source(s.url, s.fmt, s.identity, s.split, s.compression,
+                          name.rstrip("/") + s.url[len(url.rstrip("/")):] if s.url != url else name)
+    return s
+
+
+def _file_format(path: str) -> tuple[str, str | None] | None:
+    low = path.lower()
+    comp = None
+    for ext in COMPRESSED_EXT:
+        if low.endswith(ext):
+            comp, low = "infer", low[: -len(ext)]
+    if low.endswith(JSONL_EXT):
+        return "jsonl", comp
+    if low.endswith(PARQUET_EXT) and comp is None:
+        return "parquet", None
+    if low.endswith(ARROW_EXT) and comp is None:
+        return "arrow", None
+    return None
+
+
+def discover(urls: list[str], storage_options: dict | None = None) -> list[Source]:
+    """Expand input URLs (files, directories, globs, dataset dirs) into ordered sources."""
+    if not urls:
+        raise CurationError("no input data given")
+    out: list[Source] = []
+    for raw in urls:
+        url = norm_url(raw)
+        fs, path = fs_path(url, storage_options)
+        proto = url.split("://", 1)[0]
+
+        def to_url(p: str) -> str:
+            return f"{proto}://{p}" if proto != "file" else "file://" + p
+
+        if any(c in path for c in "*?["):
+            matches = sorted(fs.glob(path))
+            if not matches:
+                raise CurationError(f"input {raw}: the glob matches no file")
+            paths = matches
+        elif not fs.exists(path):
+            raise CurationError(f"input {raw} does not exist")
+        else:
+            paths = [path]
+        for p in paths:
+            if fs.isdir(p):
+                out.extend(_discover_dir(fs, p, to_url, raw))
+            else:
+                fmt = _file_format(p)
+                if fmt is None:
+                    raise CurationError(
+                        f"input {to_url(p)}: cannot tell its format from the name (expected "
+                        ".jsonl/.json (optionally compressed), .parquet, .arrow or a dataset directory)")
+                out.append(Source(to_url(p), fmt[0], _info_identity(fs.info(p)), compression=fmt[1]))
+    return out
+
+
+def _discover_dir(fs, path: str, to_url, raw: str) -> list[Source]:
+    names = {p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(path, detail=False)}
+    if "dataset_dict.json" in names:
+        with fs.open(join(path, "dataset_dict.json"), "r") as f:
+            splits = json.load(f)["splits"]
+        return [Source(to_url(path), "hf", _dir_identity(fs, join(path, s)), split=s) for s in splits]
+    if "state.json" in names and "dataset_info.json" in names:
+        return [Source(to_url(path), "hf", _dir_identity(fs, path))]
+    files = sorted(p for p in fs.find(path) if _file_format(p) is not None)
+    if not files:
+        raise CurationError(f"input {raw}: directory has no .jsonl/.json/.parquet/.arrow files "
+                            "and is not a saved dataset")
+    out = []
+    for p in files:
+        fmt, comp = _file_format(p)
+        out.append(Source(to_url(p), fmt, _info_identity(fs.info(p)), compression=comp))
+    return out
+
+
+def _dir_identity(fs, path: str) -> dict[str, Any]:
+    return {p.rsplit("/", 1)[-1]: _info_identity(fs.info(p)) for p in sorted(fs.find(path))}
+
+
+# -- reading rows ---------------------------------------------------------------------
+@dataclass
+class ReadTask:
+    src_index: int
+    source: Source
+    local: str | None = None      # local copy/path of a jsonl file
+    start: int = 0                # byte range [start, end) of a jsonl file, line-aligned
+    end: int | None = None
+    first_line: int = 0           # 0-based index of the first line in the range
+
+
+def plan_reads(sources: list[Source], storage_options: dict | None, work_dir: Path,
+               target_bytes: int) -> list[ReadTask]:
+    """Read tasks: uncompressed JSON lines files split into line-aligned byte ranges (remote
+    ones downloaded first), everything else one task per source."""
+    tasks: list[ReadTask] = []
+    for i, s in enumerate(sources):
+        if s.fmt != "jsonl" or s.compression:
+            tasks.append(ReadTask(i, s))
+            continue
+        if is_local(s.url):
+            local = local_path(s.url)
+        else:
+            fs, p = fs_path(s.url, storage_options)
+            local = str(work_dir / "inputs" / hashlib.sha1(s.url.encode()).hexdigest()[:16] / Path(p).name)
+            Path(local).parent.mkdir(parents=True, exist_ok=True)
+            if not (Path(local).exists() and Path(local).stat().st_size == fs.info(p)["size"]):
+                fs.get_file(p, local + ".part")
+                os.replace(local + ".part", local)
+        with open(local, "rb") as f:
+            first = f.read(1 << 16).lstrip()
+        if first.startswith(b"["):
+            tasks.append(ReadTask(i, replace(s, fmt="json_array"), local=local))
+            continue
+        tasks.extend(_line_ranges(i, s, local, target_bytes))
+    return tasks
+
+
+def _line_ranges(i: int, s: Source, local: str, target: int) -> list[ReadTask]:
+    size = os.path.getsize(local)
+    out: list[ReadTask] = []
+    start, line = 0, 0
+    with open(local, "rb") as f:
+        while start < size:
+            end = min(size, start + target)
+            if end < size:
+                f.seek(end)
+                rest = f.readline()
+                end += len(rest)
+            # count lines of [start, end)
+            f.seek(start)
+            remaining, n = end - start, 0
+            while remaining > 0:
+                chunk = f.read(min(remaining, 1 << 24))
+                n += chunk.count(b"\n")
+                remaining -= len(chunk)
+            out.append(ReadTask(i, s, local, start, end, line))
+            line += n
+            start = end
+    return out or [ReadTask(i, s, local, 0, 0, 0)]
+
+
+@dataclass
+class ReadBatch:
+    rows: dict[str, list]         # ROW_COLUMNS
+    quarantine: dict[str, list]   # _row, _src, _line, _reason, _rawtext
+    blank_lines: int = 0
+
+
+def _empty_batch() -> ReadBatch:
+    return ReadBatch({c: [] for c in ROW_COLUMNS},
+                     {c: [] for c in ("_row", "_src", "_line", "_reason", "_rawtext")})
+
+
+def _clean_surrogates(s: str) -> str:
+    if s.isascii():
+        return s
+    try:
+        s.encode("utf-8")
+        return s
+    except UnicodeEncodeError:
+        return s.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+
+
+def _add_row(b: ReadBatch, rid: int, src: int, line: int, raw: str, obj: Any, fm: FieldMap) -> None:
+    try:
+        prompt, response, row_id = extract(obj, fm)
+    except RowError as e:
+        _add_bad(b, rid, src, line, str(e), raw)
+        return
+    r = b.rows
+    r["_row"].append(rid)
+    r["_src"].append(src)
+    r["_line"].append(line)
+    r["_id"].append(None if row_id is None else _clean_surrogates(row_id))
+    r["_raw"].append(raw)
+    r["_prompt"].append(_clean_surrogates(prompt))
+    r["_response"].append(_clean_surrogates(response))
+
+
+def _add_bad(b: ReadBatch, rid: int, src: int, line: int, reason: str, raw: str) -> None:
+    q = b.quarantine
+    q["_row"].append(rid)
+    q["_src"].append(src)
+    q["_line"].append(line)
+    q["_reason"].append(reason)
+    q["_rawtext"].append(_clean_surrogates(raw))
+
+
+def _json_error(e: json.JSONDecodeError) -> str:
+    return f"invalid JSON: {e.msg} at column {e.colno}"
+
+
+def iter_read(task: ReadTask, fm: FieldMap, storage_options: dict | None, batch_rows: int
+              ) -> Iterator[ReadBatch]:
+    """Batches of rows (and quarantined rows) of one read task, in order."""
+    s = task.source
+    base = task.src_index << ROW_SHIFT
+    if s.fmt == "jsonl":
+        yield from _iter_jsonl(task, fm, storage_options, batch_rows, base)
+    elif s.fmt == "json_array":
+        yield from _iter_json_array(task, fm, batch_rows, base)
+    else:
+        yield from _iter_datasets(task, fm, storage_options, batch_rows, base)
+
+
+def _iter_jsonl(task, fm, storage_options, batch_rows, base) -> Iterator[ReadBatch]:
+    s = task.source
+    if task.local is not None:
+        f = open(task.local, "rb")
+        f.seek(task.start)
+        remaining = None if task.end is None else task.end - task.start
+    else:
+        f = fsspec.open(s.url, "rb", compression=s.compression, **(storage_options or {})).open()
+        remaining = None
+    b = _empty_batch()
+    line = task.first_line
+    loads = json.loads
+    try:
+        while remaining is None or remaining > 0:
+            data = f.readline() if remaining is None else f.readline(remaining)
+            if not data:
+                break
+            if remaining is not None:
+                remaining -= len(data)
+            rid = base + line
+            line += 1
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError as e:
+                _add_bad(b, rid, task.src_index, line,
+                         f"invalid UTF-8 at byte {e.start} of the line",
+                         data.decode("utf-8", "backslashreplace").rstrip("\r\n"))
+                continue
+            text = text.rstrip("\r\n")
+            if not text.strip():
+                _add_bad(b, rid, task.src_index, line, "blank line", text)
+                continue
+            try:
+                obj = loads(text)
+            except json.JSONDecodeError as e:
+                _add_bad(b, rid, task.src_index, line, _json_error(e), text)
+                continue
+            _add_row(b, rid, task.src_index, line, text, obj, fm)
+            if len(b.rows["_row"]) + len(b.quarantine["_row"]) >= batch_rows:
+                yield b
+                b = _empty_batch()
+    finally:
+        f.close()
+    yield b
+
+
+def _iter_json_array(task, fm, batch_rows, base) -> Iterator[ReadBatch]:
+    try:
+        with open(task.local, "rb") as f:
+            data = json.loads(f.read().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CurationError(f"input {task.source.url}: not valid JSON ({e}); a .json input must be "
+                            "JSON lines or one JSON array of rows") from e
+    if not isinstance(data, list):
+        raise CurationError(f"input {task.source.url}: a JSON file must hold a list of rows")
+    b = _empty_batch()
+    for i, obj in enumerate(data):
+        _add_row(b, base + i, task.src_index, i + 1, json.dumps(obj, ensure_ascii=False), obj, fm)
+        if len(b.rows["_row"]) + len(b.quarantine["_row"]) >= batch_rows:
+            yield b
+            b = _empty_batch()
+    yield b
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, (str, int, float, bool)) or v is None:
+        return v
+    if isinstance(v, bytes):
+        raise TypeError("bytes value")
+    return str(v)
+
+
+def iter_batches(source: Source, storage_options: dict | None, batch_rows: int) -> Iterator[dict]:
+    """Column batches (dict of lists) of a parquet/arrow/dataset-dir source, streamed.
+
+    Parquet is read with pyarrow row-group batches (what `datasets` uses underneath; its
+    streaming reader would import torch first); arrow files and saved dataset directories
+    are opened with `datasets` (memory-mapped)."""
+    so = storage_options or {}
+    if source.fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        if is_local(source.url):
+            pf = pq.ParquetFile(local_path(source.url))
+            yield from (b.to_pydict() for b in pf.iter_batches(batch_size=batch_rows))
+            return
+        fs, p = fs_path(source.url, so)
+        with fs.open(p, "rb") as f:
+            yield from (b.to_pydict() for b in pq.ParquetFile(f).iter_batches(batch_size=batch_rows))
+        return
+    import datasets
+
+    if source.fmt == "arrow":
+        if not is_local(source.url):
+            raise CurationError(f"input {source.url}: .arrow files must be local (copy it, or use "
+                                "parquet / a saved dataset directory for remote data)")
+        ds = datasets.Dataset.from_file(local_path(source.url))
+    else:
+        ds = datasets.load_from_disk(local_path(source.url) if is_local(source.url) else source.url,
+                                     storage_options=so or None)
+        if isinstance(ds, datasets.DatasetDict):
+            if source.split is None:
+                raise CurationError(f"{source.url} is a DatasetDict; name a split")
+            ds = ds[source.split]
+    yield from ds.iter(batch_size=batch_rows)
+
+
+def _iter_datasets(task, fm, storage_options, batch_rows, base) -> Iterator[ReadBatch]:
+    i = 0
+    for batch in iter_batches(task.source, storage_options, batch_rows):
+        keys = list(batch)
+        b = _empty_batch()
+        for vals in zip(*(batch[k] for k in keys)):
+            obj = dict(zip(keys, vals))
+            try:
+                raw = json.dumps(_jsonable(obj), ensure_ascii=False)
+            except (TypeError, ValueError) as e:
+                _add_bad(b, base + i, task.src_index, i + 1, f"row cannot be written as JSON: {e}",
+                         repr(obj)[:10000])
+            else:
+                _add_row(b, base + i, task.src_index, i + 1, raw, obj, fm)
+            i += 1
+        yield b
+
+
+# -- parts ----------------------------------------------------------------------------
+def write_table(table, url: str, storage_options: dict | None) -> None:
+    import pyarrow.parquet as pq
+
+    if is_local(url):
+        p = local_path(url)
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        pq.write_table(table, p + ".tmp", compression="snappy")
+        os.replace(p + ".tmp", p)
+        return
+    fs, p = fs_path(url, storage_options)
+    with fs.open(p, "wb") as f:
+        pq.write_table(table, f, compression="snappy")
+
+
+def read_table(url: str, storage_options: dict | None, columns: list[str] | None = None):
+    import pyarrow.parquet as pq
+
+    if is_local(url):
+        return pq.read_table(local_path(url), columns=columns)
+    fs, p = fs_path(url, storage_options)
+    with fs.open(p, "rb") as f:
+        return pq.read_table(f, columns=columns)
+
+
+def batch_table(cols: dict[str, list]):
+    import pyarrow as pa
+
+    types = {"_row": pa.int64(), "_src": pa.int32(), "_line": pa.int64()}
+    return pa.table({k: pa.array(v, type=types.get(k, pa.string())) for k, v in cols.items()})
+
+
+def exists(url: str, storage_options: dict | None) -> bool:
+    fs, p = fs_path(url, storage_options)
+    return fs.exists(p)
+
+
+def read_json(url: str, storage_options: dict | None) -> Any:
+    fs, p = fs_path(url, storage_options)
+    with fs.open(p, "r", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def write_text(url: str, text: str, storage_options: dict | None) -> None:
+    fs, p = fs_path(url, storage_options)
+    if is_local(url):
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+    with fs.open(p, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def remove_tree(url: str, storage_options: dict | None) -> None:
+    fs, p = fs_path(url, storage_options)
+    if fs.exists(p):
+        fs.rm(p, recursive=True)
