@@ -211,9 +211,15 @@ class TorchEngine:
     def _cap_for(self, length: int) -> int:
         return min(_pow2_at_least(length, 16), self.max_len)
 
+    def _drop_graphs(self) -> None:
+        # The private memory pool dies with its last graph: a handle kept past that point
+        # trips the caching allocator's use-count assert at the next capture.
+        self._graphs.clear()
+        self._pool = None
+
     def free_cache(self) -> None:
         """Release the KV cache and captured graphs; the next generate reallocates them."""
-        self._graphs.clear()
+        self._drop_graphs()
         self._k, self._v = [], []
         self._cap_b = self._cap_l = 0
         if self.device.type == "cuda":
@@ -226,7 +232,7 @@ class TorchEngine:
         cap = min(max(length, 2 * self._cap_l, 16), self.max_len)
         if self.static_shapes:
             cap = max(cap, self._cap_for(length))
-        self._graphs.clear()
+        self._drop_graphs()
         shape = (self._cap_b, self.n_kv, cap, self.head_dim)
         for cache in (self._k, self._v):
             for i, old in enumerate(cache):  # one layer at a time: peak = cache + one layer
@@ -372,7 +378,7 @@ class TorchEngine:
                 log.warning("torch engine: CUDA graph capture failed (%s: %s); decoding eagerly",
                             type(e).__name__, e)
                 self.use_graphs = False
-                self._graphs.clear()
+                self._drop_graphs()
                 self._decode_body(nb, kvb, mode)
                 return
             self._graphs[key] = graph
