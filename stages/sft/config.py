@@ -16,7 +16,8 @@ class SFTConfig(StageConfig):
     max_seq_len: int = Field(65536, ge=8, description="packed sequence length (paper: 64k)")
     packing: bool = True
     epochs: int = Field(3, ge=1)
-    max_steps: int | None = Field(None, ge=1, description="stop after this many optimizer steps")
+    max_steps: int | None = Field(None, ge=1, description=(
+        "stop after this many optimizer steps; overrides `epochs` (the data repeats as needed)"))
     micro_batch_size: int = Field(1, ge=1, description="packed sequences per rank per micro step")
     grad_accum: int = Field(1, ge=1)
     lr: float = Field(2e-4, gt=0)

@@ -67,6 +67,17 @@ def lr_factor(cfg: SFTConfig, total_steps: int) -> Callable[[int], float]:
     return f
 
 
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Weight decay on matrices (linear and embedding weights), none on 1-D params (norms,
+    biases). Under ZeRO-3 parameters are already partitioned (flat, empty) when this runs:
+    their real shape is `ds_shape`."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if len(getattr(p, "ds_shape", p.shape)) >= 2 else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
 def rng_state() -> dict[str, Any]:
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -297,11 +308,8 @@ def train(job: StageJob) -> dict[str, Any] | None:
     attn = choose_attn(cfg, on_gpu)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attn)
     model.config.use_cache = False
-    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr, betas=tuple(cfg.adam_betas))
+    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr,
+                                  betas=tuple(cfg.adam_betas))
     factor = lr_factor(cfg, total_steps)
     # a callable: the schedule is built on DeepSpeed's wrapped optimizer (ZeRO regroups params)
     engine, _, _, scheduler = deepspeed.initialize(

@@ -114,7 +114,7 @@ def test_pretrained_dir_missing_parts_fail_clearly(tmp_path, capsys):
     assert "missing: weights" in err and "tokenizer" in err and str(broken) in err
     assert "README.md" in err  # what *was* found
 
-    job = _job(tmp_path, {"pretrained": str(tmp_path / "nope")}, "nope")
+    job = _job(tmp_path, {"pretrained": str(tmp_path / "nope")}, "missing")
     job.write(job_path)
     assert build.cli(["--job", str(job_path)]) == 2
     assert "does not exist" in capsys.readouterr().err

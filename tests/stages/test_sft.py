@@ -19,7 +19,7 @@ import torch
 from stages.sft.config import SFTConfig
 from stages.sft.data import (DataError, DataPlan, Sample, build_samples, collate, data_files,
                              pack_samples, read_rows, tokenize_chat)
-from stages.sft.train import lr_factor, packed_logits, packed_loss_sum
+from stages.sft.train import lr_factor, packed_logits, packed_loss_sum, param_groups
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -155,6 +155,18 @@ def test_lr_schedule_warmup_cosine_min_ratio_and_constant():
     assert all(f(s) >= f(s + 1) for s in range(4, 20))
     const = lr_factor(cfg.model_copy(update={"lr_schedule": "constant"}), 20)
     assert [const(s) for s in (0, 3, 4, 19)] == [0.25, 1.0, 1.0, 1.0]
+
+
+def test_weight_decay_on_matrices_only_also_when_zero3_partitioned():
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    decay, no_decay = param_groups(model, 0.1)
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert [tuple(p.shape) for p in decay["params"]] == [(10, 4), (4, 4)]
+    assert [tuple(p.shape) for p in no_decay["params"]] == [(4,), (4,), (4,)]
+    for p in model.parameters():  # what deepspeed.zero.Init leaves: an empty flat tensor
+        p.ds_shape = p.shape
+        p.data = torch.empty(0)
+    assert [len(g["params"]) for g in param_groups(model, 0.1)] == [2, 3]
 
 
 # -- data rules ------------------------------------------------------------------------------
