@@ -18,6 +18,7 @@ import numpy as np
 from pydantic import Field
 
 from data_curation._base import bump
+from data_curation.rows import dump_row
 from data_curation.step import Decision, RunContext, StepConfig, StepRunner
 
 Domain = Literal["math", "stem", "code", "other"]
@@ -162,6 +163,6 @@ class DomainTagger(StepRunner):
                 continue
             if c.write_field and isinstance(obj, dict) and (c.overwrite or obj.get(c.write_field) is None):
                 obj[c.write_field] = d
-                new_raw[i] = json.dumps(obj, ensure_ascii=False)
+                new_raw[i] = dump_row(obj)
                 stats["written"] += 1
         return Decision(keep, reasons, details, {"_raw": new_raw, "_domain": doms}, stats)

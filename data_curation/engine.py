@@ -306,8 +306,9 @@ def run_curation(input_urls: list[str] | str, steps: list[StepConfig | dict], ou
                         f"(no {DONE} in {io.join(cache, 'steps', dirname)}"
                         + (f" nor under {reuse}" if reuse else "") + "); run the full curation "
                         "once (same inputs and earlier-step config) before rerunning single steps")
-                prev_parts = (locs[-1] if locs else read_loc).part_urls()
-                found = _run_step(cfg, i, h, prev_parts, io.join(cache, "steps", dirname), ctx, log)
+                prev = locs[-1] if locs else read_loc
+                ctx.total_rows = prev.done["kept"]
+                found = _run_step(cfg, i, h, prev.part_urls(), io.join(cache, "steps", dirname), ctx, log)
                 reused = False
             locs.append(found)
             rep = io.read_json(io.join(found.url, "report.json"), so)
@@ -391,7 +392,6 @@ def _run_step(cfg: StepConfig, index: int, h: str, parts: list[tuple[str, str]],
                 return list(pool.imap("call", [(method, part_urls[p], per_part[p]) for p in order]))
 
             ctx.map_parts = map_parts
-            ctx.total_rows = _count_rows(parts, so)
             feats = pool.imap("features", [(u,) for u in part_urls])
             stream = ((i, rows, f) for i, (rows, f) in
                       enumerate(_progress(feats, len(parts), cfg.label, ctx.progress)))
@@ -420,20 +420,6 @@ def _run_step(cfg: StepConfig, index: int, h: str, parts: list[tuple[str, str]],
               "seconds": secs}
     log(f"[curate] {cfg.label}: {rows_in} in, {kept} kept, {removed} removed ({secs}s)")
     return _mark_done(url, done, report, so)
-
-
-def _count_rows(parts: list[tuple[str, str]], so: dict) -> int:
-    import pyarrow.parquet as pq
-
-    n = 0
-    for _, u in parts:
-        if io.is_local(u):
-            n += pq.ParquetFile(io.local_path(u)).metadata.num_rows
-        else:
-            fs, p = io.fs_path(u, so)
-            with fs.open(p, "rb") as f:
-                n += pq.ParquetFile(f).metadata.num_rows
-    return n
 
 
 # -- final outputs ------------------------------------------------------------------------

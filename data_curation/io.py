@@ -24,7 +24,7 @@ from typing import Any, Iterator
 import fsspec
 
 from data_curation._base import CurationError
-from data_curation.rows import FieldMap, RowError, extract
+from data_curation.rows import FieldMap, RowError, dump_row, extract
 
 ROW_SHIFT = 40
 JSONL_EXT = (".jsonl", ".json", ".ndjson")
@@ -154,7 +154,7 @@ def _discover_dir(fs, path: str, to_url, raw: str) -> list[Source]:
         return [Source(to_url(path), "hf", _dir_identity(fs, join(path, s)), split=s) for s in splits]
     if "state.json" in names and "dataset_info.json" in names:
         return [Source(to_url(path), "hf", _dir_identity(fs, path))]
-    files = sorted(p for p in fs.find(path) if _file_format(p) is not None)
+    files = sorted(p for p in fs.find(path) if _file_format(p) is not None and not _skipped(path, p))
     if not files:
         raise CurationError(f"input {raw}: directory has no .jsonl/.json/.parquet/.arrow files "
                             "and is not a saved dataset")
@@ -163,6 +163,18 @@ def _discover_dir(fs, path: str, to_url, raw: str) -> list[Source]:
         fmt, comp = _file_format(p)
         out.append(Source(to_url(p), fmt, _info_identity(fs.info(p)), compression=comp))
     return out
+
+
+# metadata files of artifacts / datasets that sit next to data files
+_METADATA = {"manifest.json", "stage_summary.json", "dataset_info.json", "state.json",
+             "dataset_dict.json", "report.json"}
+
+
+def _skipped(root: str, path: str) -> bool:
+    """Hidden/underscore entries (`.verified/`, `_SUCCESS`, `_curate_cache/`) and metadata."""
+    rel = path[len(root.rstrip("/")) + 1:] if path.startswith(root.rstrip("/") + "/") else path
+    parts = rel.split("/")
+    return any(x.startswith((".", "_")) for x in parts) or parts[-1] in _METADATA
 
 
 def _dir_identity(fs, path: str) -> dict[str, Any]:
@@ -352,7 +364,7 @@ def _iter_json_array(task, fm, batch_rows, base) -> Iterator[ReadBatch]:
         raise CurationError(f"input {task.source.url}: a JSON file must hold a list of rows")
     b = _empty_batch()
     for i, obj in enumerate(data):
-        _add_row(b, base + i, task.src_index, i + 1, json.dumps(obj, ensure_ascii=False), obj, fm)
+        _add_row(b, base + i, task.src_index, i + 1, dump_row(obj), obj, fm)
         if len(b.rows["_row"]) + len(b.quarantine["_row"]) >= batch_rows:
             yield b
             b = _empty_batch()
@@ -414,7 +426,7 @@ def _iter_datasets(task, fm, storage_options, batch_rows, base) -> Iterator[Read
         for vals in zip(*(batch[k] for k in keys)):
             obj = dict(zip(keys, vals))
             try:
-                raw = json.dumps(_jsonable(obj), ensure_ascii=False)
+                raw = dump_row(_jsonable(obj))
             except (TypeError, ValueError) as e:
                 _add_bad(b, base + i, task.src_index, i + 1, f"row cannot be written as JSON: {e}",
                          repr(obj)[:10000])

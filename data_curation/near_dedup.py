@@ -146,8 +146,15 @@ class NearDedup(StepRunner):
         cfg = self.cfg
         lsh = MinHashLSH(num_perm=cfg.num_perm, params=(self.bands, self.rows))
         tables = lsh.hashtables
-        pos_of: dict[int, tuple[int, int]] = {}   # global key -> (part, row index in part)
+        # key k (a row with shingles, numbered in order) lives in part p = searchsorted(bases),
+        # at row part_has[p][k - bases[p]] of that part
+        bases: list[int] = []
+        part_has: list[np.ndarray] = []
         part_rows: list[np.ndarray] = []
+
+        def pos_of(k: int) -> tuple[int, int]:
+            p = int(np.searchsorted(bases, k, side="right")) - 1
+            return p, int(part_has[p][k - bases[p]])
         pairs: list[tuple[int, int, float]] = []   # (later key, earlier key, estimate)
         n_candidates = n_prescreened = 0
         min_est = cfg.threshold - cfg.prescreen_margin if cfg.verify == "exact" else cfg.threshold
@@ -159,15 +166,16 @@ class NearDedup(StepRunner):
                                  mode="w+", shape=shape)
         else:
             all_sigs = np.empty(shape, dtype=np.uint32)
-        for part, rows, (sig, has) in stream:
+        for _, rows, (sig, has) in stream:
             part_rows.append(rows)
+            bases.append(key)
+            part_has.append(has)
             base = key
             all_sigs[base:base + len(has)] = sig
             # band keys exactly as MinHashLSH computes them (byteswapped band bytes), for the
             # whole part at once; then one query + insert per row against its hash tables
-            for j, (idx, band_keys) in enumerate(zip(has.tolist(), _band_keys(sig, lsh.hashranges))):
+            for j, band_keys in enumerate(_band_keys(sig, lsh.hashranges)):
                 k = base + j
-                pos_of[k] = (part, idx)
                 cands: set[int] = set()
                 for h, table in zip(band_keys, tables):
                     got = table.get(h)
@@ -191,19 +199,23 @@ class NearDedup(StepRunner):
                     table.insert(h, k)
             key = base + len(has)
 
+        def row(k: int) -> int:
+            p, idx = pos_of(k)
+            return int(part_rows[p][idx])
+
         # verification
         jac: dict[tuple[int, int], float] = {}
         if pairs and cfg.verify == "exact":
             involved = sorted({k for a, b, _ in pairs for k in (a, b)})
             by_part: dict[int, list[int]] = {}
             for k in involved:
-                p, idx = pos_of[k]
+                p, idx = pos_of(k)
                 by_part.setdefault(p, []).append(idx)
             sets: dict[int, np.ndarray] = {}
             results = ctx.map_parts("shingle_sets", {p: (np.array(v),) for p, v in by_part.items()})
             for r in results:
                 sets.update(r)
-            row_of = {k: int(part_rows[pos_of[k][0]][pos_of[k][1]]) for k in involved}
+            row_of = {k: row(k) for k in involved}
             for a, b, _ in pairs:
                 sa, sb = sets[row_of[a]], sets[row_of[b]]
                 inter = len(np.intersect1d(sa, sb, assume_unique=True))
@@ -224,9 +236,6 @@ class NearDedup(StepRunner):
         for k in list(uf.parent):
             members.setdefault(uf.find(k), []).append(k)
 
-        def row(k: int) -> int:
-            p, idx = pos_of[k]
-            return int(part_rows[p][idx])
 
         decisions = []
         for p, rows in enumerate(part_rows):
@@ -242,7 +251,7 @@ class NearDedup(StepRunner):
             for k in ks:
                 if k == root:
                     continue
-                p, idx = pos_of[k]
+                p, idx = pos_of(k)
                 d = decisions[p]
                 d.keep[idx] = False
                 d.reasons[idx] = "near_duplicate"

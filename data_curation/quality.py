@@ -25,7 +25,7 @@ import numpy as np
 from pydantic import Field
 
 from data_curation._base import bump
-from data_curation.rows import FieldMap, extract, map_texts
+from data_curation.rows import FieldMap, dump_row, extract, map_texts
 from data_curation.step import Decision, RunContext, StepConfig, StepRunner
 
 _INVISIBLE = re.compile(
@@ -239,7 +239,7 @@ class QualityFilter(StepRunner):
                 obj = json.loads(raws[i])
                 map_texts(obj, fm, lambda t, _part: self.clean(t, {}))
                 new_p[i], new_r[i], _ = extract(obj, fm)
-                new_raw[i] = json.dumps(obj, ensure_ascii=False)
+                new_raw[i] = dump_row(obj)
                 changed = True
                 for k, v in cleaned.items():
                     bump(stats["cleaned_rows"], k)

@@ -11,6 +11,7 @@ have the wrong types, is quarantined with the reason.
 """
 from __future__ import annotations
 
+import json
 from typing import Any, Callable
 
 from pydantic import Field
@@ -107,6 +108,18 @@ def map_texts(row: dict, fm: FieldMap, fn: Callable[[str, str], str]) -> bool:
                 row[key] = new
                 changed = True
     return changed
+
+
+def dump_row(obj: Any) -> str:
+    """A row as one JSON line: UTF-8 text, or \\u escapes where the text holds lone
+    surrogates (which UTF-8 cannot carry)."""
+    s = json.dumps(obj, ensure_ascii=False)
+    if not s.isascii():
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError:
+            return json.dumps(obj)
+    return s
 
 
 def field_text(prompt: str, response: str, which: str) -> str:

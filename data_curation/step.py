@@ -80,7 +80,7 @@ class StepConfig(Strict):
 
     def identity(self, ctx: RunContext) -> Any:
         """What determines this step's output besides its input (enters the step's hash)."""
-        return self.model_dump(mode="json", exclude={"name"})
+        return self.model_dump(mode="json", exclude={"name", "max_examples"})
 
     def module(self) -> str:
         return type(self).__module__

@@ -64,6 +64,9 @@ def main(job: StageJob) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     local, names = [], {}
     for url in cfg.data:
+        if any(c in url for c in "*?["):   # a glob: read in place (fetch takes files and dirs)
+            local.append(url)
+            continue
         path = str(job.fetch(url))
         local.append(path)
         names[path] = url

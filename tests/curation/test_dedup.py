@@ -128,3 +128,17 @@ def test_lsh_parameters():
     assert b * r <= 128 and p(0.8) > 0.99 and p(0.3) < 0.05
     with pytest.raises(ValueError):
         NearDedupConfig(bands=20, rows=8)
+
+
+def test_bulk_band_keys_are_minhashlsh_keys():
+    from datasketch import LeanMinHash, MinHashLSH
+
+    from data_curation.near_dedup import _band_keys
+
+    sig = np.random.default_rng(0).integers(0, 2**32, (4, 128), dtype=np.uint64).astype(np.uint32)
+    lsh = MinHashLSH(num_perm=128, params=(20, 6))
+    for i, keys in enumerate(_band_keys(sig, lsh.hashranges)):
+        m = LeanMinHash(seed=1, hashvalues=sig[i], scheme="affine32")
+        assert keys == tuple(lsh._H(m.hashvalues[a:b]) for a, b in lsh.hashranges)
+        lsh.insert(i, m)
+    assert lsh.query(LeanMinHash(seed=1, hashvalues=sig[2], scheme="affine32")) == [2]

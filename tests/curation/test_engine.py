@@ -42,6 +42,8 @@ def write_corpus_with_bad_rows(path, rows):
         f.write(b'{"id": "bad-utf8", "text": "caf\xe9"}\n')               # bad UTF-8
         f.write(b"\n")                                                     # blank line
         f.write(b'[1, 2, 3]\n')                                             # not an object
+        f.write(b'{"id": "lone", "messages": [{"role": "user", "content": "a lone \\ud800 surrogate '
+                b'escape"}, {"role": "assistant", "content": "cleaned by the quality step"}]}\n')
         f.write(b'{"text": "last line without newline but fine"}')
     return path
 
@@ -52,7 +54,7 @@ def test_full_run_accounting_quarantine_and_reports(tmp_path, bench_dir):
     rep = run_curation([str(src)], steps(bench_dir), str(tmp_path / "out"), progress=False)
     out = tmp_path / "out"
     kept, removed, quar = (read_jsonl(out / f) for f in ("curated.jsonl", "removed.jsonl", "quarantine.jsonl"))
-    n_in = len(rows) + 7
+    n_in = len(rows) + 8
     assert rep["counts"]["input_rows"] == n_in
     assert len(kept) + len(removed) + len(quar) == n_in and rep["accounting"]["ok"]
     reasons = {q["raw"][:20]: q["reason"] for q in quar}
@@ -70,6 +72,13 @@ def test_full_run_accounting_quarantine_and_reports(tmp_path, bench_dir):
     cleaned = next(k for k in kept if k.get("id") == f"r{len(rows) - 3}")
     assert "\u200b" not in json.dumps(cleaned, ensure_ascii=False) and "password" in cleaned["messages"][1]["content"]
     assert all(k.get("domain") in ("math", "stem", "code", "other") for k in kept)
+    lone = next(k for k in kept if k.get("id") == "lone")
+    assert lone["messages"][0]["content"] == "a lone  surrogate escape"
+    # without the quality step the escape goes through untouched
+    rep2 = run_curation([str(src)], [{"step": "domain_tag"}], str(tmp_path / "out2"), progress=False)
+    assert rep2["accounting"]["ok"]
+    assert "\\ud800" in next(line for line in (tmp_path / "out2" / "curated.jsonl").read_text().splitlines()
+                               if '"lone"' in line)
     assert rep["domain_mix"]["before"]["math"] >= rep["domain_mix"]["after"]["math"]
     md = (out / "report.md").read_text()
     assert "| gsm8k |" in md and "Domain mix" in md and "Quarantine" in md
@@ -103,6 +112,11 @@ def test_only_decontaminate_reuses_earlier_steps(tmp_path, bench_dir, monkeypatc
     assert computed == []
     with pytest.raises(CurationError, match="no such step"):
         run_curation([str(src)], steps(bench_dir), out, only=["dedup"], progress=False)
+    # another output location reuses this run's cache (read only) through reuse_from
+    third = run_curation([str(src)], steps(bench_dir, ("aime24",)), str(tmp_path / "other"),
+                         only=["decontaminate"], reuse_from=[out], progress=False)
+    assert [s["dir"] for s in third["steps"][:5]] == [s["dir"] for s in first["steps"][:5]]
+    assert third["steps"][5]["dir"].startswith((tmp_path / "other").as_uri())
 
 
 def test_parallel_equals_serial_and_other_formats(tmp_path, bench_dir):
@@ -138,3 +152,18 @@ def test_field_mapping(tmp_path):
     assert rep["counts"]["kept"] == 1 and rep["counts"]["removed"] == 2
     removed = read_jsonl(tmp_path / "o" / "removed.jsonl")
     assert [r["id"] for r in removed] == ["1", "2"]
+
+
+def test_directory_input_skips_metadata_and_hidden_files(tmp_path):
+    d = tmp_path / "artifact"
+    (d / ".verified").mkdir(parents=True)
+    write_jsonl(d / "a.jsonl", [{"text": "first file row with some text"}])
+    write_jsonl(d / "sub" / "b.jsonl" if (d / "sub").mkdir() is None else None,
+                [{"text": "second file row with some text"}])
+    (d / ".verified" / "a.jsonl").write_text("")
+    (d / "manifest.json").write_text('{"files": []}')
+    (d / "stage_summary.json").write_text('{"rows": 2}')
+    (d / "_SUCCESS").write_text("")
+    rep = run_curation([str(d)], [{"step": "exact_dedup"}], str(tmp_path / "o"), progress=False)
+    assert [x.rsplit("/", 2)[-2:] for x in rep["inputs"]] == [["artifact", "a.jsonl"], ["sub", "b.jsonl"]]
+    assert rep["counts"]["kept"] == 2 and rep["counts"]["quarantined"] == 0

@@ -58,11 +58,12 @@ def test_standalone_curate_with_config_and_only(tmp_path, bench_dir):
 
 
 @pytest.mark.slow
-def test_curate_stage_reuses_step_cache_across_stage_hashes(tmp_path, bench_dir):
+def test_curate_stage_reuses_step_cache_across_stage_hashes(tmp_path, bench_dir, monkeypatch):
     from pipeline.execute import run_stage
     from pipeline.launch import StageFailed
     from stages.curate.config import CurateConfig, rerun_config
 
+    monkeypatch.chdir(tmp_path)   # MLflow's default artifact root is ./mlruns
     data = corpus(bench_dir, tmp_path)
     store = tmp_path / "store"
     base = {"data": [str(data)], "num_proc": 1, "progress": False,
@@ -72,7 +73,11 @@ def test_curate_stage_reuses_step_cache_across_stage_hashes(tmp_path, bench_dir)
     kw = dict(stage="curate", storage=str(store), launcher="local", work_root=tmp_path / "work")
     with pytest.raises(StageFailed, match="run the full curation"):
         run_stage("curate", rerun_config(base, only=["decontaminate"]), **kw)
-    first = run_stage("curate", base, **kw)
+    first = run_stage("curate", base, tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", **kw)
+    from mlflow.tracking import MlflowClient
+
+    logged = {a.path for a in MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").list_artifacts(first.run_id, "curation")}
+    assert logged == {"curation/report.json", "curation/report.md", "curation/report.html"}
     assert first.summary["removed_by_step"] == {"exact_dedup": 1, "near_dedup": 0, "decontaminate": 1,
                                                 "domain_tag": 0}
     art = store / "adhoc" / first.url.rsplit("/", 1)[-1]
