@@ -14,6 +14,7 @@ Run: `python -m stages.init_model.build --job job.json` (one process).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -96,7 +97,10 @@ def copy_pretrained(src: Path, out: Path) -> int:
                 or rel.as_posix() in ARTIFACT_FILES or rel.parts[0] in ARTIFACT_DIRS:
             continue  # fetch markers (.verified/), locks, hidden files, artifact bookkeeping
         (out / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(p, out / rel)
+        try:  # large checkpoints: a hard link when input and output share a filesystem
+            os.link(p, out / rel)
+        except OSError:
+            shutil.copy2(p, out / rel)
         n += 1
     return n
 

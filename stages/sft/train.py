@@ -287,6 +287,9 @@ def train(job: StageJob) -> dict[str, Any] | None:
         info(f"sft: {stats.rows} rows -> {stats.samples} samples ({stats.target_tokens} trained of "
              f"{stats.tokens} tokens) -> {len(packs)} packs of <= {cfg.max_seq_len} tokens; "
              f"{plan.steps_per_epoch} steps/epoch, {total_steps} steps on {world} ranks")
+        if cfg.warmup_steps >= total_steps:
+            info(f"sft: warning: warmup_steps={cfg.warmup_steps} >= total steps {total_steps}: the "
+                 "learning rate never reaches `lr`")
         if stats.truncated:
             info(f"sft: {stats.truncated} samples longer than max_seq_len={cfg.max_seq_len} were "
                  f"truncated to it; {stats.no_target_after_truncation} of them had no assistant "
