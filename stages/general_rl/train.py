@@ -136,25 +136,26 @@ def reward_metrics(reward_fn) -> dict[str, float]:
 
 
 def build_policy(cfg: GeneralRLConfig, model_dir: Path, device, bf16: bool, dist, pad_id: int):
-    """The policy under DeepSpeed and the reasoning-RL learner over it."""
+    """The policy under DeepSpeed (wrapped in the learner's PolicyHead, as reasoning RL does) and
+    the reasoning-RL learner over it."""
     import deepspeed
     import torch
-    from transformers import AutoModelForCausalLM
 
     from stages.reasoning_rl.icepop import LossConfig
-    from stages.reasoning_rl.learner import Learner, LearnerConfig, freeze_parameters
+    from stages.reasoning_rl.learner import Learner, LearnerConfig, PolicyHead, freeze_parameters
 
     dtype = torch.bfloat16 if bf16 else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    model = rl.load_policy(model_dir, dtype)
     frozen = freeze_parameters(model, cfg.frozen_param_patterns)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.adam_betas), weight_decay=cfg.weight_decay)
-    ds_engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=rl.ds_config(cfg, bf16))
+    ds_engine, _, _, _ = deepspeed.initialize(model=PolicyHead(model), optimizer=optimizer,
+                                              config=rl.ds_config(cfg, bf16))
     ref = None
     if cfg.kl_coef > 0:
-        ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval().requires_grad_(False)
+        ref = rl.load_policy(model_dir, dtype).to(device).eval().requires_grad_(False)
     high = cfg.clip_eps_high if cfg.clip_eps_high is not None else cfg.clip_eps
     loss = LossConfig(correction=cfg.correction, alpha=cfg.icepop_alpha, beta=cfg.icepop_beta,
                       clip_eps_low=cfg.clip_eps, clip_eps_high=high, tis_cap=cfg.tis_cap, kl_coef=cfg.kl_coef)

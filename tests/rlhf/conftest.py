@@ -62,6 +62,6 @@ def tiny_rm(tiny: TinySetup):
     good = (local_path(tiny.data_url) / "prefs.jsonl").read_text()
     data.write_text(good + "".join(json.dumps(r) + "\n" for r in BAD_ROWS))
     run = run_stage("reward_model", {**RM_CONFIG, "data": str(data)}, stage="rm", storage=tiny.storage,
-                    upstream={"base": tiny.base_url}, resources=TWO, work_root=tiny.work,
+                    upstream={"base": tiny.base_url}, resources=TWO, work_root=tiny.work, launcher="torchrun",
                     tracking_uri=tiny.tracking_uri)
     return run, tiny

@@ -3,11 +3,11 @@ reasoning set, the config's paper defaults, and a 2-rank run killed with SIGKILL
 checkpoint that resumes (scheduler, history and the reasoning "before" score restored)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import pickle
-import signal
 import subprocess
 import sys
 import time
@@ -173,20 +173,20 @@ def _metrics(log: Path) -> list[dict]:
             if "[metrics] " in line]
 
 
-def _kill_tree(pid: int) -> None:
+def _sigkill_all_under(pid: int) -> None:
+    """kill -9 of the process we started and of everything it started (the job runs in its own
+    session, so its process group is not ours)."""
     import psutil
 
     try:
-        parent = psutil.Process(pid)
+        victims = [psutil.Process(pid)]
     except psutil.NoSuchProcess:
         return
-    procs = parent.children(recursive=True) + [parent]
-    for p in procs:
-        try:
-            p.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(procs, timeout=30)
+    victims += victims[0].children(recursive=True)
+    for v in victims:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            v.kill()
+    psutil.wait_procs(victims, timeout=30)
 
 
 @pytest.mark.slow
@@ -215,15 +215,13 @@ def test_general_rl_killed_after_checkpoint_resumes(tiny_rm):
                            "answer_regex": r"####\s*(.+)$", "max_new_tokens": 16},
     }
     recipe = "grlresume"
-    kwargs = dict(stage="grl", storage=tiny.storage, recipe=recipe, work_root=str(tiny.work),
+    # torchrun starts the ranks faster than deepspeed's runner; the stage is the same either way
+    kwargs = dict(stage="grl", storage=tiny.storage, recipe=recipe, work_root=str(tiny.work), launcher="torchrun",
                   upstream={"base": tiny.base_url, "data": tiny.data_url, "rm": rm_run.url})
-    runner = ("import json, sys; from pathlib import Path; from pipeline.execute import run_stage; "
-              "from pipeline.stage_api import Resources; a = json.loads(sys.argv[1]); "
-              "a['work_root'] = Path(a['work_root']); "
-              "run_stage('general_rl', a.pop('config'), resources=Resources(cpu_ranks=2), **a)")
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-c", runner, json.dumps({**kwargs, "config": config})],
-                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    args = {**kwargs, "kind": "general_rl", "config": config, "resources": {"cpu_ranks": 2}}
+    proc = subprocess.Popen([sys.executable, "-m", "tests.rlhf.run_stage_process", json.dumps(args)], cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
     stage_root = local_path(tiny.storage) / recipe
     deadline = time.time() + 300
     try:
@@ -232,7 +230,7 @@ def test_general_rl_killed_after_checkpoint_resumes(tiny_rm):
             assert time.time() < deadline, "no checkpoint within 300 s"
             time.sleep(0.05)
     finally:
-        _kill_tree(proc.pid)
+        _sigkill_all_under(proc.pid)
     stage_dir = next(stage_root.glob("grl-*"))
     assert not (stage_dir / "_SUCCESS").exists()
     resumed_at = CheckpointStore(f"file://{stage_dir}", {}).latest()
