@@ -238,19 +238,32 @@ class CheckpointStore:
         return steps[-1] if steps else None
 
     def save(self, local_dir: Path, step: int) -> str:
-        """Upload a finished local checkpoint, mark it complete, prune old ones."""
+        """Upload a finished local checkpoint (one node), mark it complete, prune old ones."""
+        self.clear(step)
+        self.upload(local_dir, step)
+        self.mark_complete(step)
+        return self._step_path(step)
+
+    # Multi-node: rank 0 `clear`s, every node's local rank 0 `upload`s its own ranks'
+    # files into the same step, then (after a barrier) rank 0 `mark_complete`s it.
+    def clear(self, step: int) -> None:
+        """Remove a stale, never completed upload of this step."""
+        if self.fs.exists(self._step_path(step)):
+            self.fs.rm(self._step_path(step), recursive=True)
+
+    def upload(self, local_dir: Path, step: int) -> str:
         dest = self._step_path(step)
-        if self.fs.exists(dest):
-            self.fs.rm(dest, recursive=True)
         for path in sorted(p for p in Path(local_dir).rglob("*") if p.is_file()):
             rel = path.relative_to(local_dir).as_posix()
             self.fs.makedirs(join(dest, os.path.dirname(rel)) if "/" in rel else dest, exist_ok=True)
             self.fs.put_file(str(path), join(dest, rel))
-        with self.fs.open(join(dest, "_COMPLETE"), "w") as f:
+        return dest
+
+    def mark_complete(self, step: int) -> None:
+        with self.fs.open(join(self._step_path(step), "_COMPLETE"), "w") as f:
             f.write(str(step))
         for old in self.steps()[:-self.keep]:
             self.fs.rm(self._step_path(old), recursive=True)
-        return dest
 
     def restore(self, step: int, local_dir: Path) -> Path:
         if local_dir.exists():

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import shutil
 import sys
@@ -38,7 +37,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from pipeline.artifacts import ArtifactError, CheckpointStore, join
+from pipeline.artifacts import ArtifactError, CheckpointStore
 from pipeline.stage_api import StageJob
 from pipeline.tracking import StageLogger, info
 from stages.sft.config import SFTConfig
@@ -185,23 +184,14 @@ class Checkpointer:
         self.engine.save_checkpoint(str(self.local_root), tag=tag, client_state=client_state,
                                     save_latest=False)
         torch.save(rng_state(), self.local_root / tag / f"rng_rank{self.rank:05d}.pt")
-        dest = self.store._step_path(step)
-        if self.rank == 0 and self.store.fs.exists(dest):
-            self.store.fs.rm(dest, recursive=True)  # a stale, never completed upload
+        if self.rank == 0:
+            self.store.clear(step)
         dist.barrier()
         if self.local_rank == 0:
-            src = self.local_root / tag
-            for path in sorted(p for p in src.rglob("*") if p.is_file()):
-                rel = path.relative_to(src).as_posix()
-                self.store.fs.makedirs(join(dest, os.path.dirname(rel)) if "/" in rel else dest,
-                                       exist_ok=True)
-                self.store.fs.put_file(str(path), join(dest, rel))
+            self.store.upload(self.local_root / tag, step)
         dist.barrier()
         if self.rank == 0:
-            with self.store.fs.open(join(dest, "_COMPLETE"), "w") as f:
-                f.write(str(step))
-            for old in self.store.steps()[:-self.store.keep]:
-                self.store.fs.rm(self.store._step_path(old), recursive=True)
+            self.store.mark_complete(step)
         if self.local_rank == 0:
             shutil.rmtree(self.local_root / tag, ignore_errors=True)
 
@@ -389,7 +379,7 @@ def train(job: StageJob) -> dict[str, Any] | None:
                              "tokens": tokens_seen, "target_tokens": targets_seen,
                              "first_loss": first_loss, "world_size": world, "n_packs": len(packs)})
             if rank == 0:
-                info(f"sft: checkpoint step {step} saved to {ckpt.store._step_path(step)}")
+                info(f"sft: checkpoint step {step} saved under {ckpt.store.stage_url}/checkpoints")
 
     # 5. outputs
     out = Path(job.output_dir)
