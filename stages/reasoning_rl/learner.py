@@ -35,10 +35,12 @@ from stages.reasoning_rl.icepop import STAT_KEYS, LossConfig, MismatchStats, pol
 
 
 class Backend(Protocol):
-    module: torch.nn.Module
+    module: "PolicyHead"  # the wrapped policy (its `.lm` is the Hugging Face model)
     device: torch.device
     rank: int
     world_size: int
+
+    def forward(self, mb: "MicroBatch", temperature: float, chunk: int, with_entropy: bool): ...
 
     def backward(self, loss: torch.Tensor, boundary: bool) -> None: ...
 
@@ -50,14 +52,19 @@ class Backend(Protocol):
 
 
 class TorchBackend:
-    """One process, a plain torch optimizer."""
+    """One process, a plain torch optimizer. `lm`: the causal LM (or an already wrapped PolicyHead)."""
 
     rank, world_size = 0, 1
 
-    def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float | None):
-        self.module, self.optimizer, self.grad_clip = module, optimizer, grad_clip
-        self.device = next(module.parameters()).device
-        self._params = [p for p in module.parameters() if p.requires_grad]
+    def __init__(self, lm: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float | None):
+        self.module = lm if isinstance(lm, PolicyHead) else PolicyHead(lm)
+        self.optimizer, self.grad_clip = optimizer, grad_clip
+        self.device = next(self.module.parameters()).device
+        self._params = [p for p in self.module.parameters() if p.requires_grad]
+
+    def forward(self, mb: "MicroBatch", temperature: float, chunk: int, with_entropy: bool):
+        return self.module(mb.input_ids, mb.attention_mask, mb.resp_pos, mb.targets, temperature, chunk,
+                           with_entropy)
 
     def backward(self, loss: torch.Tensor, boundary: bool) -> None:
         loss.backward()
@@ -185,23 +192,21 @@ def _chunk_logprobs(head, softcap: float | None, temperature: float, with_entrop
     return lp, ent
 
 
-def response_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float, chunk: int,
+def response_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      resp_pos: torch.Tensor, targets: torch.Tensor, temperature: float, chunk: int,
                       with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(y_t | x, y_<t) of every response token, [B, R] (and the entropy at each)."""
-    hidden, head = _hidden_and_head(model, mb.input_ids, mb.attention_mask)
+    hidden, head = _hidden_and_head(model, input_ids, attention_mask)
     softcap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
-    if hidden is None:  # no separable head: full logits
-        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits
-        h_all = logits  # treat logits as "hidden" with an identity head
-        head = torch.nn.Identity()
-        softcap = None
-        hidden = h_all
+    if hidden is None:  # no separable head: full logits, identity "head"
+        hidden = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+        head, softcap = torch.nn.Identity(), None
     H = hidden.shape[-1]
-    h = hidden.gather(1, mb.resp_pos.unsqueeze(-1).expand(-1, -1, H))  # [B, R, H]
+    h = hidden.gather(1, resp_pos.unsqueeze(-1).expand(-1, -1, H))  # [B, R, H]
     R = h.shape[1]
     lps, ents = [], []
     for s in range(0, R, chunk):
-        hc, tc = h[:, s:s + chunk], mb.targets[:, s:s + chunk]
+        hc, tc = h[:, s:s + chunk], targets[:, s:s + chunk]
         if torch.is_grad_enabled() and R > chunk:
             lp, ent = checkpoint(_chunk_logprobs, head, softcap, temperature, with_entropy, hc, tc,
                                  use_reentrant=False)
@@ -210,8 +215,24 @@ def response_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float
         lps.append(lp)
         if ent is not None:
             ents.append(ent)
-    lp = torch.cat(lps, dim=1)
-    return lp, (torch.cat(ents, dim=1) if with_entropy else None)
+    return torch.cat(lps, dim=1), (torch.cat(ents, dim=1) if with_entropy else None)
+
+
+class PolicyHead(torch.nn.Module):
+    """The causal LM `lm` with a forward that returns response-token log-probs.
+
+    The policy is wrapped (rather than its submodules called from outside) so that one
+    `forward` of the training engine covers the whole computation: DeepSpeed (ZeRO-3 in
+    particular) keeps per-micro-step state in its forward, which gradient accumulation needs."""
+
+    def __init__(self, lm: torch.nn.Module):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids, attention_mask, resp_pos, targets, temperature: float, chunk: int,
+                with_entropy: bool = False):
+        return response_logprobs(self.lm, input_ids, attention_mask, resp_pos, targets, temperature, chunk,
+                                 with_entropy)
 
 
 # -- the update ----------------------------------------------------------------------------------
@@ -234,6 +255,7 @@ class Learner:
         if not samples:
             raise ValueError("empty training batch")
         model = be.module
+        ref_head = PolicyHead(self.ref_model) if self.ref_model is not None else None
         lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
         updates = []
         for members in self._split_updates(len(samples), version):
@@ -244,22 +266,23 @@ class Learner:
         t0 = time.perf_counter()
         model.eval()
         old: dict[int, torch.Tensor] = {}
-        ref: dict[int, torch.Tensor] = {}
+        ref_lps: dict[int, torch.Tensor] = {}
         stats = MismatchStats()
         with torch.no_grad():
             for _, mbs in updates:
                 for mb_idx in mbs:
                     mb = collate([samples[i] for i in mb_idx], version, cfg.pad_id, be.device)
-                    lp, ent = response_logprobs(model, mb, cfg.temperature, cfg.logit_chunk, with_entropy=True)
-                    if self.ref_model is not None:
-                        rlp, _ = response_logprobs(self.ref_model, mb, cfg.temperature, cfg.logit_chunk)
+                    lp, ent = be.forward(mb, cfg.temperature, cfg.logit_chunk, True)
+                    if ref_head is not None:
+                        rlp, _ = ref_head(mb.input_ids, mb.attention_mask, mb.resp_pos, mb.targets, cfg.temperature,
+                                     cfg.logit_chunk)
                     if mb.dummy:
                         continue
                     stats.add(lp, mb.infer_logp, mb.mask, cfg.loss, entropy=ent, stale=mb.stale)
                     for b, i in enumerate(mb_idx):
                         old[i] = lp[b]
                         if self.ref_model is not None:
-                            ref[i] = rlp[b]
+                            ref_lps[i] = rlp[b]
         t_old = time.perf_counter() - t0
 
         # the update(s)
@@ -271,12 +294,12 @@ class Learner:
             for n_seqs, mbs in updates:
                 for j, mb_idx in enumerate(mbs):
                     mb = collate([samples[i] for i in mb_idx], version, cfg.pad_id, be.device)
-                    lp, _ = response_logprobs(model, mb, cfg.temperature, cfg.logit_chunk)
+                    lp, _ = be.forward(mb, cfg.temperature, cfg.logit_chunk, False)
                     if mb.dummy:
                         loss = lp.sum() * 0.0
                     else:
                         old_lp = _stack([old[i] for i in mb_idx], lp.shape)
-                        ref_lp = _stack([ref[i] for i in mb_idx], lp.shape) if ref else None
+                        ref_lp = _stack([ref_lps[i] for i in mb_idx], lp.shape) if ref_lps else None
                         out = policy_loss(lp, old_lp, mb.infer_logp, mb.advantages, mb.mask, cfg.loss,
                                           num_sequences=n_seqs, ref_logp=ref_lp)
                         loss = out.loss

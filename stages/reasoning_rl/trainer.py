@@ -93,13 +93,26 @@ class DeepSpeedBackend:
         self.engine, self.module, self.device, self.dist = engine, engine.module, device, dist
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
 
+    def forward(self, mb, temperature: float, chunk: int, with_entropy: bool):
+        # through the engine's forward: ZeRO-3 counts micro-steps there (gradient accumulation)
+        return self.engine(mb.input_ids, mb.attention_mask, mb.resp_pos, mb.targets, temperature, chunk,
+                           with_entropy)
+
     def backward(self, loss, boundary: bool) -> None:
         self.engine.set_gradient_accumulation_boundary(boundary)
         self.engine.backward(loss)
 
     def step(self) -> float:
+        import torch
+
         self.engine.set_gradient_accumulation_boundary(True)
+        manual = None
+        if not self.engine.zero_optimization():  # DS keeps no norm for plain fp32 data parallel
+            grads = [p.grad.detach().float().norm() for p in self.module.parameters() if p.grad is not None]
+            manual = float(torch.stack(grads).norm()) if grads else 0.0
         self.engine.step()
+        if manual is not None:
+            return manual
         norm = self.engine.get_global_grad_norm()
         return float(norm) if norm is not None else math.nan
 
@@ -113,7 +126,7 @@ def push_weights(ds_engine, rollout_engine, rank: int, zero3: bool) -> float:
     """Policy weights -> rollout engine (rank 0). Under ZeRO-3 all ranks join each gather."""
     import deepspeed
 
-    module = ds_engine.module
+    module = ds_engine.module.lm  # the Hugging Face model inside learner.PolicyHead
     t0 = time.perf_counter()
 
     def named():
@@ -211,8 +224,11 @@ def load_policy(model_dir, dtype):
 
 
 def save_hf(ds_engine, tokenizer, out: Path, rank: int, zero3: bool, grad_ckpt: bool) -> None:
-    module = ds_engine.module
-    state = ds_engine._zero3_consolidated_16bit_state_dict() if zero3 else None
+    module = ds_engine.module.lm
+    state = None
+    if zero3:  # gathered onto rank 0; keys carry PolicyHead's "lm." prefix
+        full = ds_engine._zero3_consolidated_16bit_state_dict()
+        state = {k.removeprefix("lm."): v for k, v in full.items()} if rank == 0 else None
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         if grad_ckpt:
@@ -287,7 +303,7 @@ def main(job: StageJob) -> None:
     from stages.reasoning_rl.c3po import PromptSampler, SchedulerConfig, make_scheduler
     from stages.reasoning_rl.engines.base import SamplingParams
     from stages.reasoning_rl.icepop import LossConfig
-    from stages.reasoning_rl.learner import Learner, LearnerConfig, freeze_parameters
+    from stages.reasoning_rl.learner import Learner, LearnerConfig, PolicyHead, freeze_parameters
 
     use_cuda = torch.cuda.is_available()
     if cfg.precision == "bf16" and not use_cuda:
@@ -319,7 +335,8 @@ def main(job: StageJob) -> None:
         model.gradient_checkpointing_enable()
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, betas=tuple(cfg.adam_betas), weight_decay=cfg.weight_decay)
-    ds_engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config(cfg, bf16))
+    ds_engine, _, _, _ = deepspeed.initialize(model=PolicyHead(model), optimizer=optimizer,
+                                              config=ds_config(cfg, bf16))
     ref_model = None
     if cfg.kl_coef > 0:
         ref_model = load_policy(model_dir, torch.bfloat16 if bf16 else torch.float32).to(device).eval()
@@ -383,8 +400,9 @@ def main(job: StageJob) -> None:
                        "resumed_waiting_rollouts": len(scheduler.waiting)}
         start = latest
         sync_s = push_weights(ds_engine, rollout_engine, rank, zero3)
-        info(f"reasoning_rl: resumed from step {latest} with {resumed.get('resumed_pool_rollouts')} unfinished "
-             f"rollouts in the pool (weights pushed to the engine in {sync_s:.2f}s)")
+        if rank == 0:
+            info(f"reasoning_rl: resumed from step {latest} with {resumed['resumed_pool_rollouts']} unfinished "
+                 f"rollouts in the pool (weights pushed to the engine in {sync_s:.2f}s)")
     if rank == 0:
         info(f"reasoning_rl: {len(data[0])} prompts ({data[2]} skipped as too long), domains "
              f"{ {d: len(v) for d, v in data[3].items()} }, scheduler {cfg.scheduler}, correction "

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from stages.reasoning_rl.icepop import LossConfig
-from stages.reasoning_rl.learner import (Learner, LearnerConfig, TorchBackend, collate, plan_micro_batches,
-                                         response_logprobs)
+from stages.reasoning_rl.learner import (Learner, LearnerConfig, PolicyHead, TorchBackend, collate,
+                                         plan_micro_batches)
 
 
 def tiny_lm(seed=0, vocab=64):
@@ -53,13 +53,14 @@ def test_response_logprobs_match_a_plain_forward(chunk):
     model = tiny_lm()
     samples = batch_samples()
     mb = collate(samples, version=0, pad_id=0, device=torch.device("cpu"))
-    lp, ent = response_logprobs(model, mb, temperature=0.7, chunk=chunk, with_entropy=True)
+    head = PolicyHead(model)
+    lp, ent = head(mb.input_ids, mb.attention_mask, mb.resp_pos, mb.targets, 0.7, chunk, True)
     for b, s in enumerate(samples):
         ref = naive_logprobs(model, s, 0.7)
         torch.testing.assert_close(lp[b, :len(s.response_ids)], ref, rtol=1e-4, atol=1e-5)
     assert torch.all(ent[mb.mask] > 0)
     # gradients through the chunked (checkpointed) path equal the plain path's
-    lp_g, _ = response_logprobs(model, mb, 0.7, chunk)
+    lp_g, _ = head(mb.input_ids, mb.attention_mask, mb.resp_pos, mb.targets, 0.7, chunk)
     (lp_g * mb.mask).sum().backward()
     g_chunk = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
