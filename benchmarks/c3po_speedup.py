@@ -25,8 +25,8 @@ Fairness of the comparison (what is held equal, and why):
 
 Reported per mode (means over the timed steps): rollout-phase seconds per step (engine
 calls only), end-to-end seconds per step (rollout + update + weight sync), generated
-tokens/s, engine idle fraction (decode slots left empty: 1 - tokens / (decode steps x
-max_batch), from the engine's counters, prefills excluded; and the time share of the step
+tokens/s, engine idle fraction (decode slots left empty: 1 - decode tokens / (decode steps
+x max_batch), from the engine's counters via the scheduler; and the time share of the step
 the engine is not generating),
 trained tokens per step, reward; the speedups sync / C3PO++. Then IcePop's overhead: the
 learner step (theta_old pass + update) and the bare loss (forward + backward of
@@ -134,33 +134,8 @@ def build_model_dir(a, root: Path) -> Path:
     return path
 
 
-class MeteredEngine:
-    """Sums the torch engine's per-call counters over calls: decode steps, and the tokens those
-    steps produced (new tokens minus the one each prefilled request gets from its prefill)."""
-
-    def __init__(self, engine):
-        self.engine = engine
-        self.reset()
-
-    def reset(self):
-        self.stats = {"decode_steps": 0.0, "decode_tokens": 0.0, "calls": 0.0, "seconds": 0.0}
-
-    def generate(self, requests, sampling, finished_token_budget=None):
-        t0 = time.perf_counter()
-        out = self.engine.generate(requests, sampling, finished_token_budget)
-        self.stats["seconds"] += time.perf_counter() - t0
-        self.stats["calls"] += 1
-        st = getattr(self.engine, "last_stats", {}) or {}
-        self.stats["decode_steps"] += float(st.get("decode_steps", 0.0))
-        self.stats["decode_tokens"] += float(st.get("new_tokens", 0.0)) - sum(1 for u in out if u.token_ids)
-        return out
-
-    def update_weights(self, named):
-        self.engine.update_weights(named)
-
-
 # -- one mode --------------------------------------------------------------------------------------
-def run_mode(mode: str, a, engine: MeteredEngine, init_state, policy, device, rows, prompt_ids, phi, sigma):
+def run_mode(mode: str, a, engine, init_state, policy, device, rows, prompt_ids, phi, sigma):
     policy.load_state_dict(init_state)
     engine.update_weights(policy.named_parameters())
     opt = torch.optim.AdamW(policy.parameters(), lr=a.lr, betas=(0.9, 0.999), weight_decay=0.01)
@@ -178,7 +153,6 @@ def run_mode(mode: str, a, engine: MeteredEngine, init_state, policy, device, ro
                 else torch.autocast("cpu", enabled=False))
     steps = []
     for step in range(a.warmup + a.steps):
-        engine.reset()
         sync_dev(device)
         t0 = time.perf_counter()
         batch = sched.next_batch(step)
@@ -192,14 +166,12 @@ def run_mode(mode: str, a, engine: MeteredEngine, init_state, policy, device, ro
         t_sync = time.perf_counter() - t1
         t_e2e = time.perf_counter() - t0
         gen = batch.stats["generated_tokens"]
-        es = engine.stats
         rec = {
             "step": step, "timed": step >= a.warmup,
             "rollout_s": batch.stats["rollout_seconds"], "rollout_phase_s": t_roll_phase, "e2e_s": t_e2e,
             "update_s": stats["old_logprob_seconds"] + stats["update_seconds"], "sync_s": t_sync,
             "generated_tokens": gen, "tokens_per_s": gen / batch.stats["rollout_seconds"],
-            "slot_idle_fraction": (1 - es["decode_tokens"] / (es["decode_steps"] * a.max_batch)
-                                   if es["decode_steps"] else 1 - batch.stats["slot_utilization"]),
+            "slot_idle_fraction": 1 - batch.stats["slot_utilization"],
             "engine_time_idle_fraction": 1 - batch.stats["rollout_seconds"] / t_e2e,
             "train_rollouts": batch.stats["train_rollouts"], "train_tokens": batch.stats["train_tokens"],
             "reward": statistics.fmean(s.reward for s in batch.samples),
@@ -300,8 +272,8 @@ def main() -> None:
     e_len = expected_length(a)
     phi = a.budget or int(a.prompts * a.group * e_len)
     sigma = a.retention if a.retention is not None else int(math.ceil(a.max_len / e_len)) + 1
-    engine = MeteredEngine(ENGINES[a.engine](str(model_dir), device=str(device), dtype="auto", max_batch=a.max_batch,
-                                             max_len=a.max_len + a.prompt_len[1], seed=a.seed, eos_token_ids=[]))
+    engine = ENGINES[a.engine](str(model_dir), device=str(device), dtype="auto", max_batch=a.max_batch,
+                               max_len=a.max_len + a.prompt_len[1], seed=a.seed, eos_token_ids=[])
     print(f"model {sum(p.numel() for p in policy.parameters()) / 1e6:.1f}M params on {device}; lengths: median "
           f"{a.median_len}, sigma {a.len_sigma}, cap {a.max_len}, E[len] {e_len:.0f}; sync batch "
           f"{a.prompts}x{a.group}; max_batch {a.max_batch}; C3PO++ Omega {int(a.pool_factor * a.max_batch)} "

@@ -314,9 +314,17 @@ class _Scheduler:
                 if g is not None:
                     resolved.append(g)
         st["generated_tokens"] += new_tokens
-        # decode slots: a batched decoder runs `longest` iterations over len(requests) slots
-        st["slot_tokens"] += new_tokens
-        st["slot_capacity"] += longest * len(requests)
+        # decode-slot use: from the engine's own counters when it has them (torch engine:
+        # tokens of decode steps / (decode steps x max_batch); each request's first token comes
+        # from its prefill); else a lockstep decoder's `longest` iterations over all requests
+        counters = getattr(self.engine, "last_stats", None) or {}
+        slots = getattr(self.engine, "max_batch", None)
+        if "decode_steps" in counters and "new_tokens" in counters and slots:
+            st["slot_tokens"] += counters["new_tokens"] - sum(1 for u in updates if u.token_ids)
+            st["slot_capacity"] += counters["decode_steps"] * slots
+        else:
+            st["slot_tokens"] += new_tokens
+            st["slot_capacity"] += longest * len(requests)
         if new_tokens == 0 and not resolved and not any(u.finished for u in updates):
             raise RuntimeError("the rollout engine made no progress (no token, no finished rollout)")
         return resolved, finished_tokens
