@@ -86,6 +86,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--budget", type=int, default=None, help="Phi (default: prompts x group x E[len])")
     p.add_argument("--modes", default="sync,c3po")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
     p.add_argument("--out", default=None, help="write the full results as JSON here")
     a = p.parse_args()
     for k, v in PRESETS[a.preset].items():
@@ -256,6 +257,8 @@ def icepop_overhead(a, policy, device, samples, reps: int) -> dict:
 
 def main() -> None:
     a = parse()
+    if a.threads:
+        torch.set_num_threads(a.threads)
     device = torch.device(a.device)
     torch.manual_seed(a.seed)
     tmp = tempfile.TemporaryDirectory()
