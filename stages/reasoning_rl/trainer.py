@@ -148,6 +148,7 @@ def push_weights(ds_engine, rollout_engine, rank: int, zero3: bool) -> float:
 
 # -- setup pieces ----------------------------------------------------------------------------------
 def load_data(job: StageJob, cfg: ReasoningRLConfig, tokenizer):
+    from pipeline.artifacts import ArtifactError
     from stages.reasoning_rl.data import RLDataError, load_rows, render_prompts, rows_by_domain
     from verifiers import VERIFIERS
 
@@ -155,8 +156,8 @@ def load_data(job: StageJob, cfg: ReasoningRLConfig, tokenizer):
         sources = [(src, job.fetch(src)) for src in cfg.data_list]
         rows = load_rows(sources)
         rows, prompt_ids, skipped = render_prompts(rows, tokenizer, cfg.prompt_max_len)
-    except RLDataError as e:
-        raise RLStageError(str(e)) from e
+    except (RLDataError, ArtifactError) as e:
+        raise RLStageError(f"RL data: {e}") from e
     if not rows:
         raise RLStageError(f"every RL prompt is longer than prompt_max_len={cfg.prompt_max_len} tokens")
     domains = rows_by_domain(rows)
@@ -409,11 +410,11 @@ def main(job: StageJob) -> None:
              f"{cfg.correction}, world {world}, frozen {len(frozen)} params, steps {start}..{cfg.steps}")
 
     def save_checkpoint(step: int) -> None:
-        local = work / "checkpoint" / f"step-{step:08d}"
-        if local_rank == 0 and local.exists():
-            import shutil
+        import shutil
 
-            shutil.rmtree(local)
+        local = work / "checkpoint" / f"step-{step:08d}"
+        if local_rank == 0:  # leftovers of a killed run must not mix into this checkpoint
+            shutil.rmtree(local, ignore_errors=True)
         dist.barrier()
         ds_engine.save_checkpoint(str(local / "ds"), tag="state")
         if rank == 0:
@@ -423,6 +424,8 @@ def main(job: StageJob) -> None:
         if rank == 0:
             store.save(local, step)
         dist.barrier()
+        if local_rank == 0:  # the store has it now; local copies would pile up
+            shutil.rmtree(local, ignore_errors=True)
 
     # -- the loop -----------------------------------------------------------------------------------
     for step in range(start, cfg.steps):
@@ -472,13 +475,26 @@ def main(job: StageJob) -> None:
 
 
 def entry(argv: list[str] | None = None) -> int:
+    from pipeline.artifacts import ArtifactError
+
     job = StageJob.from_argv(argv)
     try:
         main(job)
-    except RLStageError as e:
+    except (RLStageError, ArtifactError) as e:
         print(f"reasoning_rl: error: {e}", file=sys.stderr, flush=True)
+        _shutdown_distributed()  # every rank got the same error; leave the group cleanly
         return 2
     return 0
+
+
+def _shutdown_distributed() -> None:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - best effort on the way out
+        pass
 
 
 if __name__ == "__main__":

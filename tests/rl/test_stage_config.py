@@ -123,3 +123,30 @@ def test_router_bias_is_held_fixed():
             assert torch.equal(p, before[n]) and p.grad is None
         else:
             assert not torch.equal(p, before[n])
+
+
+def test_load_data_names_unknown_domains_and_weights(tmp_path):
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from stages.reasoning_rl.trainer import RLStageError, load_data
+
+    class Tok:
+        chat_template = "x"
+
+        def apply_chat_template(self, msgs, add_generation_prompt, tokenize):
+            return [1, 2, 3]
+
+    f = tmp_path / "rl.jsonl"
+    f.write_text(json.dumps({"domain": "math", "prompt": "p", "reference": "1"}) + "\n"
+                 + json.dumps({"domain": "poetry", "prompt": "p", "reference": "1"}) + "\n")
+    job = SimpleNamespace(fetch=lambda u: Path(u))
+    cfg = ReasoningRLConfig.model_validate({**MIN, "data": str(f)})
+    with pytest.raises(RLStageError, match=rf"no registered verifier: {{'poetry': '{f}:2'}}"):
+        load_data(job, cfg, Tok())
+    f.write_text(json.dumps({"domain": "math", "prompt": "p", "reference": "1"}) + "\n")
+    rows, ids, skipped, domains = load_data(job, cfg, Tok())
+    assert len(rows) == 1 and ids == [[1, 2, 3]] and skipped == 0 and domains == {"math": [0]}
+    cfg = ReasoningRLConfig.model_validate({**MIN, "data": str(f), "domain_weights": {"math": 1, "code": 1}})
+    with pytest.raises(RLStageError, match=r"absent from the RL data: \['code'\]"):
+        load_data(job, cfg, Tok())
