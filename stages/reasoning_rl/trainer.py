@@ -17,8 +17,9 @@ generates; a rollout carried over keeps the versions of its earlier tokens (c3po
 
 Checkpoints (every `checkpoint_every` steps and at the end, through CheckpointStore): the
 DeepSpeed state (module, optimizer) + `scheduler.json.gz` (inference pool, training pool,
-open groups, sampler position, counters, metric history). A restarted job resumes from the
-latest one with the same unfinished rollouts.
+open groups, sampler position, counters, metric history). Every node's local rank 0 uploads
+its ranks' files, rank 0 marks the step complete; on restart every node's local rank 0
+restores the latest complete step and the job resumes with the same unfinished rollouts.
 
 Outputs (rank 0, job.output_dir): the final policy as a Hugging Face dir + tokenizer,
 `metrics.jsonl` (one line per step), `stage_summary.json`. Metrics per step and a few
@@ -420,9 +421,14 @@ def main(job: StageJob) -> None:
         if rank == 0:
             with gzip.open(local / "scheduler.json.gz", "wt") as f:
                 json.dump({"scheduler": scheduler.state_dict(), "history": history, "step": step}, f)
+        if rank == 0:
+            store.clear(step)  # a stale, never completed upload of this step
+        dist.barrier()
+        if local_rank == 0:  # each node uploads its own ranks' files (one node: all of them)
+            store.upload(local, step)
         dist.barrier()
         if rank == 0:
-            store.save(local, step)
+            store.mark_complete(step)
         dist.barrier()
         if local_rank == 0:  # the store has it now; local copies would pile up
             shutil.rmtree(local, ignore_errors=True)
