@@ -138,6 +138,77 @@ def serve(recipe: Path = RecipeArg, set_: list[str] = SetOpt) -> None:
 
 
 @app.command()
+def curate(target: list[str] = typer.Argument(..., help="a recipe YAML, or data files/URLs to curate"),
+           out: Optional[str] = typer.Option(None, "--out", help="output URL (data mode)"),
+           config: Optional[str] = typer.Option(None, "--config", help="curation config YAML (data mode)"),
+           only: list[str] = typer.Option([], "--only", help="rerun from this step on, reusing cached "
+                                          "earlier steps (repeatable)"),
+           benchmarks: Optional[str] = typer.Option(None, "--benchmarks", help="benchmark list YAML/URL "
+                                                    "replacing the decontamination list"),
+           stage: Optional[str] = typer.Option(None, "--stage", help="which curate stage (recipe mode)"),
+           set_: list[str] = SetOpt) -> None:
+    """Curate data: a recipe's `curate` stage alone (e.g. decontamination against a new
+    benchmark list), or files without a recipe (`--out` required)."""
+    from data_curation._base import CurationError
+
+    if benchmarks and "://" not in benchmarks:
+        benchmarks = str(Path(benchmarks).resolve())
+    is_recipe = len(target) == 1 and target[0].endswith((".yaml", ".yml"))
+    try:
+        if is_recipe:
+            result = _curate_recipe_stage(Path(target[0]), set_, stage, only, benchmarks)
+            typer.echo(f"{result.stage}: {result.status} -> {result.url}")
+            if result.summary:
+                typer.echo(json.dumps(result.summary, indent=2))
+            return
+        if not out:
+            _fail("curate: --out URL is required when curating data files (or give a recipe .yaml)", 2)
+        from data_curation.cli import curate_standalone
+
+        report = curate_standalone(target, out, config, only or None, benchmarks)
+        typer.echo(json.dumps(report.get("counts", report), indent=2, default=str))
+    except CurationError as e:
+        _fail(f"curate: {e}", 2)
+
+
+def _curate_recipe_stage(recipe: Path, overrides: list[str], stage: str | None, only: list[str],
+                         benchmarks: str | None):
+    """Run one `curate` stage of a recipe with `--only` / `--benchmarks` applied. The stage
+    hash follows the (possibly new) benchmark list, so the result is the artifact a recipe
+    with that list would use; earlier steps come from the stage's step cache."""
+    from pipeline.artifacts import ArtifactError
+    from pipeline.execute import StageTarget, execute
+    from pipeline.launch import StageFailed
+    from pipeline.plan import resolve_references, stage_hash
+    from pipeline.tracking import PipelineTracker
+    from stages.curate.config import CurateConfig, rerun_config
+
+    r = _load(recipe, overrides)
+    p = _plan(r)
+    candidates = [s for s in p.stages if s.kind.name == "curate" and (stage is None or s.name == stage)]
+    if len(candidates) != 1:
+        names = [s.name for s in p.stages if s.kind.name == "curate"]
+        _fail(f"curate: recipe {r.name} has curate stages {names or 'none'}; "
+              + ("name one with --stage" if names else "add a `kind: curate` stage"), 2)
+    s = candidates[0]
+    cfg = CurateConfig.model_validate(rerun_config(s.config.model_dump(mode="json"), only or None, benchmarks))
+    h = stage_hash(s.kind, cfg, {d: p[d].hash for d in s.deps})
+    target = StageTarget(r.name, s.name, s.kind,
+                         resolve_references(cfg.model_dump(mode="json"), {d: p[d].url for d in s.deps}),
+                         h, p.store.stage_url(s.name, h), {d: (p[d].url, p[d].hash) for d in s.deps},
+                         s.resources, s.launcher, r.defaults.seed)
+    tracker = PipelineTracker(r.tracking.uri, r.tracking.experiment or r.name, r.name,
+                              {"command": "curate", "stage": s.name, "only": only, "benchmarks": benchmarks})
+    try:
+        result = execute(target, p.store, Path(r.defaults.work_dir), tracker)
+    except (StageFailed, ArtifactError) as e:
+        tracker.end("FAILED")
+        _fail(str(e), 1)
+    tracker.end("FINISHED")
+    return result
+
+
+@app.command()
 def verify(data: Path = typer.Argument(..., help="task rows (jsonl: domain, prompt, reference, id)"),
            responses: Path = typer.Argument(..., help="responses (jsonl: id, response)"),
            out: Optional[Path] = typer.Option(None, "--out", help="per-row rewards (jsonl)"),
