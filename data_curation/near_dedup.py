@@ -155,6 +155,7 @@ class NearDedup(StepRunner):
         def pos_of(k: int) -> tuple[int, int]:
             p = int(np.searchsorted(bases, k, side="right")) - 1
             return p, int(part_has[p][k - bases[p]])
+
         pairs: list[tuple[int, int, float]] = []   # (later key, earlier key, estimate)
         n_candidates = n_prescreened = 0
         min_est = cfg.threshold - cfg.prescreen_margin if cfg.verify == "exact" else cfg.threshold
@@ -230,12 +231,12 @@ class NearDedup(StepRunner):
             if j >= cfg.threshold:
                 n_edges += 1
                 uf.union(a, b)
-                if a not in best or j > best[a][0]:
-                    best[a] = (j, b)
+                for x, y in ((a, b), (b, a)):   # each member's best verified match
+                    if x not in best or j > best[x][0]:
+                        best[x] = (j, y)
         members: dict[int, list[int]] = {}
         for k in list(uf.parent):
             members.setdefault(uf.find(k), []).append(k)
-
 
         decisions = []
         for p, rows in enumerate(part_rows):

@@ -111,6 +111,7 @@ def test_clusters_keep_exactly_one_member(ctx):
     keep, details, stats = resolve(NearDedupConfig(), rows, ctx)
     assert keep.tolist() == [True, False, True, False, False, False]
     assert {d["kept_row"] for d in details if d} == {0}
+    assert all(d["jaccard"] >= 0.8 and "matched_row" in d for d in details if d)
     assert stats["clusters"] == 1
 
 
