@@ -64,7 +64,7 @@ def _task_read(i: int) -> dict[str, Any]:
     st = _STATE
     task: io.ReadTask = st["read_tasks"][i]
     parts, quarantine_reasons = [], {}
-    n_rows = n_bad = blank = 0
+    n_rows = n_bad = 0
     row_sum, row_xor = np.uint64(0), np.uint64(0)
     k = 0
     for b in io.iter_read(task, st["fields"], st["storage_options"], st["batch_size"]):

@@ -247,7 +247,6 @@ def _line_ranges(i: int, s: Source, local: str, target: int) -> list[ReadTask]:
 class ReadBatch:
     rows: dict[str, list]         # ROW_COLUMNS
     quarantine: dict[str, list]   # _row, _src, _line, _reason, _rawtext
-    blank_lines: int = 0
 
 
 def _empty_batch() -> ReadBatch:
