@@ -46,5 +46,5 @@ class SyntheticDataConfig(StageConfig):
 
 KIND = register(StageKind(
     name="synthetic_data", config=SyntheticDataConfig, entry="stages.synthetic_data.generate",
-    sources=("stages.synthetic_data",), distributed=False,
+    sources=("stages.synthetic_data", "stages.general_rl.prompts", "verifiers"), distributed=False,
     description="synthetic Long-CoT / RL / preference data generated locally"))

@@ -279,3 +279,7 @@ register("countdown", "Countdown / 24-game puzzles (verifiers.logic.countdown.ge
          target="verifiers.logic.countdown:generate")(None)
 register("math_verifiable", "verifiable arithmetic RL prompts (verifiers.math_gen.generate_arithmetic)",
          target="verifiers.math_gen:generate_arithmetic")(None)
+register("general_prompts", "open chat prompts (Magpie-style), judged by the reward model",
+         target="stages.general_rl.prompts:general_prompts")(None)
+register("ifeval_prompts", "instruction-following prompts with checkable constraints",
+         target="stages.general_rl.prompts:ifeval_prompts")(None)

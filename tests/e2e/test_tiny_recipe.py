@@ -1,0 +1,118 @@
+"""The README's main job: `ring-pipeline run recipes/tiny.yaml`, the whole paper pipeline on
+CPU with 2 ranks, then a second run that skips everything, then decontamination alone
+against a new benchmark list."""
+from __future__ import annotations
+
+import glob
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+STAGES = ["data", "curate", "base", "sft", "reasoning_rl", "reward_model", "general_rl"]
+
+
+def _cli(*args, tmp_path, timeout=900):
+    overrides = ["--set", f"storage.url=file://{tmp_path}/store",
+                 "--set", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+                 "--set", f"defaults.work_dir={tmp_path}/work"]
+    out = subprocess.run([sys.executable, "-m", "pipeline.cli", *args, *overrides], cwd=REPO,
+                         capture_output=True, text=True, timeout=timeout)
+    return out.returncode, out.stdout + out.stderr
+
+
+def _manifest(tmp_path, stage):
+    (path,) = glob.glob(f"{tmp_path}/store/tiny/{stage}-*/manifest.json")
+    return json.loads(open(path).read())
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("tiny")
+    rc, out = _cli("run", "recipes/tiny.yaml", tmp_path=tmp_path)
+    assert rc == 0, out[-6000:]
+    return tmp_path, out
+
+
+def test_whole_recipe_runs_and_each_stage_does_its_job(tiny_run):
+    tmp_path, out = tiny_run
+    for stage in STAGES:
+        assert f"{stage}: ran" in out, out[-3000:]
+        assert "[sft] " in out  # stage output streamed with its name
+    sft = _manifest(tmp_path, "sft")["summary"]
+    assert sft["world_size"] == 2 and sft["steps"] == 100
+    assert sft["final_loss"] < sft["first_loss"] - 2.0  # the tiny model learns the task
+    curate = _manifest(tmp_path, "curate")["summary"]
+    assert curate["kept"] + curate["removed"] + curate["quarantined"] == curate["input_rows"]
+    rl = _manifest(tmp_path, "reasoning_rl")["summary"]
+    assert rl["steps"] == 6 and rl["carried_over_finished"] >= 1  # C3PO++ carried rollouts over
+    rm = _manifest(tmp_path, "reward_model")["summary"]
+    assert rm["eval_accuracy"] > rm["eval_accuracy_initial"]
+    grl = _manifest(tmp_path, "general_rl")
+    assert set(grl["summary"]["reasoning_eval"]) >= {"accuracy_before", "accuracy_after", "delta"}
+    assert grl["upstream"].keys() == {"reasoning_rl", "data", "reward_model"}
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_dir = glob.glob(f"{tmp_path}/store/tiny/general_rl-*")[0]
+    AutoModelForCausalLM.from_pretrained(model_dir)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    assert "<|im_start|>assistant" in tok.apply_chat_template(
+        [{"role": "user", "content": "1+1?"}], tokenize=False, add_generation_prompt=True)
+
+
+def test_tracking_has_a_parent_run_and_a_nested_run_per_stage(tiny_run):
+    from mlflow.tracking import MlflowClient
+
+    tmp_path, _ = tiny_run
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    (exp,) = [e for e in client.search_experiments() if e.name == "tiny"]
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if r.data.tags.get("ring.kind") == "pipeline"]
+    assert len(parents) == 1
+    stage_runs = {r.data.tags["ring.stage"]: r for r in runs
+                  if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id}
+    assert set(stage_runs) == set(STAGES)
+    assert all(r.info.status == "FINISHED" for r in stage_runs.values())
+    sft = stage_runs["sft"]
+    assert sft.data.params["lr"] == "0.005"
+    losses = client.get_metric_history(sft.info.run_id, "loss")
+    assert [m.step for m in losses] == list(range(1, 101))
+    assert "stage.log" in {a.path for a in client.list_artifacts(sft.info.run_id)}
+
+
+def test_second_run_skips_every_stage_and_status_says_done(tiny_run):
+    tmp_path, _ = tiny_run
+    rc, out = _cli("run", "recipes/tiny.yaml", tmp_path=tmp_path)
+    assert rc == 0, out[-3000:]
+    for stage in STAGES:
+        assert f"{stage}: skipped" in out
+    rc, out = _cli("status", "recipes/tiny.yaml", tmp_path=tmp_path)
+    assert rc == 0
+    assert sum(1 for line in out.splitlines() if " done " in line) == len(STAGES), out
+
+
+def test_decontamination_alone_against_a_new_benchmark_list(tiny_run, tmp_path):
+    store, _ = tiny_run
+    curated = glob.glob(f"{store}/store/tiny/curate-*/curated.jsonl")[0]
+    leaked = json.loads(open(curated).readline())["messages"][0]["content"]
+    bench = tmp_path / "new_bench.jsonl"
+    bench.write_text(json.dumps({"question": leaked}) + "\n")
+    blist = tmp_path / "benchmarks.yaml"
+    blist.write_text(f"- {{name: leaked, path: {bench}, fields: [question]}}\n")
+    rc, out = _cli("curate", "recipes/tiny.yaml", "--only", "decontaminate", "--benchmarks", str(blist),
+                   tmp_path=store)
+    assert rc == 0, out[-3000:]
+    dirs = sorted(glob.glob(f"{store}/store/tiny/curate-*"))
+    assert len(dirs) == 2  # a new artifact for the new list; the recipe's own one is untouched
+    new = next(d for d in dirs if json.load(open(f"{d}/manifest.json"))["config"]["only"])
+    summary = json.load(open(f"{new}/manifest.json"))["summary"]
+    reused = {s["step"]: s["reused"] for s in summary["steps"]}
+    assert reused["quality"] and reused["exact_dedup"] and reused["near_dedup"]
+    assert not reused["decontaminate"]
+    assert summary["removed_by_step"]["decontaminate"] >= 1
