@@ -76,6 +76,21 @@ def test_bad_recipe_gives_located_error(tmp_path, case_id, edit, line, fragment)
     assert fragment in res.output, res.output
 
 
+def test_icepop_alpha_must_be_below_beta(tmp_path):
+    text = GOOD + """\
+  rl:
+    kind: reasoning_rl
+    model: ${stages.sft.output}
+    data: ${stages.data.output}/sft.jsonl
+    steps: 2
+    icepop_alpha: 5.0
+    icepop_beta: 0.5
+"""
+    res = _validate(_write(tmp_path, text))
+    assert res.exit_code == 2
+    assert "r.yaml:17: stages.rl:" in res.output and "icepop_alpha" in res.output, res.output
+
+
 def test_cycle_is_rejected(tmp_path):
     text = GOOD.replace("tokenizer: {corpus: [\"${stages.data.output}/sft.jsonl\"]}",
                         "tokenizer: {corpus: [\"${stages.sft.output}/x.jsonl\"]}")
