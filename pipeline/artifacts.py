@@ -81,6 +81,23 @@ class ArtifactStore:
     def _path(self, url: str) -> str:
         return filesystem(url, self.storage_options)[1]
 
+    # small side files next to an artifact (e.g. the `_FAILED` note of `status`)
+    def write_note(self, stage_url: str, name: str, data: dict[str, Any]) -> None:
+        with self.fs.open(join(self._path(stage_url), name), "w") as f:
+            json.dump(data, f, default=str)
+
+    def read_note(self, stage_url: str, name: str) -> dict[str, Any] | None:
+        p = join(self._path(stage_url), name)
+        if not self.fs.exists(p):
+            return None
+        with self.fs.open(p, "r") as f:
+            return json.load(f)
+
+    def remove(self, stage_url: str, name: str) -> None:
+        p = join(self._path(stage_url), name)
+        if self.fs.exists(p):
+            self.fs.rm(p, recursive=True)
+
     def is_done(self, stage_url: str) -> bool:
         return self.fs.exists(join(self._path(stage_url), SUCCESS))
 

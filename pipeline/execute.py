@@ -80,9 +80,7 @@ def execute(target: StageTarget, store: ArtifactStore, work_root: Path,
     log_path.unlink(missing_ok=True)
     if force:  # a forced rerun starts fresh: no published output, no checkpoints to resume
         store.unpublish(target.url)
-        ckpts = join(store._path(target.url), CHECKPOINTS)
-        if store.fs.exists(ckpts):
-            store.fs.rm(ckpts, recursive=True)
+        store.remove(target.url, CHECKPOINTS)
 
     run_id = tracker.start_stage(target.name, target.kind.name, target.hash, target.config) if tracker else None
     job = StageJob(recipe=target.recipe, stage=target.name, kind=target.kind.name, hash=target.hash,
@@ -117,7 +115,7 @@ def execute(target: StageTarget, store: ArtifactStore, work_root: Path,
         "command": command, "summary": summary,
     }
     store.publish(output_dir, target.url, manifest)
-    _clear_failure(store, target.url)
+    store.remove(target.url, FAILED)
     if tracker and run_id:
         tracker.end_stage(run_id, "FINISHED", [log_path, *([summary_path] if summary else [])])
     return StageRun(target.name, "ran", target.url, target.hash, finished - started, run_id, summary)
@@ -126,29 +124,17 @@ def execute(target: StageTarget, store: ArtifactStore, work_root: Path,
 def _record_failure(store: ArtifactStore, target: StageTarget, error: BaseException,
                     log_path: Path, run_id: str | None) -> None:
     """A `_FAILED` note next to the stage's outputs, for `ring-pipeline status`."""
+    message = str(error) or traceback.format_exception_only(type(error), error)[-1]
     try:
-        note = {"time": time.time(), "error": str(error)[-4000:], "run_id": run_id,
-                "type": type(error).__name__}
-        if not str(error):
-            note["error"] = traceback.format_exception_only(type(error), error)[-1]
-        with store.fs.open(join(store._path(target.url), FAILED), "w") as f:
-            json.dump(note, f)
+        store.write_note(target.url, FAILED, {"time": time.time(), "error": message[-4000:],
+                                              "run_id": run_id, "type": type(error).__name__,
+                                              "log": str(log_path)})
     except Exception:  # the original error matters more than the note
         pass
 
 
-def _clear_failure(store: ArtifactStore, url: str) -> None:
-    p = join(store._path(url), FAILED)
-    if store.fs.exists(p):
-        store.fs.rm(p)
-
-
 def read_failure(store: ArtifactStore, url: str) -> dict | None:
-    p = join(store._path(url), FAILED)
-    if not store.fs.exists(p):
-        return None
-    with store.fs.open(p, "r") as f:
-        return json.load(f)
+    return store.read_note(url, FAILED)
 
 
 def run_stage(kind: str, config: dict[str, Any], *, stage: str, storage: str,

@@ -34,6 +34,16 @@ stages:
 """
 
 
+def _status(recipe) -> dict[str, str]:
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    res = CliRunner().invoke(app, ["status", str(recipe)])
+    assert res.exit_code == 0, res.output
+    return {line.split()[0]: line.split()[1] for line in res.output.splitlines() if line.strip()}
+
+
 def _wait_terminal(flow_run_id, timeout=180):
     from prefect.client.orchestration import get_client
 
@@ -76,6 +86,8 @@ def test_retry_of_failed_flow_run_reruns_only_unfinished(tmp_path, prefect_harne
         data_dir = next((tmp_path / "store" / "served").glob("data-*"))
         published_at = json.loads((data_dir / "manifest.json").read_text())["published_at"]
         assert not list((tmp_path / "store" / "served").glob("base-*/_SUCCESS"))
+        status = _status(recipe)
+        assert status["data"] == "done" and status["base"] == "failed", status
 
         # the user fixes the recipe, then presses "Retry" (same as `prefect flow-run retry`)
         recipe.write_text(textwrap.dedent(RECIPE.format(root=tmp_path, corpus="sft.jsonl")))
@@ -87,6 +99,7 @@ def test_retry_of_failed_flow_run_reruns_only_unfinished(tmp_path, prefect_harne
         assert list((tmp_path / "store" / "served").glob("base-*/_SUCCESS"))
         # `data` was finished before: the retry skipped it instead of publishing it again
         assert json.loads((data_dir / "manifest.json").read_text())["published_at"] == published_at
+        assert _status(recipe) == {"data": "done", "base": "done"}
     finally:
         os.killpg(serve.pid, signal.SIGTERM)
         try:
