@@ -319,6 +319,81 @@ def test_torch_engine_rejects_bad_input_clearly(model_dir, tmp_path):
         create_engine("torch", str(tmp_path / "missing"))
 
 
+def test_torch_batched_refills_give_the_same_rollouts_with_fewer_prefills(model_dir):
+    """Refilling only once refill_min_free slots are free changes when rows start, not what
+    they decode (greedy, fp32), and takes fewer prefill forwards than refilling per slot."""
+    reqs = [RolloutRequest(f"r{i}", p, 3 + (7 * i) % 11) for i, p in enumerate(_prompts(12, seed=5))]
+    runs = {}
+    for k in (1, 3):
+        eng = create_engine("torch", str(model_dir), max_batch=4, max_len=128, eos_token_ids=[],
+                            static_shapes=True, refill_min_free=k)
+        runs[k] = (eng.generate(reqs, GREEDY), eng.last_stats)
+    for a, b in zip(runs[1][0], runs[3][0]):
+        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason == "length", a.uid
+        torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs), atol=1e-4, rtol=0)
+    assert runs[3][1]["prefills"] < runs[1][1]["prefills"]
+    assert runs[3][1]["prefill_tokens"] == runs[1][1]["prefill_tokens"]
+    with pytest.raises(ValueError, match="refill_min_free must be >= 1"):
+        create_engine("torch", str(model_dir), refill_min_free=0)
+
+
+def test_torch_decode_attention_option_is_checked(model_dir):
+    eng = create_engine("torch", str(model_dir), max_batch=2, max_len=64)
+    assert eng.decode_attention == "sdpa_masked"  # CPU default: the varlen kernels are CUDA-only
+    with pytest.raises(ValueError, match="decode_attention must be one of"):
+        create_engine("torch", str(model_dir), decode_attention="fast")
+    with pytest.raises(ValueError, match="varlen.*needs a CUDA device"):
+        create_engine("torch", str(model_dir), decode_attention="varlen")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_torch_varlen_decode_attention_matches_masked_sdpa_cuda(model_dir, dtype, tmp_path):
+    """The varlen decode attention (each row reads only its own cached positions) equals
+    masked SDPA over the bucket, for rows of mixed lengths in a cache with spare rows."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device on this machine")
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model("qwen2", vocab_size=VOCAB, hidden_size=128, num_hidden_layers=1,
+                               num_attention_heads=4, num_key_value_heads=2, intermediate_size=64)
+    gqa = tmp_path / "gqa"
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(gqa)
+    eng = create_engine("torch", str(gqa), device="cuda", dtype=dtype, max_batch=8,
+                        max_len=128, eos_token_ids=[], decode_attention="varlen")
+    assert eng.decode_attention == "varlen"
+    eng._ensure_buffers(8, 128)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for c in (eng._k[0], eng._v[0]):
+        c.copy_(torch.randn(c.shape, generator=g, device="cuda"))
+    groups = eng.n_heads // eng.n_kv
+    assert eng.n_kv == 2 and groups == 2
+    # rows past nb of the cache hold other data that must not leak in
+    for pos in ([0, 7, 63, 100, 127], [5], [127, 0]):
+        nb, kvb = len(pos), 128
+        pos = torch.tensor(pos, device="cuda")
+        q = torch.randn(nb, eng.n_kv, groups, eng.head_dim, generator=g, device="cuda").to(eng.dtype)
+        got = eng._attend_varlen(q, eng._k[0], eng._v[0], pos, nb, kvb)
+        mask = (torch.arange(kvb, device="cuda")[None, :] <= pos[:, None])[:, None, None, :]
+        want = torch.nn.functional.scaled_dot_product_attention(
+            q.float(), eng._k[0][:nb].float(), eng._v[0][:nb].float(), attn_mask=mask,
+            scale=eng.scaling)
+        tol = 1e-4 if dtype == "float32" else 2e-2
+        torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
+    if dtype != "float32":
+        return
+    # whole engine, CUDA graphs on: same greedy tokens and logprobs as the masked path, with
+    # more requests than slots (refills mid-decode) and mixed prompt lengths
+    masked = create_engine("torch", str(model_dir), device="cuda", dtype=dtype, max_batch=4,
+                           max_len=128, eos_token_ids=[], decode_attention="sdpa_masked")
+    varlen = create_engine("torch", str(model_dir), device="cuda", dtype=dtype, max_batch=4,
+                           max_len=128, eos_token_ids=[], decode_attention="varlen")
+    reqs = [RolloutRequest(f"r{i}", p, 6 + 5 * i) for i, p in enumerate(_prompts(7, seed=4, hi=60))]
+    for a, b in zip(masked.generate(reqs, GREEDY), varlen.generate(reqs, GREEDY)):
+        assert a.token_ids == b.token_ids, a.uid
+        torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs),
+                                   atol=1e-4, rtol=0)
+
+
 # ------------------------------------------------------------------------------ vllm glue
 def test_vllm_engine_glue_against_a_fake_vllm(monkeypatch, model_dir):
     """vLLM cannot run here; this drives vllm_engine.py's own logic (request stepping, the
