@@ -130,6 +130,6 @@ class GeneralRLConfig(ReasoningRLConfig):
 
 KIND = register(StageKind(
     name="general_rl", config=GeneralRLConfig, entry="stages.general_rl.train",
-    sources=("stages.general_rl", "stages.reasoning_rl", "stages.reward_model", "stages.sft", "verifiers"),
+    sources=("stages.general_rl", "stages.reasoning_rl", "stages.reward_model", "stages.common", "verifiers"),
     distributed=True,
     description="RLHF: GRPO on a weighted prompt mix, reward model + rule rewards, reasoning guard"))

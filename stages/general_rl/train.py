@@ -15,8 +15,8 @@ learner and DeepSpeed backend. What is general-RL's own:
    current policy) and scores it with the verifier; before / after / delta go to MLflow
    and to stage_summary.json. The "before" score is kept in every checkpoint, so a resumed
    run reports the delta against the policy the stage started from;
-4. checkpoints (every `checkpoint_every` steps and at the end) through the SFT stage's
-   DeepSpeed `Checkpointer` (all ranks' DeepSpeed state + RNG, uploaded per node); the
+4. checkpoints (every `checkpoint_every` steps and at the end) through the shared
+   DeepSpeed `Checkpointer` (stages/common/checkpoint.py) (all ranks' DeepSpeed state + RNG, uploaded per node); the
    scheduler state (pools, open groups, sampler position), the metric history and the
    "before" score ride in rank 0's client state. A restarted job resumes from the latest.
 
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -35,6 +34,9 @@ from typing import Any
 from pipeline.artifacts import ArtifactError
 from pipeline.stage_api import StageJob
 from pipeline.tracking import StageLogger, info
+from stages.common.checkpoint import CheckpointError, Checkpointer
+from stages.common.distributed import broadcast, init_distributed, rank0_do, use_bf16
+from stages.common.rows import DataError, data_files, read_rows
 from stages.general_rl.config import GeneralRLConfig
 from stages.general_rl.data import PromptDataError, load_sources, reasoning_rows, render_prompts
 from stages.reasoning_rl import trainer as rl
@@ -42,15 +44,13 @@ from stages.reasoning_rl import trainer as rl
 
 # -- setup pieces ----------------------------------------------------------------------------------
 def _reader(job: StageJob):
-    from stages.sft.data import DataError, data_files, read_rows
-
     cache = Path(job.work_dir) / "hf_datasets"
 
     def read(path: Path, written: str):
         try:
-            yield from read_rows(data_files(path, written), cache)
-        except DataError as e:  # the SFT reader names its data "sft data"
-            raise PromptDataError(str(e).replace("sft data", "general_rl data", 1)) from None
+            yield from read_rows(data_files(path, written, "general_rl data"), cache, "general_rl data")
+        except DataError as e:
+            raise PromptDataError(str(e)) from None
     return read
 
 
@@ -135,37 +135,6 @@ def reward_metrics(reward_fn) -> dict[str, float]:
     return out
 
 
-def build_policy(cfg: GeneralRLConfig, model_dir: Path, device, bf16: bool, dist, pad_id: int):
-    """The policy under DeepSpeed (wrapped in the learner's PolicyHead, as reasoning RL does) and
-    the reasoning-RL learner over it."""
-    import deepspeed
-    import torch
-
-    from stages.reasoning_rl.icepop import LossConfig
-    from stages.reasoning_rl.learner import Learner, LearnerConfig, PolicyHead, freeze_parameters
-
-    dtype = torch.bfloat16 if bf16 else torch.float32
-    model = rl.load_policy(model_dir, dtype)
-    frozen = freeze_parameters(model, cfg.frozen_param_patterns)
-    if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.adam_betas), weight_decay=cfg.weight_decay)
-    ds_engine, _, _, _ = deepspeed.initialize(model=PolicyHead(model), optimizer=optimizer,
-                                              config=rl.ds_config(cfg, bf16))
-    ref = None
-    if cfg.kl_coef > 0:
-        ref = rl.load_policy(model_dir, dtype).to(device).eval().requires_grad_(False)
-    high = cfg.clip_eps_high if cfg.clip_eps_high is not None else cfg.clip_eps
-    loss = LossConfig(correction=cfg.correction, alpha=cfg.icepop_alpha, beta=cfg.icepop_beta,
-                      clip_eps_low=cfg.clip_eps, clip_eps_high=high, tis_cap=cfg.tis_cap, kl_coef=cfg.kl_coef)
-    learner = Learner(rl.DeepSpeedBackend(ds_engine, device, dist),
-                      LearnerConfig(loss=loss, pad_id=pad_id, temperature=cfg.temperature,
-                                    micro_batch_tokens=cfg.micro_tokens, updates_per_batch=cfg.updates_per_batch,
-                                    ppo_epochs=cfg.ppo_epochs, logit_chunk=cfg.logit_chunk), ref_model=ref)
-    return ds_engine, learner, frozen
-
-
 def build_rollout(job: StageJob, cfg: GeneralRLConfig, model_dir: Path, device, tokenizer, data: dict[str, Any]):
     """Rank 0: rollout engine, reward function (RM scorer + verifiers) and scheduler."""
     import torch
@@ -210,21 +179,19 @@ def build_rollout(job: StageJob, cfg: GeneralRLConfig, model_dir: Path, device, 
 # -- the job ---------------------------------------------------------------------------------------
 def main(job: StageJob) -> dict[str, Any] | None:
     import torch
+    import torch.distributed as dist
     from transformers import AutoTokenizer
 
-    from stages.sft.train import Checkpointer
-
     cfg = GeneralRLConfig.model_validate(job.config)
-    use_cuda = torch.cuda.is_available()
-    if cfg.precision == "bf16" and not use_cuda:
+    if cfg.precision == "bf16" and not torch.cuda.is_available():
         raise rl.RLStageError("precision bf16 needs a GPU; use auto or fp32 on CPU")
-    dist = rl._init_distributed(use_cuda)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
-    if use_cuda:
-        torch.cuda.set_device(device)
-    bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and use_cuda)
+    ranks = init_distributed(world_of_one_without_launcher=True)
+    rank, world, local_rank, device = ranks.rank, ranks.world, ranks.local_rank, ranks.device
+    bf16 = use_bf16(cfg.precision, ranks.on_gpu)
+
+    def on_rank0(fn, what: str):  # rank 0 does it; its failure stops every rank with one RLStageError
+        return rank0_do(rank, fn, what, rl.RLStageError)
+
     zero3 = cfg.zero_stage == 3
     torch.manual_seed(cfg.seed)
     log = StageLogger.for_job(job)
@@ -241,10 +208,10 @@ def main(job: StageJob) -> dict[str, Any] | None:
         return data, (load_reasoning_set(job, cfg, tokenizer) if cfg.reasoning_eval else None)
 
     # rank 0 owns the data, the rollout engine, the reward model and the scheduler
-    loaded = rl._rank0_do(dist, rank, load_all, "loading the prompts")
+    loaded = on_rank0(load_all, "loading the prompts")
     data, eval_set = loaded if rank == 0 else (None, None)
-    ds_engine, learner, frozen = build_policy(cfg, model_dir, device, bf16, dist, pad_id)
-    built = rl._rank0_do(dist, rank, lambda: build_rollout(job, cfg, model_dir, device, tokenizer, data),
+    ds_engine, learner, frozen = rl.build_policy(cfg, model_dir, device, bf16, pad_id)
+    built = on_rank0(lambda: build_rollout(job, cfg, model_dir, device, tokenizer, data),
                          "starting the rollout engine and the reward model")
     engine, scheduler, reward_fn, decode = built if rank == 0 else (None, None, None, None)
 
@@ -274,8 +241,8 @@ def main(job: StageJob) -> dict[str, Any] | None:
              f"{cfg.scheduler}, correction {cfg.correction}, world {world}, steps {start}..{cfg.steps}")
         if cfg.reasoning_eval is None:
             info("general_rl: warning: reasoning_eval is null, the stage does not check what it costs reasoning")
-    if cfg.reasoning_eval is not None and rl._broadcast(dist, before is None if rank == 0 else None):
-        before = rl._rank0_do(dist, rank, lambda: reasoning_check(engine, eval_set, decode, cfg),
+    if cfg.reasoning_eval is not None and broadcast(before is None if rank == 0 else None):
+        before = on_rank0(lambda: reasoning_check(engine, eval_set, decode, cfg),
                               "the reasoning check before training")
         if rank == 0:
             log.metrics(0, {f"reasoning_eval/{k}_before": v for k, v in before.items()})
@@ -293,8 +260,8 @@ def main(job: StageJob) -> dict[str, Any] | None:
     # the loop
     for step in range(start, cfg.steps):
         t_step = time.perf_counter()
-        batch = rl._rank0_do(dist, rank, lambda: scheduler.next_batch(step), f"step {step + 1}: rollouts")
-        samples = rl._broadcast(dist, batch.samples if rank == 0 else None)
+        batch = on_rank0(lambda: scheduler.next_batch(step), f"step {step + 1}: rollouts")
+        samples = broadcast(batch.samples if rank == 0 else None)
         t0 = time.perf_counter()
         stats = learner.train(samples, step)
         t_train = time.perf_counter() - t0
@@ -315,7 +282,7 @@ def main(job: StageJob) -> dict[str, Any] | None:
     guard: dict[str, Any] | None = None
     after = None
     if cfg.reasoning_eval is not None:
-        after = rl._rank0_do(dist, rank, lambda: reasoning_check(engine, eval_set, decode, cfg),
+        after = on_rank0(lambda: reasoning_check(engine, eval_set, decode, cfg),
                              "the reasoning check after training")
     if rank == 0 and after is not None:
         delta = after["accuracy"] - before["accuracy"]
@@ -349,12 +316,10 @@ def main(job: StageJob) -> dict[str, Any] | None:
 
 
 def entry(argv: list[str] | None = None) -> int:
-    from stages.sft.train import SFTError
-
     job = StageJob.from_argv(argv)
     try:
         main(job)
-    except (rl.RLStageError, SFTError, ArtifactError) as e:
+    except (rl.RLStageError, CheckpointError, ArtifactError) as e:
         print(f"general_rl: error: {e}", file=sys.stderr, flush=True)
         return 2
     return 0

@@ -155,5 +155,5 @@ from stages.registry import StageKind, register  # noqa: E402
 
 KIND = register(StageKind(
     name="reasoning_rl", config=ReasoningRLConfig, entry="stages.reasoning_rl.trainer",
-    sources=("stages.reasoning_rl", "verifiers"), distributed=True,
+    sources=("stages.reasoning_rl", "stages.common", "verifiers"), distributed=True,
     description="RLVR: GRPO with IcePop, C3PO++ rollout scheduling, verifiable rewards"))

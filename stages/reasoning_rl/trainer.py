@@ -30,16 +30,16 @@ from __future__ import annotations
 import gzip
 import json
 import math
-import os
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
 from pipeline.artifacts import CheckpointStore
 from pipeline.stage_api import StageJob
 from pipeline.tracking import StageLogger, info
+from stages.common.deepspeed_setup import ds_config as _ds_config, initialize
+from stages.common.distributed import broadcast, init_distributed, rank0_do, use_bf16
 from stages.reasoning_rl.config import ReasoningRLConfig
 
 
@@ -48,42 +48,9 @@ class RLStageError(RuntimeError):
 
 
 # -- distributed plumbing ---------------------------------------------------------------------------
-def _init_distributed(use_cuda: bool):
-    import deepspeed
-    import torch.distributed as dist
-
-    if "RANK" not in os.environ:  # started without a launcher: a world of one
-        from pipeline.launch import free_port
-
-        os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-                           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
-    deepspeed.init_distributed(dist_backend="nccl" if use_cuda else "gloo")
-    return dist
-
-
-def _broadcast(dist, obj: Any) -> Any:
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def _rank0_do(dist, rank: int, fn, what: str) -> Any:
-    """Run `fn` on rank 0 and hand its result (or its failure) to every rank, so a bad input
-    on rank 0 stops all ranks with the same message instead of leaving them waiting."""
-    result: Any = None
-    err: str | None = None
-    if rank == 0:
-        try:
-            result = fn()
-        except RLStageError as e:
-            err = str(e)
-        except Exception as e:  # noqa: BLE001 - reported on every rank, then re-raised on rank 0
-            err = f"{what} failed: {type(e).__name__}: {e}"
-            traceback.print_exc()
-    status = _broadcast(dist, err)
-    if status is not None:
-        raise RLStageError(status)
-    return result
+def _rank0_do(rank: int, fn, what: str) -> Any:
+    """`stages.common.distributed.rank0_do` with this stage's user error (RLStageError)."""
+    return rank0_do(rank, fn, what, RLStageError)
 
 
 class DeepSpeedBackend:
@@ -199,19 +166,42 @@ def rollout_device(cfg: ReasoningRLConfig, train_device) -> str:
 
 
 def ds_config(cfg: ReasoningRLConfig, bf16: bool) -> dict[str, Any]:
-    zero: dict[str, Any] = {"stage": cfg.zero_stage}
-    if cfg.zero_stage == 3:
-        zero["stage3_gather_16bit_weights_on_model_save"] = True
-    return {
-        "train_micro_batch_size_per_gpu": 1,
-        "gradient_accumulation_steps": 1,  # accumulation boundaries are set by the learner
-        "gradient_clipping": cfg.grad_clip,
-        "zero_optimization": zero,
-        "zero_allow_untested_optimizer": True,
-        "bf16": {"enabled": bf16},
-        "steps_per_print": 1 << 30,
-        "wall_clock_breakdown": False,
-    }
+    """One micro-batch per DeepSpeed step: accumulation boundaries are set by the learner."""
+    return _ds_config(cfg.zero_stage, cfg.grad_clip, bf16)
+
+
+def build_policy(cfg, model_dir, device, bf16: bool, pad_id: int):
+    """The policy (`cfg.model` loaded, `frozen_param_patterns` frozen) under DeepSpeed, wrapped
+    in the learner's PolicyHead, with a torch AdamW over its trainable params; the reference
+    model when `kl_coef > 0`; the learner over both. Shared with general_rl (its config
+    carries the same policy/loss fields). Returns (ds_engine, learner, frozen names)."""
+    import torch
+    import torch.distributed as dist
+
+    from stages.reasoning_rl.icepop import LossConfig
+    from stages.reasoning_rl.learner import Learner, LearnerConfig, PolicyHead, freeze_parameters
+
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    model = load_policy(model_dir, dtype)
+    frozen = freeze_parameters(model, cfg.frozen_param_patterns)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    ds_engine, _ = initialize(PolicyHead(model), trainable, ds_config(cfg, bf16), lr=cfg.lr, betas=cfg.adam_betas,
+                              weight_decay=cfg.weight_decay)
+    ref_model = None
+    if cfg.kl_coef > 0:
+        ref_model = load_policy(model_dir, dtype).to(device).eval()
+        ref_model.requires_grad_(False)
+    high = cfg.clip_eps_high if cfg.clip_eps_high is not None else cfg.clip_eps
+    loss_cfg = LossConfig(correction=cfg.correction, alpha=cfg.icepop_alpha, beta=cfg.icepop_beta,
+                          clip_eps_low=cfg.clip_eps, clip_eps_high=high, tis_cap=cfg.tis_cap, kl_coef=cfg.kl_coef)
+    learner = Learner(DeepSpeedBackend(ds_engine, device, dist),
+                      LearnerConfig(loss=loss_cfg, pad_id=pad_id, temperature=cfg.temperature,
+                                    micro_batch_tokens=cfg.micro_tokens, updates_per_batch=cfg.updates_per_batch,
+                                    ppo_epochs=cfg.ppo_epochs, logit_chunk=cfg.logit_chunk),
+                      ref_model=ref_model)
+    return ds_engine, learner, frozen
 
 
 def load_policy(model_dir, dtype):
@@ -298,25 +288,18 @@ def summarize(history: list[dict[str, float]], sched_totals: dict[str, int], ext
 # -- the job --------------------------------------------------------------------------------------
 def main(job: StageJob) -> None:
     cfg = ReasoningRLConfig.model_validate(job.config)
-    import deepspeed
     import torch
+    import torch.distributed as dist
     from transformers import AutoTokenizer
 
     from stages.reasoning_rl.c3po import PromptSampler, SchedulerConfig, make_scheduler
     from stages.reasoning_rl.engines.base import SamplingParams
-    from stages.reasoning_rl.icepop import LossConfig
-    from stages.reasoning_rl.learner import Learner, LearnerConfig, PolicyHead, freeze_parameters
 
-    use_cuda = torch.cuda.is_available()
-    if cfg.precision == "bf16" and not use_cuda:
+    if cfg.precision == "bf16" and not torch.cuda.is_available():
         raise RLStageError("precision bf16 needs a GPU; use auto or fp32 on CPU")
-    dist = _init_distributed(use_cuda)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
-    if use_cuda:
-        torch.cuda.set_device(device)
-    bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and use_cuda)
+    ranks = init_distributed(world_of_one_without_launcher=True)
+    rank, world, local_rank, device = ranks.rank, ranks.world, ranks.local_rank, ranks.device
+    bf16 = use_bf16(cfg.precision, ranks.on_gpu)
     zero3 = cfg.zero_stage == 3
     torch.manual_seed(cfg.seed)
     log = StageLogger.for_job(job)
@@ -328,29 +311,10 @@ def main(job: StageJob) -> None:
         raise RLStageError(f"model {cfg.model}: {model_dir} is not a Hugging Face model dir (no config.json)")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    data = _rank0_do(dist, rank, lambda: load_data(job, cfg, tokenizer), "loading the RL data")
+    data = _rank0_do(rank, lambda: load_data(job, cfg, tokenizer), "loading the RL data")
 
     # -- policy under DeepSpeed ------------------------------------------------------------------
-    model = load_policy(model_dir, torch.bfloat16 if bf16 else torch.float32)
-    frozen = freeze_parameters(model, cfg.frozen_param_patterns)
-    if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, betas=tuple(cfg.adam_betas), weight_decay=cfg.weight_decay)
-    ds_engine, _, _, _ = deepspeed.initialize(model=PolicyHead(model), optimizer=optimizer,
-                                              config=ds_config(cfg, bf16))
-    ref_model = None
-    if cfg.kl_coef > 0:
-        ref_model = load_policy(model_dir, torch.bfloat16 if bf16 else torch.float32).to(device).eval()
-        ref_model.requires_grad_(False)
-    loss_cfg = LossConfig(correction=cfg.correction, alpha=cfg.icepop_alpha, beta=cfg.icepop_beta,
-                          clip_eps_low=cfg.clip_eps, clip_eps_high=cfg.clip_eps_high if cfg.clip_eps_high is not None
-                          else cfg.clip_eps, tis_cap=cfg.tis_cap, kl_coef=cfg.kl_coef)
-    learner = Learner(DeepSpeedBackend(ds_engine, device, dist),
-                      LearnerConfig(loss=loss_cfg, pad_id=pad_id, temperature=cfg.temperature,
-                                    micro_batch_tokens=cfg.micro_tokens, updates_per_batch=cfg.updates_per_batch,
-                                    ppo_epochs=cfg.ppo_epochs, logit_chunk=cfg.logit_chunk),
-                      ref_model=ref_model)
+    ds_engine, learner, frozen = build_policy(cfg, model_dir, device, bf16, pad_id)
 
     # -- rollout side (rank 0) -----------------------------------------------------------------------
     def build_rollout():
@@ -375,12 +339,12 @@ def main(job: StageJob) -> None:
                                reward_fn)
         return engine, sched
 
-    built = _rank0_do(dist, rank, build_rollout, "starting the rollout engine")
+    built = _rank0_do(rank, build_rollout, "starting the rollout engine")
     rollout_engine, scheduler = built if rank == 0 else (None, None)
 
     # -- resume -------------------------------------------------------------------------------------
     store = CheckpointStore(job.stage_url, job.storage_options)
-    latest = _broadcast(dist, store.latest() if rank == 0 else None)
+    latest = broadcast(store.latest() if rank == 0 else None)
     history: list[dict[str, float]] = []
     start = 0
     resumed: dict[str, int] = {}
@@ -438,8 +402,8 @@ def main(job: StageJob) -> None:
         t_step = time.perf_counter()
         version = step  # updates applied so far
 
-        batch = _rank0_do(dist, rank, lambda: scheduler.next_batch(version), f"step {step + 1}: rollouts")
-        samples = _broadcast(dist, batch.samples if rank == 0 else None)
+        batch = _rank0_do(rank, lambda: scheduler.next_batch(version), f"step {step + 1}: rollouts")
+        samples = broadcast(batch.samples if rank == 0 else None)
         t_train = time.perf_counter()
         stats = learner.train(samples, version)
         t_train = time.perf_counter() - t_train

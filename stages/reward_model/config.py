@@ -61,5 +61,5 @@ class RewardModelConfig(StageConfig):
 
 KIND = register(StageKind(
     name="reward_model", config=RewardModelConfig, entry="stages.reward_model.train",
-    sources=("stages.reward_model", "stages.sft"), distributed=True,
+    sources=("stages.reward_model", "stages.common"), distributed=True,
     description="Bradley-Terry reward model on preference pairs (HF sequence-classification head)"))

@@ -9,8 +9,8 @@ job.json`; CPU ranks on gloo, GPUs on nccl). Top to bottom:
    the stage (`max_bad_fraction`);
 2. the model: the input HF causal LM with a one-label sequence-classification head
    (`AutoModelForSequenceClassification`, pad token set so the head reads each sequence's
-   last token), torch AdamW, warmup + cosine schedule, DeepSpeed engine (the SFT stage's
-   helpers: same ZeRO / precision / checkpoint handling);
+   last token), torch AdamW, warmup + cosine schedule, DeepSpeed engine (stages/common:
+   the SFT stage's ZeRO / precision / checkpoint handling);
 3. resume from the stage's latest checkpoint (weights, optimizer, schedule, data position,
    RNG) if there is one;
 4. train: a step = `grad_accum` micro-batches of `micro_batch_size` pairs per rank, each
@@ -25,25 +25,28 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from pipeline.artifacts import ArtifactError
 from pipeline.stage_api import StageJob
 from pipeline.tracking import StageLogger, info
+from stages.common.checkpoint import CheckpointError, Checkpointer
+from stages.common.data_plan import DataPlan
+from stages.common.deepspeed_setup import ds_config, hf_zero3_context, initialize, lr_factor, param_groups
+from stages.common.distributed import init_distributed, local_first, seed_all, use_bf16
+from stages.common.entry import run_job
+from stages.common.hf_io import choose_attn, save_hf_model
+from stages.common.rows import DataError, data_files, read_rows
 from stages.reward_model.bt import PairwiseCounts, bradley_terry_loss
 from stages.reward_model.config import RewardModelConfig
 from stages.reward_model.data import EncodedPair, PairStats, encode_pairs, split_heldout
 from stages.reward_model.scoring import META
-from stages.sft.data import DataError, DataPlan, data_files, read_rows
-from stages.sft.train import Checkpointer, SFTError, choose_attn, ds_config, local_first, lr_factor, save_hf_model
 
 
 class RewardModelError(RuntimeError):
@@ -55,12 +58,12 @@ def load_pairs(job: StageJob, source: str, tokenizer, cfg: RewardModelConfig, ca
                ) -> tuple[list[tuple[Any, EncodedPair]], PairStats, list[dict]]:
     stats, quarantine = PairStats(), []
     try:
-        files = data_files(job.fetch(source), source)
-        rows = read_rows(files, cache_dir)
+        files = data_files(job.fetch(source), source, "reward_model data")
+        rows = read_rows(files, cache_dir, "reward_model data")
         pairs = list(encode_pairs(rows, tokenizer, strip=cfg.strip_thinking, max_len=cfg.max_seq_len,
                                   ties=cfg.ties, stats=stats, quarantine=quarantine))
-    except DataError as e:  # the SFT reader names its data "sft data"
-        raise RewardModelError(str(e).replace("sft data", "reward_model data", 1)) from None
+    except DataError as e:
+        raise RewardModelError(str(e)) from None
     bad = sum(stats.quarantined.values())
     if stats.rows and bad / stats.rows > cfg.max_bad_fraction:
         raise RewardModelError(
@@ -116,24 +119,17 @@ def evaluate(engine, pairs: list[EncodedPair], batch: int, pad_id: int, device: 
 
 # -- the stage -------------------------------------------------------------------------------
 def train(job: StageJob) -> dict[str, Any] | None:
-    import deepspeed
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()  # the new head's "newly initialized weights" warning is expected
     cfg = RewardModelConfig.model_validate(job.config)
-    on_gpu = torch.cuda.is_available()
-    deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
-    rank, world, local_rank = dist.get_rank(), dist.get_world_size(), job.local_rank
-    device = torch.device("cuda", local_rank) if on_gpu else torch.device("cpu")
-    if on_gpu:
-        torch.cuda.set_device(device)
-    bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and on_gpu)
+    ranks = init_distributed(job.local_rank)
+    rank, world, local_rank, device, on_gpu = ranks.rank, ranks.world, ranks.local_rank, ranks.device, ranks.on_gpu
+    bf16 = use_bf16(cfg.precision, on_gpu)
     log = StageLogger.for_job(job)
-    random.seed(cfg.seed)
-    np.random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
+    seed_all(cfg.seed)
 
     # 1. data
     model_dir = job.fetch(cfg.model)
@@ -172,25 +168,16 @@ def train(job: StageJob) -> dict[str, Any] | None:
                     "data.quarantined": bad, "train.total_steps": total_steps, "train.world_size": world})
 
     # 2. model, optimizer, schedule, engine
-    ds_cfg = ds_config(cfg, world, bf16)
-    if cfg.zero_stage == 3:
-        from transformers.integrations import HfDeepSpeedConfig
-
-        zero3_ctx = HfDeepSpeedConfig(ds_cfg)  # noqa: F841 - from_pretrained partitions while loading
-    attn = choose_attn(cfg, on_gpu)
+    ds_cfg = ds_config(cfg.zero_stage, cfg.grad_clip, bf16, micro_batch=cfg.micro_batch_size,
+                       grad_accum=cfg.grad_accum, world=world)
+    zero3_ctx = hf_zero3_context(ds_cfg)  # noqa: F841 - kept alive while from_pretrained partitions
+    attn = choose_attn(cfg.attn_implementation, on_gpu)
     model = AutoModelForSequenceClassification.from_pretrained(
         model_dir, num_labels=1, dtype=torch.float32, attn_implementation=attn)
     model.config.pad_token_id = pad_id
     model.config.use_cache = False
-    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr, betas=tuple(cfg.adam_betas))
-    factor = lr_factor(cfg, total_steps)
-    engine, _, _, scheduler = deepspeed.initialize(
-        model=model, optimizer=optimizer, config=ds_cfg,
-        lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, factor))
+    engine, scheduler = initialize(model, param_groups(model, cfg.weight_decay), ds_cfg, lr=cfg.lr,
+                                   betas=cfg.adam_betas, factor=lr_factor(cfg, total_steps))
 
     # 3. resume
     ckpt = Checkpointer(job, engine, rank, local_rank)
@@ -286,17 +273,7 @@ def train(job: StageJob) -> dict[str, Any] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    job = StageJob.from_argv(argv)
-    try:
-        train(job)
-    except (DataError, RewardModelError, SFTError, ArtifactError) as e:
-        if job.rank == 0:
-            print(f"reward_model failed: {e}", file=sys.stderr, flush=True)
-        return 2
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    return 0
+    return run_job(train, "reward_model", (DataError, RewardModelError, CheckpointError, ArtifactError), argv)
 
 
 if __name__ == "__main__":

@@ -46,5 +46,5 @@ class SFTConfig(StageConfig):
 
 
 KIND = register(StageKind(
-    name="sft", config=SFTConfig, entry="stages.sft.train", sources=("stages.sft",),
+    name="sft", config=SFTConfig, entry="stages.sft.train", sources=("stages.sft", "stages.common"),
     distributed=True, description="Long-CoT SFT: packed sequences, DeepSpeed ZeRO, resumable"))

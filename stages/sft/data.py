@@ -27,8 +27,6 @@ Rules (the stage's data contract):
 """
 from __future__ import annotations
 
-import functools
-import math
 import random
 from collections import Counter
 from dataclasses import dataclass, field
@@ -37,12 +35,10 @@ from typing import Any, Iterator
 
 import torch
 
-DATA_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+from stages.common.data_plan import DataPlan  # noqa: F401 - the training order of the packs
+from stages.common.rows import DATA_SUFFIXES, DataError, data_files, read_rows  # noqa: F401
+
 MAX_EXAMPLES = 20
-
-
-class DataError(RuntimeError):
-    """Bad input data: the message names the file, the row and the reason."""
 
 
 @dataclass
@@ -74,37 +70,6 @@ class DataStats:
                 "no_target_after_truncation": self.no_target_after_truncation,
                 "bad_rows": dict(self.bad_rows), "bad_row_examples": self.bad_examples,
                 "tokens": self.tokens, "target_tokens": self.target_tokens}
-
-
-# -- reading ---------------------------------------------------------------------------------
-def data_files(path: Path, source: str) -> list[Path]:
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in DATA_SUFFIXES
-                       and not any(part.startswith(".") for part in p.relative_to(path).parts))
-        if not files:
-            raise DataError(f"sft data {source}: directory {path} holds no "
-                            f"{'/'.join(DATA_SUFFIXES)} file")
-        return files
-    if path.suffix not in DATA_SUFFIXES:
-        raise DataError(f"sft data {source}: {path.name} is not a {'/'.join(DATA_SUFFIXES)} file")
-    return [path]
-
-
-def read_rows(files: list[Path], cache_dir: Path | None = None) -> Iterator[tuple[Path, int, dict]]:
-    """(file, 1-based row number, row) for every row of every file, through `datasets`."""
-    import datasets
-
-    datasets.disable_progress_bars()
-    for f in files:
-        try:
-            ds = datasets.load_dataset(DATA_SUFFIXES[f.suffix], data_files=str(f), split="train",
-                                       cache_dir=str(cache_dir) if cache_dir else None)
-        except Exception as e:  # noqa: BLE001 - datasets raises many types; name the file
-            cause = e.__cause__ or e
-            raise DataError(f"sft data {f}: cannot be read as {f.suffix[1:]}: "
-                            f"{type(cause).__name__}: {cause}") from e
-        for i, row in enumerate(ds, 1):
-            yield f, i, row
 
 
 def check_messages(row: dict) -> tuple[str, str] | None:
@@ -240,44 +205,3 @@ def collate(samples: list[Sample], packs: list[list[int]], pad_id: int) -> dict[
         out["targets"][r] = torch.tensor(tgt + [-100] * pad)
         out["position_ids"][r] = torch.tensor(pos + list(range(pad)))
     return out
-
-
-@functools.lru_cache(maxsize=2)
-def _epoch_order(n_packs: int, seed: int, epoch: int, total: int) -> tuple[int, ...]:
-    perm = list(range(n_packs))
-    random.Random(seed * 1_000_003 + epoch).shuffle(perm)
-    return tuple((perm * math.ceil(total / n_packs))[:total])
-
-
-@dataclass(frozen=True)
-class DataPlan:
-    """Which packs each rank sees at each step: a deterministic function of the seed.
-
-    Each epoch the packs are permuted (seed, epoch) and the order is extended by
-    wrapping around to a multiple of world * micro_batch * grad_accum, so every rank
-    gets the same number of packs per step (DistributedSampler-style padding). Rank r
-    takes order[r::world]; step k of an epoch is its micro batches k*ga .. (k+1)*ga-1.
-    """
-
-    n_packs: int
-    world: int
-    micro_batch: int
-    grad_accum: int
-    seed: int
-
-    @property
-    def packs_per_step(self) -> int:
-        return self.world * self.micro_batch * self.grad_accum
-
-    @property
-    def steps_per_epoch(self) -> int:
-        return math.ceil(self.n_packs / self.packs_per_step)
-
-    def epoch_order(self, epoch: int) -> tuple[int, ...]:
-        return _epoch_order(self.n_packs, self.seed, epoch, self.steps_per_epoch * self.packs_per_step)
-
-    def step_micro_batches(self, epoch: int, step_in_epoch: int, rank: int) -> list[list[int]]:
-        mine = self.epoch_order(epoch)[rank::self.world]
-        per_step = self.micro_batch * self.grad_accum
-        chunk = list(mine[step_in_epoch * per_step:(step_in_epoch + 1) * per_step])
-        return [chunk[j:j + self.micro_batch] for j in range(0, per_step, self.micro_batch)]

@@ -24,28 +24,25 @@ rank; CPU ranks on gloo, GPUs on nccl). Top to bottom:
 from __future__ import annotations
 
 import json
-import math
-import random
-import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from pipeline.artifacts import ArtifactError, CheckpointStore
+from pipeline.artifacts import ArtifactError
 from pipeline.stage_api import StageJob
 from pipeline.tracking import StageLogger, info
+from stages.common.checkpoint import CheckpointError, Checkpointer
+from stages.common.deepspeed_setup import ds_config, hf_zero3_context, initialize, lr_factor, param_groups
+from stages.common.distributed import init_distributed, local_first, seed_all, use_bf16
+from stages.common.entry import run_job
+from stages.common.hf_io import choose_attn, save_hf_model
 from stages.sft.config import SFTConfig
 from stages.sft.data import DataError, DataPlan, build_samples, collate, data_files, pack_samples, read_rows
-
-# files of the input model dir that the trained model replaces
-_MODEL_FILES = ("config.json", "generation_config.json", "stage_summary.json", "manifest.json", "_SUCCESS")
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
 
 class SFTError(RuntimeError):
@@ -53,92 +50,6 @@ class SFTError(RuntimeError):
 
 
 # -- small helpers ---------------------------------------------------------------------------
-def lr_factor(cfg: SFTConfig, total_steps: int) -> Callable[[int], float]:
-    """Multiplier of `lr` after `step` optimizer steps (LambdaLR): linear warmup to 1, then
-    cosine down to `min_lr_ratio` at the last step (or constant)."""
-    def f(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        if cfg.lr_schedule == "constant":
-            return 1.0
-        progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
-        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-    return f
-
-
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Weight decay on matrices (linear and embedding weights), none on 1-D params (norms,
-    biases). Under ZeRO-3 parameters are already partitioned (flat, empty) when this runs:
-    their real shape is `ds_shape`."""
-    decay, no_decay = [], []
-    for p in model.parameters():
-        if p.requires_grad:
-            (decay if len(getattr(p, "ds_shape", p.shape)) >= 2 else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def choose_attn(cfg: SFTConfig, on_gpu: bool) -> str:
-    if cfg.attn_implementation != "auto":
-        return cfg.attn_implementation
-    if on_gpu:
-        try:
-            import flash_attn  # noqa: F401
-            return "flash_attention_2"
-        except ImportError:
-            pass
-    return "sdpa"
-
-
-def local_first(local_rank: int, fn: Callable[[], Any]) -> Any:
-    """Run `fn` on each node's local rank 0 first (fills caches), then on the other ranks.
-    An error on local rank 0 does not leave the others waiting: they run `fn` too and
-    meet the same (deterministic) error."""
-    result, error = None, None
-    if local_rank == 0:
-        try:
-            result = fn()
-        except Exception as e:  # noqa: BLE001 - re-raised after the barrier
-            error = e
-    dist.barrier()
-    if local_rank != 0:
-        result = fn()
-    if error is not None:
-        raise error
-    return result
-
-
-def ds_config(cfg: SFTConfig, world: int, bf16: bool) -> dict[str, Any]:
-    zero: dict[str, Any] = {"stage": cfg.zero_stage}
-    if cfg.zero_stage == 3:
-        zero["stage3_gather_16bit_weights_on_model_save"] = True
-    return {
-        "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
-        "gradient_accumulation_steps": cfg.grad_accum,
-        "train_batch_size": cfg.micro_batch_size * cfg.grad_accum * world,
-        "gradient_clipping": cfg.grad_clip,
-        "zero_optimization": zero,
-        "bf16": {"enabled": bf16},
-        "zero_allow_untested_optimizer": True,  # a torch AdamW (DS's own CPU Adam is a JIT build)
-        "steps_per_print": 10 ** 12,
-        "wall_clock_breakdown": False,
-    }
-
-
 def packed_logits(model, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
     """Logits of packed sequences with no attention across samples.
 
@@ -164,92 +75,18 @@ def packed_loss_sum(model, batch: dict[str, torch.Tensor], device: torch.device,
                            ignore_index=-100, reduction="sum")
 
 
-# -- checkpoints -----------------------------------------------------------------------------
-class Checkpointer:
-    """DeepSpeed checkpoints written to a node-local dir, then into the stage's
-    CheckpointStore: every node's local rank 0 uploads its ranks' files, rank 0 marks
-    the step complete (and prunes old steps) once every node is done."""
-
-    def __init__(self, job: StageJob, engine, rank: int, local_rank: int):
-        self.store = CheckpointStore(job.stage_url, job.storage_options)
-        self.engine, self.rank, self.local_rank = engine, rank, local_rank
-        self.local_root = Path(job.work_dir) / "checkpoints"
-
-    @staticmethod
-    def tag(step: int) -> str:
-        return f"step-{step:08d}"
-
-    def save(self, step: int, client_state: dict[str, Any]) -> None:
-        tag = self.tag(step)
-        self.engine.save_checkpoint(str(self.local_root), tag=tag, client_state=client_state,
-                                    save_latest=False)
-        torch.save(rng_state(), self.local_root / tag / f"rng_rank{self.rank:05d}.pt")
-        if self.rank == 0:
-            self.store.clear(step)
-        dist.barrier()
-        if self.local_rank == 0:
-            self.store.upload(self.local_root / tag, step)
-        dist.barrier()
-        if self.rank == 0:
-            self.store.mark_complete(step)
-        if self.local_rank == 0:
-            shutil.rmtree(self.local_root / tag, ignore_errors=True)
-
-    def latest(self) -> int | None:
-        box = [self.store.latest() if self.rank == 0 else None]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
-
-    def load(self, step: int) -> dict[str, Any]:
-        tag = self.tag(step)
-        root = self.local_root.parent / "resume"
-        if self.local_rank == 0:
-            self.store.restore(step, root / tag)
-        dist.barrier()
-        path, client_state = self.engine.load_checkpoint(str(root), tag=tag)
-        if path is None or client_state is None:
-            raise SFTError(f"checkpoint {tag} of {self.store.stage_url} could not be loaded")
-        rng_file = root / tag / f"rng_rank{self.rank:05d}.pt"
-        if rng_file.exists():
-            set_rng_state(torch.load(rng_file, weights_only=False))
-        return client_state
-
-
 # -- the stage -------------------------------------------------------------------------------
-def save_hf_model(engine, model_dir: Path, out: Path, zero_stage: int, rank: int) -> None:
-    """The final weights as a HF directory + the input model's tokenizer files."""
-    state_dict = engine._zero3_consolidated_16bit_state_dict() if zero_stage == 3 else None
-    if rank != 0:
-        return
-    out.mkdir(parents=True, exist_ok=True)
-    for p in sorted(model_dir.iterdir()):
-        if p.is_file() and not p.name.startswith(".") and p.name not in _MODEL_FILES \
-                and not p.name.endswith(_WEIGHT_SUFFIXES) and not p.name.endswith(".index.json") \
-                and p.suffix != ".lock":
-            shutil.copy2(p, out / p.name)
-    module = engine.module
-    module.config.use_cache = True  # training ran without a cache; inference wants one
-    module.save_pretrained(out, state_dict=state_dict)
-
-
 def train(job: StageJob) -> dict[str, Any] | None:
-    import deepspeed
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     cfg = SFTConfig.model_validate(job.config)
-    on_gpu = torch.cuda.is_available()
-    deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
-    rank, world, local_rank = dist.get_rank(), dist.get_world_size(), job.local_rank
-    device = torch.device("cuda", local_rank) if on_gpu else torch.device("cpu")
-    if on_gpu:
-        torch.cuda.set_device(device)
-    bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and on_gpu)
+    ranks = init_distributed(job.local_rank)
+    rank, world, local_rank, device, on_gpu = ranks.rank, ranks.world, ranks.local_rank, ranks.device, ranks.on_gpu
+    bf16 = use_bf16(cfg.precision, on_gpu)
     log = StageLogger.for_job(job)
-    random.seed(cfg.seed)
-    np.random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
+    seed_all(cfg.seed)
 
     # 1. data
     model_dir = job.fetch(cfg.model)
@@ -263,8 +100,8 @@ def train(job: StageJob) -> dict[str, Any] | None:
     cache_dir = Path(job.work_dir) / "hf_datasets"
 
     def load_data():
-        files = data_files(job.fetch(cfg.data), cfg.data)
-        return build_samples(read_rows(files, cache_dir), tokenizer, cfg.max_seq_len, cfg.on_bad_row)
+        files = data_files(job.fetch(cfg.data), cfg.data, "sft data")
+        return build_samples(read_rows(files, cache_dir, "sft data"), tokenizer, cfg.max_seq_len, cfg.on_bad_row)
 
     samples, stats = local_first(local_rank, load_data)
     if not samples:
@@ -292,22 +129,14 @@ def train(job: StageJob) -> dict[str, Any] | None:
                     "train.world_size": world})
 
     # 2. model, optimizer, schedule, engine
-    ds_cfg = ds_config(cfg, world, bf16)
-    zero3_ctx = None
-    if cfg.zero_stage == 3:
-        from transformers.integrations import HfDeepSpeedConfig
-
-        zero3_ctx = HfDeepSpeedConfig(ds_cfg)  # noqa: F841 - from_pretrained partitions while loading
-    attn = choose_attn(cfg, on_gpu)
+    ds_cfg = ds_config(cfg.zero_stage, cfg.grad_clip, bf16, micro_batch=cfg.micro_batch_size,
+                       grad_accum=cfg.grad_accum, world=world)
+    zero3_ctx = hf_zero3_context(ds_cfg)  # noqa: F841 - kept alive while from_pretrained partitions
+    attn = choose_attn(cfg.attn_implementation, on_gpu)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attn)
     model.config.use_cache = False
-    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr,
-                                  betas=tuple(cfg.adam_betas))
-    factor = lr_factor(cfg, total_steps)
-    # a callable: the schedule is built on DeepSpeed's wrapped optimizer (ZeRO regroups params)
-    engine, _, _, scheduler = deepspeed.initialize(
-        model=model, optimizer=optimizer, config=ds_cfg,
-        lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, factor))
+    engine, scheduler = initialize(model, param_groups(model, cfg.weight_decay), ds_cfg, lr=cfg.lr,
+                                   betas=cfg.adam_betas, factor=lr_factor(cfg, total_steps))
 
     # 3. resume
     ckpt = Checkpointer(job, engine, rank, local_rank)
@@ -399,17 +228,7 @@ def train(job: StageJob) -> dict[str, Any] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    job = StageJob.from_argv(argv)
-    try:
-        train(job)
-    except (DataError, SFTError, ArtifactError) as e:
-        if job.rank == 0:
-            print(f"sft failed: {e}", file=sys.stderr, flush=True)
-        return 2
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    return 0
+    return run_job(train, "sft", (DataError, SFTError, CheckpointError, ArtifactError), argv)
 
 
 if __name__ == "__main__":

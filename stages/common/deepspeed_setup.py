@@ -1,0 +1,81 @@
+"""DeepSpeed setup shared by the training stages: the DeepSpeed config, AdamW parameter
+groups (no decay on 1-D params), a torch AdamW handed to `deepspeed.initialize`, and the
+warmup + cosine learning-rate factor."""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterable
+
+import torch
+
+
+def ds_config(zero_stage: int, grad_clip: float, bf16: bool, *, micro_batch: int = 1, grad_accum: int = 1,
+              world: int | None = None) -> dict[str, Any]:
+    """The DeepSpeed config. `train_batch_size` is set only when `world` is given (stages that
+    let DeepSpeed count micro-batches); the optimizer is a torch AdamW passed in (DS's own
+    CPU Adam is a JIT build), hence `zero_allow_untested_optimizer`."""
+    zero: dict[str, Any] = {"stage": zero_stage}
+    if zero_stage == 3:
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+    cfg: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": grad_accum,
+        "gradient_clipping": grad_clip,
+        "zero_optimization": zero,
+        "bf16": {"enabled": bf16},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10 ** 12,
+        "wall_clock_breakdown": False,
+    }
+    if world is not None:
+        cfg["train_batch_size"] = micro_batch * grad_accum * world
+    return cfg
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Weight decay on matrices (linear and embedding weights), none on 1-D params (norms,
+    biases). Under ZeRO-3 parameters are already partitioned (flat, empty) when this runs:
+    their real shape is `ds_shape`."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if len(getattr(p, "ds_shape", p.shape)) >= 2 else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def lr_factor(cfg, total_steps: int) -> Callable[[int], float]:
+    """Multiplier of `lr` after `step` optimizer steps (LambdaLR): linear warmup to 1 over
+    `cfg.warmup_steps`, then cosine down to `cfg.min_lr_ratio` at the last step (or constant
+    when `cfg.lr_schedule == "constant"`)."""
+    def f(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        if cfg.lr_schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    return f
+
+
+def initialize(model: torch.nn.Module, params: Iterable, ds_cfg: dict[str, Any], *, lr: float,
+               betas, weight_decay: float = 0.0, factor: Callable[[int], float] | None = None):
+    """A torch AdamW over `params` (tensors, or groups carrying their own weight_decay) and the
+    DeepSpeed engine; with `factor`, a LambdaLR built on DeepSpeed's wrapped optimizer (ZeRO
+    regroups params). Returns (engine, scheduler or None)."""
+    import deepspeed
+
+    optimizer = torch.optim.AdamW(params, lr=lr, betas=tuple(betas), weight_decay=weight_decay)
+    schedule = None if factor is None else (lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, factor))
+    engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_cfg,
+                                                   lr_scheduler=schedule)
+    return engine, scheduler
+
+
+def hf_zero3_context(ds_cfg: dict[str, Any]):
+    """Under ZeRO-3, the HfDeepSpeedConfig that makes `from_pretrained` partition the weights
+    while loading (keep a reference to it until the model is built); None otherwise."""
+    if ds_cfg["zero_optimization"]["stage"] != 3:
+        return None
+    from transformers.integrations import HfDeepSpeedConfig
+
+    return HfDeepSpeedConfig(ds_cfg)
