@@ -83,6 +83,7 @@ class ArtifactStore:
 
     # small side files next to an artifact (e.g. the `_FAILED` note of `status`)
     def write_note(self, stage_url: str, name: str, data: dict[str, Any]) -> None:
+        self.fs.makedirs(self._path(stage_url), exist_ok=True)  # a job may fail before writing anything
         with self.fs.open(join(self._path(stage_url), name), "w") as f:
             json.dump(data, f, default=str)
 
