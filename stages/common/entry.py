@@ -17,6 +17,10 @@ def run_job(train: Callable[[StageJob], Any], name: str, user_errors: tuple[type
     job = StageJob.from_argv(argv)
     try:
         train(job)
+        if dist.is_initialized():
+            # every rank done (rank 0 may still be writing the model) before the group goes:
+            # a rank tearing down early aborted its peer's in-flight gloo/shm traffic
+            dist.barrier()
     except user_errors as e:
         if job.rank == 0:
             print(f"{name} failed: {e}", file=sys.stderr, flush=True)
