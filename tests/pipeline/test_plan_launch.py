@@ -86,11 +86,16 @@ def test_interrupt_stops_the_job(tmp_path):
 
     script = "import subprocess, sys, time\np = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\nprint('child', p.pid, flush=True)\ntime.sleep(60)\n"
     log = tmp_path / "stage.log"
+    # a shell that starts us in the background ignores SIGINT; make Ctrl-C raise as in a terminal
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(1.5, lambda: os.kill(os.getpid(), signal.SIGINT))
     timer.start()
     t0 = time.time()
-    with pytest.raises(KeyboardInterrupt):
-        run_job([sys.executable, "-c", script], "demo", log, Resources())
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_job([sys.executable, "-c", script], "demo", log, Resources())
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert time.time() - t0 < 15
     child = int(log.read_text().split()[1])
     time.sleep(0.5)
