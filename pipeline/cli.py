@@ -224,9 +224,5 @@ def verify(data: Path = typer.Argument(..., help="task rows (jsonl: domain, prom
     typer.echo(json.dumps(summary, indent=2))
 
 
-def main() -> None:  # pragma: no cover
-    app()
-
-
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(app())

@@ -8,7 +8,6 @@ outputs that the pipeline publishes, and which MLflow run to log to.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 from pathlib import Path
@@ -110,6 +109,3 @@ class StageJob(BaseModel):
 
         return fetch_input(url, Path(self.work_dir) / "inputs", self.storage_options,
                            artifact_urls=list(self.upstream.values()))
-
-    def dump_config(self) -> str:
-        return json.dumps(self.config, sort_keys=True)
