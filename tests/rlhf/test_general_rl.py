@@ -3,14 +3,12 @@ reasoning set, the config's paper defaults, and a 2-rank run killed with SIGKILL
 checkpoint that resumes (scheduler, history and the reasoning "before" score restored)."""
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
 import pickle
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,6 +21,7 @@ from stages.general_rl.rewards import (Decoded, GeneralReward, ResponseFacts, co
                                        group_normalise, make_decoder)
 
 from .conftest import TWO
+from tests.stage_kill import kill_after_first_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 GSM8K = REPO.parent / "shared" / "benchmarks" / "gsm8k.jsonl"
@@ -173,22 +172,6 @@ def _metrics(log: Path) -> list[dict]:
             if "[metrics] " in line]
 
 
-def _sigkill_all_under(pid: int) -> None:
-    """kill -9 of the process we started and of everything it started (the job runs in its own
-    session, so its process group is not ours)."""
-    import psutil
-
-    try:
-        victims = [psutil.Process(pid)]
-    except psutil.NoSuchProcess:
-        return
-    victims += victims[0].children(recursive=True)
-    for v in victims:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            v.kill()
-    psutil.wait_procs(victims, timeout=30)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_general_rl_killed_after_checkpoint_resumes(tiny_rm):
@@ -196,7 +179,6 @@ def test_general_rl_killed_after_checkpoint_resumes(tiny_rm):
 
     from pipeline.artifacts import CheckpointStore, local_path, read_manifest
     from pipeline.execute import run_stage
-    from pipeline.stage_api import Resources
 
     rm_run, tiny = tiny_rm
     chat, ifeval = tiny.root / "chat.jsonl", tiny.root / "ifeval.jsonl"
@@ -223,15 +205,7 @@ def test_general_rl_killed_after_checkpoint_resumes(tiny_rm):
                             env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     stage_root = local_path(tiny.storage) / recipe
-    deadline = time.time() + 300
-    try:
-        while not list(stage_root.glob("grl-*/checkpoints/step-*/_COMPLETE")):
-            assert proc.poll() is None, "the first general_rl run ended before writing a checkpoint"
-            assert time.time() < deadline, "no checkpoint within 300 s"
-            time.sleep(0.05)
-    finally:
-        _sigkill_all_under(proc.pid)
-    stage_dir = next(stage_root.glob("grl-*"))
+    stage_dir = kill_after_first_checkpoint(proc, stage_root, "grl-*", 300, "general_rl")
     assert not (stage_dir / "_SUCCESS").exists()
     resumed_at = CheckpointStore(f"file://{stage_dir}", {}).latest()
     assert resumed_at is not None and resumed_at % 3 == 0 and resumed_at < STEPS

@@ -7,10 +7,8 @@ import json
 import math
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +18,7 @@ from stages.sft.config import SFTConfig
 from stages.sft.data import (DataError, DataPlan, Sample, build_samples, collate, data_files,
                              pack_samples, read_rows, tokenize_chat)
 from stages.sft.train import lr_factor, packed_logits, packed_loss_sum, param_groups
+from tests.stage_kill import kill_after_first_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -237,23 +236,6 @@ def _metrics(log: Path) -> list[dict]:
             if "[metrics] " in line]
 
 
-def _kill_tree(pid: int) -> None:
-    """SIGKILL a process we started and every process below it (by pid)."""
-    import psutil
-
-    try:
-        parent = psutil.Process(pid)
-    except psutil.NoSuchProcess:
-        return
-    procs = parent.children(recursive=True) + [parent]
-    for p in procs:
-        try:
-            p.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(procs, timeout=30)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_sft_two_ranks_zero2_killed_after_checkpoint_resumes_and_learns(stage_env, data_artifact, base_artifact):
@@ -276,15 +258,7 @@ def test_sft_two_ranks_zero2_killed_after_checkpoint_resumes_and_learns(stage_en
     proc = subprocess.Popen([sys.executable, "-c", runner, json.dumps({**kwargs, "config": SFT_CONFIG})],
                             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     stage_root = local_path(stage_env["storage"]) / recipe
-    deadline = time.time() + 200
-    try:
-        while not list(stage_root.glob("sft-*/checkpoints/step-*/_COMPLETE")):
-            assert proc.poll() is None, "the first sft run ended before writing a checkpoint"
-            assert time.time() < deadline, "no checkpoint within 200 s"
-            time.sleep(0.05)
-    finally:
-        _kill_tree(proc.pid)
-    stage_dir = next(stage_root.glob("sft-*"))
+    stage_dir = kill_after_first_checkpoint(proc, stage_root, "sft-*", 200, "sft")
     assert not (stage_dir / "_SUCCESS").exists()
     resumed_at = CheckpointStore(f"file://{stage_dir}", {}).latest()
     assert resumed_at is not None and resumed_at % 8 == 0 and resumed_at < 36
