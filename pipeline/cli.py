@@ -15,7 +15,25 @@ from pipeline.loader import RecipeError, load_recipe
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  context_settings={"help_option_names": ["-h", "--help"]},
                   help="Run the Ring-1T training recipe as one declarative pipeline.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"ring-pipeline {version('ring-pipeline')}")
+        except PackageNotFoundError:  # run from a checkout that was never installed
+            typer.echo("ring-pipeline (not installed: run `pip install -e .`)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", "-V", is_eager=True, callback=_version,
+                                       help="print the version and exit")) -> None:
+    """Run the Ring-1T training recipe as one declarative pipeline."""
 
 RecipeArg = typer.Argument(..., help="recipe YAML file")
 SetOpt = typer.Option([], "--set", help="override a recipe value: KEY.PATH=VALUE (repeatable)")

@@ -23,6 +23,8 @@ class StageKind:
     entry: str
     # packages/modules whose source is this kind's code version (enters the stage hash)
     sources: tuple[str, ...] = ()
+    # the kind's declared results version: bumped by hand when a code change changes results
+    version: int = 1
     # False: one process, no rendezvous (data stages); True: world size from resources
     distributed: bool = True
     description: str = ""
