@@ -15,6 +15,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+class StageError(RuntimeError):
+    """A problem the user can fix (data, model, config, inputs), raised inside a stage job: the
+    job prints its message once, without a traceback, and exits 2. Every stage raises this type
+    (or a subclass) for user errors; anything else is a bug and keeps its traceback."""
+
+
 # `${stages.NAME.output}` optionally followed by `/sub/path`
 REFERENCE_RE = re.compile(r"^\$\{stages\.([A-Za-z_][A-Za-z0-9_-]*)\.output\}(/.*)?$")
 
