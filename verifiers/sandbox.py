@@ -281,12 +281,13 @@ def _run(files, main, stdin, cfg: SandboxConfig, collect, mode) -> SandboxResult
         )
         stdin_file.close()
         if mode == "ns":
-            os.close(ready_w)
-            os.close(maps_r)
+            for fd in (ready_w, maps_r):  # the launcher's ends
+                os.close(fd)
+            sync = (ready_r, maps_w)
             if os.read(ready_r, 1) == b"u":  # else the launcher failed to unshare and says why
                 _write_id_maps(proc.pid, host_uid, host_gid)
                 os.write(maps_w, b"m")
-            for fd in (ready_r, maps_w):
+            for fd in sync:
                 os.close(fd)
             sync = ()
         out, err, timed_out, capped = _communicate(proc, t0 + cfg.wall_s, cfg.max_output_bytes)
@@ -299,11 +300,8 @@ def _run(files, main, stdin, cfg: SandboxConfig, collect, mode) -> SandboxResult
                     collected[name] = f.read(cfg.max_output_bytes)
         return SandboxResult(proc.returncode, out, err, timed_out, capped, time.perf_counter() - t0, mode, collected)
     finally:
-        for fd in sync:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        for fd in sync:  # only fds still open: an fd number closed twice may be someone else's by then
+            os.close(fd)
         if proc is not None and proc.returncode is None:
             _stop(proc, mode)
         shutil.rmtree(root, ignore_errors=True)
