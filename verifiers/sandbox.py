@@ -20,7 +20,8 @@ as root, or as a user where unprivileged user namespaces are enabled) guarantees
   one. When it exits, times out or floods its output, every process it started is killed
   (the namespace's PID 1 exits; PR_SET_PDEATHSIG does the same if the verifier dies).
 - **Aggregate limits** (no cgroup needed): RLIMIT_NPROC counts processes (threads too) of
-  the sandbox's uid *in its own user namespace*, so ``nproc`` bounds the whole program;
+  the sandbox's uid *in its own user namespace* (its PID 1 included), so ``nproc`` bounds
+  the whole program;
   RLIMIT_AS bounds each process. Total memory is therefore at most
   ``nproc * memory_mb + work_mb + tmp_mb`` (``SandboxConfig.memory_bound_mb``). Also:
   CPU seconds per process, file size, open files, no core dumps, a wall-clock timeout and
@@ -72,7 +73,7 @@ class SandboxConfig:
     cpu_s: int = 2
     wall_s: float = 5.0
     memory_mb: int = 512  # address space per process
-    nproc: int = 8  # processes + threads of the whole program
+    nproc: int = 8  # processes + threads of the whole program, the sandbox's PID 1 included
     file_size_mb: int = 16
     nofile: int = 64
     work_mb: int = 64
