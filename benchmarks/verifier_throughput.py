@@ -1,7 +1,8 @@
-"""Verifier throughput: verifications per second per domain, and the code sandbox's
-start-up latency (p50/p99).
+"""Verifier throughput: verifications per second per domain, the code sandbox's start-up
+latency (p50/p99), and the math verifier's accuracy on generated near misses and
+equivalent forms (``verifiers.math_cases``), per category.
 
-    python benchmarks/verifier_throughput.py --n 200 --workers 2 --sandbox-runs 100
+    python benchmarks/verifier_throughput.py --n 200 --workers 2 --sandbox-runs 100 --math-cases 20
 
 Each domain gets ``--n`` (row, response) pairs, half correct and half wrong, verified
 through ``verify_batch`` on a warm pool (the pool is started and warmed before timing).
@@ -21,6 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from verifiers import verify_batch  # noqa: E402
 from verifiers.logic import arc, countdown, knights_knaves, maze, sudoku  # noqa: E402
 from verifiers.logic.maze import shortest_path  # noqa: E402
+from verifiers.math_cases import generate_cases, score_cases  # noqa: E402
 from verifiers.math_gen import generate_arithmetic  # noqa: E402
 from verifiers.sandbox import SandboxConfig, isolation_mode, run_python  # noqa: E402
 
@@ -83,6 +85,7 @@ def main() -> None:
     ap.add_argument("--code-n", type=int, default=40)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--sandbox-runs", type=int, default=100)
+    ap.add_argument("--math-cases", type=int, default=20, help="draws per category of verifiers.math_cases")
     args = ap.parse_args()
     domains = ["math", "math_latex", "countdown", "sudoku", "maze", "knights_knaves", "arc", "ifeval", "code"]
     warm_rows, warm_resp = workload("math_latex", 4)
@@ -109,6 +112,13 @@ def main() -> None:
           f"p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, max {lat[-1] * 1000:.0f} ms")
     results["sandbox_startup"] = {"mode": isolation_mode(), "runs": len(lat), "p50_ms": round(p50 * 1000, 1),
                                   "p99_ms": round(p99 * 1000, 1)}
+    table = score_cases(generate_cases(n_per_category=args.math_cases, seed=0))
+    print("math near misses / equivalent forms (generated, verifiers.math_cases):")
+    print("| category | equivalent forms accepted | near misses rejected |\n|---|---|---|")
+    for cat in sorted({k.split("/")[0] for k in table}, key=lambda c: (c == "all", c)):
+        eq, nm = table[f"{cat}/equivalent"], table[f"{cat}/near_miss"]
+        print(f"| {cat} | {eq['ok']}/{eq['n']} ({eq['rate']:.1%}) | {nm['ok']}/{nm['n']} ({nm['rate']:.1%}) |")
+    results["math_cases"] = {k: {"n": v["n"], "rate": round(v["rate"], 4)} for k, v in table.items()}
     print(json.dumps(results))
 
 

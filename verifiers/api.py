@@ -23,6 +23,7 @@ from typing import Any
 
 from .extract import NoAnswer, final_text
 from .registry import VERIFIERS, get_verifier
+from .sandbox import SandboxUnavailable
 from .timeouts import VerifierTimeout, time_limit
 from .schema import Reward, TaskRow
 
@@ -31,28 +32,33 @@ KILL_GRACE_S = 2.0
 
 
 def verify(row: TaskRow | dict[str, Any], response: str, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> Reward:
-    """Verify one response in this process. Never raises for bad answers or verifier bugs:
-    those give score 0 with the reason. Raises only for a malformed row (no domain)."""
+    """Verify one response in this process. Never raises for bad answers, malformed rows or
+    verifier bugs: those give score 0 with the reason. Raises SandboxUnavailable when code
+    cannot be run safely here (an environment problem that must stop training, not score 0)."""
     t0 = time.perf_counter()
     try:
         row = TaskRow.coerce(row)
     except Exception as e:  # pydantic.ValidationError
-        return Reward(score=0.0, reason=f"invalid task row: {e}".splitlines()[0], elapsed_s=time.perf_counter() - t0)
+        return Reward(score=0.0, reason=f"invalid task row: {e}".splitlines()[0], source="invalid_row",
+                      elapsed_s=time.perf_counter() - t0)
     try:
         fn = get_verifier(row.domain)
     except KeyError as e:
-        return Reward(score=0.0, reason=str(e.args[0]), elapsed_s=time.perf_counter() - t0)
+        return Reward(score=0.0, reason=str(e.args[0]), source="unknown_domain", elapsed_s=time.perf_counter() - t0)
     try:
         require_think = bool((row.extraction or {}).get("require_think", False))
         text = final_text(response, require_think=require_think)
         with time_limit(timeout_s):
             reward = fn(row, text)
     except NoAnswer as e:
-        reward = Reward.zero(str(e))
+        reward = Reward.zero(str(e), source="no_answer")
     except VerifierTimeout as e:
-        reward = Reward.zero(f"verifier timeout: {e}")
+        reward = Reward.zero(f"verifier timeout: {e}", source="timeout")
+    except SandboxUnavailable:
+        raise
     except Exception as e:
-        reward = Reward.zero(f"verifier error: {type(e).__name__}: {e}", traceback=traceback.format_exc(limit=5))
+        reward = Reward.zero(f"verifier error: {type(e).__name__}: {e}", source="verifier_error",
+                             traceback=traceback.format_exc(limit=5))
     reward.elapsed_s = time.perf_counter() - t0
     if row.id is not None:
         reward.details.setdefault("id", row.id)
@@ -81,8 +87,10 @@ def _worker_main(conn: Connection, sys_path: list[str], modules: list[str]) -> N
         if msg is None:
             return
         idx, row, response, timeout_s = msg
-        r = verify(row, response, timeout_s=timeout_s)
-        conn.send((idx, r.model_dump()))
+        try:
+            conn.send((idx, verify(row, response, timeout_s=timeout_s).model_dump()))
+        except SandboxUnavailable as e:
+            conn.send((idx, SandboxUnavailable(str(e))))
 
 
 def _verifier_modules() -> tuple[str, ...]:
@@ -143,7 +151,8 @@ class VerifierPool:
                     try:
                         w.conn.send((idx, row, responses[idx], timeout_s))
                     except Exception as e:  # unpicklable row, broken pipe
-                        results[idx] = Reward.zero(f"could not send row to worker: {type(e).__name__}: {e}")
+                        results[idx] = Reward.zero(f"could not send row to worker: {type(e).__name__}: {e}",
+                                                   source="verifier_error")
                         continue
                     w.task, sent_at[idx] = idx, time.monotonic()
                     w.deadline = sent_at[idx] + timeout_s + KILL_GRACE_S
@@ -161,6 +170,10 @@ class VerifierPool:
                 if w.conn in ready:
                     try:
                         got_idx, payload = w.conn.recv()
+                        if isinstance(payload, SandboxUnavailable):  # the batch cannot go on
+                            for k in range(len(self._workers)):
+                                self._replace(k)  # fresh workers: none holds a stale task
+                            raise payload
                         results[got_idx] = Reward.model_validate(payload)
                         w.task = None
                         continue
@@ -168,11 +181,12 @@ class VerifierPool:
                         pass  # died while answering: handled below
                 if w.conn in ready or w.proc.sentinel in ready or not w.proc.is_alive():
                     w.proc.join(timeout=1)
-                    results[idx] = Reward.zero(f"verifier process crashed (exit code {w.proc.exitcode})")
+                    results[idx] = Reward.zero(f"verifier process crashed (exit code {w.proc.exitcode})",
+                                               source="crashed")
                     results[idx].elapsed_s = now - sent_at[idx]
                     self._replace(i)
                 elif now >= w.deadline:
-                    results[idx] = Reward.zero(f"verifier timeout: killed after {timeout_s:g}s")
+                    results[idx] = Reward.zero(f"verifier timeout: killed after {timeout_s:g}s", source="timeout")
                     results[idx].elapsed_s = now - sent_at[idx]
                     self._replace(i)
         return [r for r in results]  # type: ignore[misc]

@@ -9,7 +9,9 @@ Reference (``row.reference``)::
     "memory_mb" (512), "float_tol" (1e-6, for numeric outputs)
 
 The program is the last fenced code block of the final answer (```python ... ```), or the
-whole final answer when it has no fence. Expected outputs never enter the sandbox: a
+whole final answer when it has no fence (source "unfenced_code", a fallback). Integer
+outputs compare exactly; ``float_tol`` applies only where the expected value is a
+non-integer number. The reason names the first failing test and where its output differs. Expected outputs never enter the sandbox: a
 program cannot print them by reading test files. Each stdin test is a separate run; all
 call tests of a row share one run of a small harness that imports the candidate as a
 module, calls it with the arguments and writes the return values to a file.
@@ -61,12 +63,14 @@ for i, c in enumerate(calls):
 '''
 
 
-def extract_code(text: str) -> str | None:
+def extract_code(text: str) -> tuple[str | None, str]:
+    """(program, source): the last fenced block ("fenced_code"; a python one preferred),
+    else the whole final answer ("unfenced_code", a fallback)."""
     blocks = _FENCE_RE.findall(text)
     if blocks:
         py = [b for lang, b in blocks if lang.lower() in ("python", "py", "python3", "")]
-        return (py or [b for _, b in blocks])[-1]
-    return text if text.strip() else None
+        return (py or [b for _, b in blocks])[-1], "fenced_code"
+    return (text, "unfenced_code") if text.strip() else (None, "no_answer")
 
 
 def _norm_lines(s: str) -> list[str]:
@@ -76,32 +80,48 @@ def _norm_lines(s: str) -> list[str]:
     return lines
 
 
-def outputs_match(expected: str, got: str, float_tol: float = 1e-6) -> bool:
+_INT_RE = re.compile(r"[-+]?\d+")
+
+
+def _token_differs(expected: str, got: str, float_tol: float) -> bool:
+    """Integer tokens compare exactly (as written); only a non-integer expected number gets
+    the float tolerance; anything else compares as text."""
+    if expected == got:
+        return False
+    if _INT_RE.fullmatch(expected):
+        return True
+    try:
+        fe, fg = float(expected), float(got)
+    except ValueError:
+        return True
+    return not math.isclose(fe, fg, rel_tol=float_tol, abs_tol=float_tol)
+
+
+def output_difference(expected: str, got: str, float_tol: float = 1e-6) -> str | None:
+    """None when ``got`` matches ``expected`` (line by line, whitespace-separated tokens),
+    else where and how it first differs."""
     e, g = _norm_lines(expected), _norm_lines(got)
     if e == g:
-        return True
+        return None
     if len(e) != len(g):
-        return False
-    for le, lg in zip(e, g):
+        return f"{len(g)} output lines, expected {len(e)}"
+    for n, (le, lg) in enumerate(zip(e, g), 1):
         te, tg = le.split(), lg.split()
         if len(te) != len(tg):
-            return False
-        for a, b in zip(te, tg):
-            if a == b:
-                continue
-            try:
-                fa, fb = float(a), float(b)
-            except ValueError:
-                return False
-            if not math.isclose(fa, fb, rel_tol=float_tol, abs_tol=float_tol):
-                return False
-    return True
+            return f"line {n}: {len(tg)} tokens, expected {len(te)}"
+        for k, (a, b) in enumerate(zip(te, tg), 1):
+            if _token_differs(a, b, float_tol):
+                return f"line {n}, token {k}: expected {a[:40]!r}, got {b[:40]!r}"
+    return None
 
 
 def values_match(expected: Any, got: Any, float_tol: float = 1e-6) -> bool:
+    """Integers (and bools) exactly, with their type; floats within the tolerance."""
     if isinstance(expected, bool) or isinstance(got, bool):
-        return expected is got or expected == got and type(expected) is type(got)
-    if isinstance(expected, (int, float)) and isinstance(got, (int, float)):
+        return type(expected) is type(got) and expected == got
+    if isinstance(expected, int):
+        return isinstance(got, int) and expected == got
+    if isinstance(expected, float) and isinstance(got, (int, float)):
         return math.isclose(expected, got, rel_tol=float_tol, abs_tol=float_tol)
     if isinstance(expected, (list, tuple)) and isinstance(got, (list, tuple)):
         return len(expected) == len(got) and all(values_match(a, b, float_tol) for a, b in zip(expected, got))
@@ -138,8 +158,9 @@ def run_tests(program: str, ref: dict[str, Any]) -> dict[str, Any]:
         elif r.returncode != 0:
             notes[i] = f"exit code {r.returncode}: " + r.stderr.decode(errors="replace")[-300:]
         else:
-            passed[i] = outputs_match(str(t.get("output", "")), r.stdout.decode(errors="replace"), float_tol)
-            notes[i] = "ok" if passed[i] else "wrong output"
+            diff = output_difference(str(t.get("output", "")), r.stdout.decode(errors="replace"), float_tol)
+            passed[i] = diff is None
+            notes[i] = "ok" if passed[i] else f"wrong output: {diff}"
     if call_idx:
         calls = [{"fn": tests[i].get("fn", ref.get("fn_name")), "args": tests[i].get("args", []),
                   "kwargs": tests[i].get("kwargs", {})} for i in call_idx]
@@ -167,16 +188,16 @@ def run_tests(program: str, ref: dict[str, Any]) -> dict[str, Any]:
                 notes[i] = "raised " + str(obj.get("error"))
             else:
                 passed[i] = values_match(tests[i].get("expected"), obj.get("value"), float_tol)
-                notes[i] = "ok" if passed[i] else "wrong value"
+                notes[i] = "ok" if passed[i] else f"wrong value: got {str(obj.get('value'))[:80]}"
     return {"passed": passed, "notes": notes, "sandbox_s": startup}
 
 
 @register_verifier("code")
 def verify_code(row: TaskRow, text: str) -> Reward:
     ref = row.reference if isinstance(row.reference, dict) else {}
-    program = extract_code(text)
+    program, source = extract_code(text)
     if program is None:
-        return Reward.zero("no program in the final answer")
+        return Reward.zero("no program in the final answer", source=source)
     res = run_tests(program, ref)
     n_pass, n = sum(res["passed"]), len(res["passed"])
     scoring = ref.get("scoring", "fraction")
@@ -185,6 +206,6 @@ def verify_code(row: TaskRow, text: str) -> Reward:
     first_fail = next((note for ok, note in zip(res["passed"], res["notes"]) if not ok), None)
     if first_fail:
         reason += f"; first failure: {first_fail[:200]}"
-    return Reward(score=score, extracted=program[:2000], reason=reason,
+    return Reward(score=score, extracted=program[:2000], reason=reason, source=source,
                   details={"tests": [{"passed": p, "note": note[:300]} for p, note in zip(res["passed"], res["notes"])],
                            "scoring": scoring})

@@ -2,23 +2,30 @@
 
 Only the text after the last ``</think>`` counts. A response whose ``<think>`` is never
 closed has no answer. Inside the final text, the answer is looked for with an ordered list
-of strategies (configurable per dataset through the row's ``extraction`` dict):
+of strategies (configurable per dataset through the row's ``extraction`` dict); the
+strategy that found it is the reward's ``source`` (stable names, see ``schema.SOURCES``):
 
-- ``boxed``: the content of the last ``\\boxed{...}`` / ``\\fbox{...}`` (nested braces);
+- ``boxed``: the content of the last ``\\boxed{...}`` / ``\\fbox{...}`` (nested braces).
+  Several boxes must all be the same answer (``same`` decides, e.g. ``1/2`` and ``0.5``):
+  more than ``max_distinct_boxed`` different ones is answer stuffing and extracts nothing;
 - ``answer_is``: the text after "the answer is" / "final answer:" / "answer:" (last one);
 - ``bare``: the whole final text when it is one short line of mathematics (no words of
   two or more letters outside LaTeX commands), e.g. ``\frac{1}{2}`` or ``x = 3, y = 4``;
-- ``last_number``: the last number in the text (fractions a/b and a trailing % included);
-- ``full``: the whole final text, stripped.
+- ``last_number`` (fallback): the last number in the text (fractions a/b and a trailing %
+  included). Never used when the text has an answer marker (a box or "the answer is"):
+  a marked answer that cannot be read is no answer. Refused when the text holds more than
+  ``max_fallback_numbers`` numbers (a list of candidates is stuffing, not an answer);
+- ``full`` (fallback): the whole final text, stripped.
 
 Options (``row.extraction``): ``strategies`` (list, default
 ``["boxed", "answer_is", "bare", "last_number"]``), ``require_think`` (bool, default False:
-responses without any ``<think>`` are taken whole), ``max_distinct_boxed`` (int, default 1:
-more distinct boxed answers than this is answer stuffing and extracts nothing).
+responses without any ``<think>`` are taken whole), ``max_distinct_boxed`` (int, default 1),
+``max_fallback_numbers`` (int, default 4).
 """
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,11 +38,16 @@ class NoAnswer(Exception):
     """Raised when a response has no extractable final answer; the message is the reason."""
 
 
+STRATEGIES = ("boxed", "answer_is", "bare", "last_number", "full")
+MARKED = ("boxed", "answer_is")  # strategies that read an explicit answer marker
+
+
 @dataclass
 class ExtractionOptions:
     strategies: tuple[str, ...] = DEFAULT_STRATEGIES
     require_think: bool = False
     max_distinct_boxed: int = 1
+    max_fallback_numbers: int = 4
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -44,14 +56,18 @@ class ExtractionOptions:
         opts = cls()
         if "strategies" in d:
             strategies = tuple(d.pop("strategies"))
-            unknown = set(strategies) - {"boxed", "answer_is", "bare", "last_number", "full"}
+            unknown = set(strategies) - set(STRATEGIES)
             if unknown:
-                raise ValueError(f"unknown extraction strategies: {sorted(unknown)}")
+                raise ValueError(f"extraction.strategies: unknown {sorted(unknown)}; known: {list(STRATEGIES)}")
             opts.strategies = strategies
         if "require_think" in d:
             opts.require_think = bool(d.pop("require_think"))
-        if "max_distinct_boxed" in d:
-            opts.max_distinct_boxed = int(d.pop("max_distinct_boxed"))
+        for key in ("max_distinct_boxed", "max_fallback_numbers"):
+            if key in d:
+                value = d.pop(key)
+                if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                    raise ValueError(f"extraction.{key} must be an integer >= 1, got {value!r}")
+                setattr(opts, key, value)
         opts.extra = d
         return opts
 
@@ -111,35 +127,57 @@ def _clean_tail(s: str) -> str:
     return s.strip().strip("*_ ").rstrip(".").strip().strip("*_ ")
 
 
-def extract_answer(text: str, opts: ExtractionOptions | None = None) -> tuple[str, str]:
-    """Extract from the final text. Returns (answer, strategy). Raises NoAnswer."""
+def _distinct(answers: list[str], same: Callable[[str, str], bool]) -> list[str]:
+    groups: list[str] = []
+    for a in answers:
+        if not any(a == g or same(g, a) for g in groups):
+            groups.append(a)
+    return groups
+
+
+def has_marker(text: str) -> bool:
+    """Does the text mark an answer explicitly (a box, "the answer is")?"""
+    return bool(_BOX_RE.search(text) or _ANSWER_IS_RE.search(text))
+
+
+def extract_answer(text: str, opts: ExtractionOptions | None = None,
+                   same: Callable[[str, str], bool] = lambda a, b: False) -> tuple[str, str]:
+    """Extract from the final text. Returns (answer, strategy). Raises NoAnswer.
+    ``same(a, b)``: are two boxed answers the same answer written differently?"""
     opts = opts or ExtractionOptions()
+    marked = has_marker(text)
     for strategy in opts.strategies:
+        if marked and strategy not in MARKED:
+            continue
         if strategy == "boxed":
             boxed = find_boxed(text)
             if boxed:
-                distinct = list(dict.fromkeys(b for b in boxed))
+                distinct = _distinct(boxed, same)
                 if len(distinct) > opts.max_distinct_boxed:
-                    raise NoAnswer(
-                        f"answer stuffing: {len(distinct)} different boxed answers "
-                        f"(at most {opts.max_distinct_boxed} allowed)"
-                    )
+                    raise NoAnswer(f"answer stuffing: {len(distinct)} different boxed answers "
+                                   f"(at most {opts.max_distinct_boxed} allowed)")
                 return boxed[-1], "boxed"
         elif strategy == "answer_is":
             matches = list(_ANSWER_IS_RE.finditer(text))
             if matches:
                 ans = _clean_tail(matches[-1].group(1))
+                ans = re.sub(r"(?<!\\)\$", "", ans).strip()  # math delimiters; a currency "\$" stays
                 if ans:
-                    return ans.replace("$", "").strip(), "answer_is"
+                    return ans, "answer_is"
         elif strategy == "bare":
             t = text.strip().strip("$").strip().rstrip(".")
             if t and "\n" not in t and len(t) <= 100 and not re.search(r"[A-Za-z]{2,}", re.sub(r"\\[A-Za-z]+", "", t)):
                 return t, "bare"
         elif strategy == "last_number":
             nums = _NUMBER_RE.findall(text)
+            if len(nums) > opts.max_fallback_numbers:
+                raise NoAnswer(f"no answer marker and {len(nums)} numbers in the text: the last-number fallback "
+                               f"takes at most {opts.max_fallback_numbers}")
             if nums:
                 return nums[-1], "last_number"
         elif strategy == "full":
             if text.strip():
                 return text.strip(), "full"
+    if marked:
+        raise NoAnswer("the answer marker holds no readable answer (no fallback when a marker is present)")
     raise NoAnswer(f"no answer found with strategies {list(opts.strategies)}")

@@ -1,125 +1,233 @@
-"""Instruction following, IFEval style: a list of checkable constraints per row.
+"""Instruction following: the 25 instruction ids of IFEval (Zhou et al. 2023), with the
+semantics of the reference checker (google-research ``instruction_following_eval``, as
+shipped in lm-eval's ``tasks/ifeval``), re-implemented here; the test suite compares the
+two on generated (instruction, kwargs, response) triples.
 
-Reference: {"instructions": [{"type": ..., ...kwargs}, ...], "mode": "strict"|"loose",
-"scoring": "all" (default: 1 only if every instruction holds) | "fraction"}.
+Reference (``row.reference``), either IFEval's own row layout::
 
-Loose mode (as in IFEval) also accepts the response with its first line removed, its last
-line removed, both removed, and/or markdown emphasis (``*``) removed; strict checks the
-response as written. Constraint types and their kwargs:
+    {"instruction_id_list": ["punctuation:no_comma", "length_constraints:number_words"],
+     "kwargs": [{}, {"relation": "less than", "num_words": 50}]}
 
-- word_count / sentence_count / paragraph_count: relation ("at least", "at most",
-  "less than", "more than", "exactly"), n. Paragraphs are split on blank lines or ``***``.
-- keywords_include: keywords (all must occur, case-insensitive, whole words)
-- keywords_exclude: keywords (none may occur)
-- keyword_frequency: keyword, relation, n
-- letter_frequency: letter, relation, n (case-insensitive)
-- json_format: the whole response is JSON (a ```json fence around it is allowed)
-- bullet_count: n (exactly n lines starting with "* " or "- ")
-- section_count: n, splitter (default "Section"): at least n sections "Section 1", ...
-- placeholder_count: n (at least n square-bracket placeholders like [address])
-- highlight_count: n (at least n *highlighted* spans)
-- lowercase / uppercase: the whole response in lower / upper case letters
-- start_with / end_with: phrase (end ignores trailing whitespace)
-- no_commas
-- title: a title wrapped in double angular brackets <<like this>>
-- quotation: the whole response wrapped in double quotes
-- postscript: marker (default "P.S."): a postscript starting with the marker
-- language: lang (ISO code). Detected offline from the script (ru, uk/ru Cyrillic, zh, ja,
-  ko, ar, hi, el, he, th) or, for Latin-script languages (en, es, fr, de, it, pt, nl),
-  from stopword counts. A heuristic: fine for whole paragraphs, not for a few words.
+or a list of instructions, each an id (or a short alias, below) with its kwargs inline::
+
+    {"instructions": [{"type": "no_commas"}, {"type": "word_count", "relation": "at most", "n": 50}]}
+
+plus ``"mode": "strict" | "loose"`` (default strict) and ``"scoring": "all"`` (default: 1
+only if every instruction holds) or ``"fraction"``. Loose mode, as in IFEval, also accepts
+the response without its first line, its last line, both, and/or every ``*``.
+
+Where this differs from the reference, on purpose:
+- ``length_constraints:number_sentences``: the reference counts with NLTK's Punkt English
+  model, which no PyPI package installs; we count with the rule-based splitter the
+  reference ships (``split_into_sentences``: abbreviations, initials, decimals, acronyms,
+  web addresses, ellipses), re-implemented in ``split_sentences``.
+- ``change_case:capital_word_frequency``: the reference tokenizes with ``nltk.word_tokenize``
+  (Punkt again, to split sentences first); ``words_treebank`` tokenizes the whole text
+  Treebank-style (contractions split, hyphenated words kept), which counts the same
+  all-capital words.
+- Relations: besides the reference's "less than" and "at least", "at most", "more than"
+  and "exactly" are accepted (the reference raises for them).
+- Kwargs must be given: the reference draws missing ones at random, we raise naming them.
+- ``startend:start_with`` (alias ``start_with``) is ours: the reference has no start check.
+Languages are detected with ``langdetect`` (seeded, so the same text always gets the same
+answer); as in the reference, text it cannot classify counts as followed.
 """
 from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .registry import register_verifier
 from .schema import Reward, TaskRow
 
-Check = Callable[..., bool]
-CHECKS: dict[str, Check] = {}
+RELATIONS: dict[str, Callable[[int, int], bool]] = {
+    "less than": lambda v, n: v < n, "at least": lambda v, n: v >= n,  # the reference's two
+    "at most": lambda v, n: v <= n, "more than": lambda v, n: v > n, "exactly": lambda v, n: v == n,
+}
+CONSTRAINED_RESPONSES = ("My answer is yes.", "My answer is no.", "My answer is maybe.")
 
 
-def check(name: str):
-    def deco(fn: Check) -> Check:
-        CHECKS[name] = fn
+@dataclass(frozen=True)
+class Instruction:
+    id: str
+    check: Callable[..., bool]
+    kwargs: tuple[str, ...]  # all required
+
+
+INSTRUCTIONS: dict[str, Instruction] = {}
+
+
+def instruction(iid: str, *kwargs: str):
+    def deco(fn: Callable[..., bool]) -> Callable[..., bool]:
+        INSTRUCTIONS[iid] = Instruction(iid, fn, kwargs)
         return fn
 
     return deco
 
 
-def compare(value: int, relation: str, n: int) -> bool:
-    rel = relation.strip().lower()
-    if rel in ("at least", ">="):
-        return value >= n
-    if rel in ("at most", "<="):
-        return value <= n
-    if rel in ("less than", "<"):
-        return value < n
-    if rel in ("more than", ">"):
-        return value > n
-    if rel in ("exactly", "=", "=="):
-        return value == n
-    raise ValueError(f"unknown relation {relation!r}")
+def _compare(value: int, relation: str, n: int) -> bool:
+    try:
+        return RELATIONS[relation](value, n)
+    except KeyError:
+        raise ValueError(f"unknown relation {relation!r}; known: {sorted(RELATIONS)}") from None
 
 
-def words(text: str) -> list[str]:
-    return re.findall(r"\b[\w'-]+\b", text)
+# ---- text units ----------------------------------------------------------------------------
+_SITE_RE = re.compile(r"[.](com|net|org|io|gov|edu|me)")
+_STARTERS = (r"(Mr|Mrs|Ms|Dr|Prof|Capt|Cpt|Lt|He\s|She\s|It\s|They\s|Their\s|Our\s|We\s|But\s|However\s|That\s"
+             r"|This\s|Wherever)")
+_SUFFIXES = "(Inc|Ltd|Jr|Sr|Co)"
+DOT, STOP = "\x00", "\x01"  # a protected period; a sentence boundary
 
 
-def sentences(text: str) -> list[str]:
-    parts = re.split(r"(?<=[.!?])\s+|\n+", text.strip())
-    return [p for p in parts if re.search(r"\w", p)]
+def split_sentences(text: str) -> list[str]:
+    """Rule-based sentence split (the reference's ``split_into_sentences`` rules): periods in
+    titles, initials, acronyms, decimals and web addresses do not end a sentence; an
+    ellipsis does; closing quotes stay with their sentence."""
+    t = " " + text.replace("\n", " ") + "  "
+    t = re.sub(r"(Mr|St|Mrs|Ms|Dr)[.]", r"\1" + DOT, t)
+    t = _SITE_RE.sub(DOT + r"\1", t)
+    t = re.sub(r"([0-9])[.]([0-9])", r"\1" + DOT + r"\2", t)
+    t = re.sub(r"\.{2,}", lambda m: DOT * len(m.group(0)) + STOP, t)
+    t = t.replace("Ph.D.", "Ph" + DOT + "D" + DOT)
+    t = re.sub(r"\s([A-Za-z])[.] ", r" \1" + DOT + " ", t)
+    t = re.sub(r"([A-Z][.][A-Z][.](?:[A-Z][.])?) " + _STARTERS, lambda m: m.group(1) + STOP + " " + m.group(2), t)
+    t = re.sub(r"([A-Za-z])[.]([A-Za-z])[.]([A-Za-z])[.]", r"\1" + DOT + r"\2" + DOT + r"\3" + DOT, t)
+    t = re.sub(r"([A-Za-z])[.]([A-Za-z])[.]", r"\1" + DOT + r"\2" + DOT, t)
+    t = re.sub(" " + _SUFFIXES + "[.] " + _STARTERS, " \\1" + STOP + " \\2", t)
+    t = re.sub(" " + _SUFFIXES + "[.]", " \\1" + DOT, t)
+    t = re.sub(" ([A-Za-z])[.]", " \\1" + DOT, t)
+    for closing in ("”", '"'):
+        t = t.replace("." + closing, closing + ".")
+    t = t.replace('!"', '"!').replace('?"', '"?')
+    for mark in ".?!":
+        t = t.replace(mark, mark + STOP)
+    parts = [p.replace(DOT, ".").strip() for p in t.split(STOP)]
+    return parts[:-1] if parts and not parts[-1] else parts
 
 
-def paragraphs(text: str) -> list[str]:
-    parts = re.split(r"\n\s*\n|\s*\*\*\*\s*", text.strip())
-    return [p for p in parts if p.strip()]
+def words_treebank(text: str) -> list[str]:
+    """Treebank-style tokens: punctuation apart, contractions split (DON'T -> DO N'T),
+    hyphenated words whole."""
+    t = re.sub(r"(?i)(\w)(n't)\b", r"\1 \2", text)
+    t = re.sub(r"(?i)(\w)('s|'re|'ve|'ll|'d|'m)\b", r"\1 \2", t)
+    return re.findall(r"[\w'][\w'.\-]*[\w']|[\w']|[^\w\s]", t)
 
 
-@check("word_count")
-def _wc(text, relation, n):
-    return compare(len(words(text)), relation, n)
+def _detect_language(text: str) -> str | None:
+    """ISO code, or None where langdetect has nothing to go on."""
+    import langdetect
+
+    langdetect.DetectorFactory.seed = 0
+    try:
+        return langdetect.detect(text)
+    except langdetect.LangDetectException:
+        return None
 
 
-@check("sentence_count")
-def _sc(text, relation, n):
-    return compare(len(sentences(text)), relation, n)
+# ---- the 25 instruction ids -----------------------------------------------------------------
+@instruction("keywords:existence", "keywords")
+def _existence(text, keywords):
+    return all(re.search(k, text, flags=re.IGNORECASE) for k in keywords)
 
 
-@check("paragraph_count")
-def _pc(text, n, relation="exactly"):
-    return compare(len(paragraphs(text)), relation, n)
+@instruction("keywords:frequency", "keyword", "frequency", "relation")
+def _frequency(text, keyword, frequency, relation):
+    return _compare(len(re.findall(keyword.strip(), text, flags=re.IGNORECASE)), relation, frequency)
 
 
-@check("keywords_include")
-def _ki(text, keywords):
-    return all(re.search(rf"\b{re.escape(k)}\b", text, re.IGNORECASE) for k in keywords)
+@instruction("keywords:forbidden_words", "forbidden_words")
+def _forbidden(text, forbidden_words):
+    return not any(re.search(r"\b" + w + r"\b", text, flags=re.IGNORECASE) for w in forbidden_words)
 
 
-@check("keywords_exclude")
-def _ke(text, keywords):
-    return not any(re.search(rf"\b{re.escape(k)}\b", text, re.IGNORECASE) for k in keywords)
+@instruction("keywords:letter_frequency", "letter", "let_frequency", "let_relation")
+def _letters(text, letter, let_frequency, let_relation):
+    return _compare(Counter(text.lower())[letter.strip().lower()], let_relation, let_frequency)
 
 
-@check("keyword_frequency")
-def _kf(text, keyword, relation, n):
-    return compare(len(re.findall(rf"\b{re.escape(keyword)}\b", text, re.IGNORECASE)), relation, n)
+@instruction("language:response_language", "language")
+def _language(text, language):
+    got = _detect_language(text)
+    return got is None or got == language
 
 
-@check("letter_frequency")
-def _lf(text, letter, relation, n):
-    return compare(text.lower().count(letter.lower()), relation, n)
+@instruction("length_constraints:number_sentences", "num_sentences", "relation")
+def _sentences(text, num_sentences, relation):
+    return _compare(len(split_sentences(text)), relation, num_sentences)
 
 
-@check("json_format")
+@instruction("length_constraints:number_paragraphs", "num_paragraphs")
+def _paragraphs(text, num_paragraphs):
+    parts = re.split(r"\s?\*\*\*\s?", text)
+    inner_empty = any(not p.strip() for p in parts[1:-1])
+    return not inner_empty and sum(1 for p in parts if p.strip()) == num_paragraphs
+
+
+@instruction("length_constraints:number_words", "num_words", "relation")
+def _words(text, num_words, relation):
+    return _compare(len(re.findall(r"\w+", text)), relation, num_words)
+
+
+@instruction("length_constraints:nth_paragraph_first_word", "num_paragraphs", "nth_paragraph", "first_word")
+def _nth_first_word(text, num_paragraphs, nth_paragraph, first_word):
+    if not 1 <= nth_paragraph <= num_paragraphs:
+        raise ValueError(f"nth_paragraph must be between 1 and num_paragraphs ({num_paragraphs}), got {nth_paragraph}")
+    parts = text.split("\n\n")
+    count = sum(1 for p in parts if p.strip())
+    if nth_paragraph > count or not parts[nth_paragraph - 1].strip():
+        return False
+    word = parts[nth_paragraph - 1].strip().split()[0].strip().lstrip("'").lstrip('"')
+    head = re.match(r"[^.,?!'\"]*", word).group(0).lower()
+    return count == num_paragraphs and head == first_word.lower()
+
+
+@instruction("detectable_content:number_placeholders", "num_placeholders")
+def _placeholders(text, num_placeholders):
+    return len(re.findall(r"\[.*?\]", text)) >= num_placeholders
+
+
+@instruction("detectable_content:postscript", "postscript_marker")
+def _postscript(text, postscript_marker):
+    marker = postscript_marker.strip()
+    pattern = {"P.P.S": r"\s*p\.\s?p\.\s?s.*$", "P.S.": r"\s*p\.\s?s\..*$"}.get(marker, r"\s*" + marker.lower() + r".*$")
+    return bool(re.findall(pattern, text.lower(), flags=re.MULTILINE))
+
+
+@instruction("detectable_format:number_bullet_lists", "num_bullets")
+def _bullets(text, num_bullets):
+    stars = re.findall(r"^\s*\*[^\*].*$", text, flags=re.MULTILINE)
+    dashes = re.findall(r"^\s*-.*$", text, flags=re.MULTILINE)
+    return len(stars) + len(dashes) == num_bullets
+
+
+@instruction("detectable_format:constrained_response")
+def _constrained(text):
+    return any(option in text.strip() for option in CONSTRAINED_RESPONSES)
+
+
+@instruction("detectable_format:number_highlighted_sections", "num_highlights")
+def _highlights(text, num_highlights):
+    single = [h for h in re.findall(r"\*[^\n\*]*\*", text) if h.strip("*").strip()]
+    double = [h for h in re.findall(r"\*\*[^\n\*]*\*\*", text) if h[2:-2].strip()]
+    return len(single) + len(double) >= num_highlights
+
+
+@instruction("detectable_format:multiple_sections", "section_spliter", "num_sections")
+def _sections(text, section_spliter, num_sections):
+    return len(re.split(r"\s?" + section_spliter.strip() + r"\s?\d+\s?", text)) - 1 >= num_sections
+
+
+@instruction("detectable_format:json_format")
 def _json(text):
     s = text.strip()
-    m = re.fullmatch(r"```(?:json|JSON)?\s*\n?(.*?)\n?```", s, re.DOTALL)
-    if m:
-        s = m.group(1)
+    for fence in ("```json", "```Json", "```JSON", "```"):  # one after the other, as the reference does
+        s = s.removeprefix(fence)
+    s = s.removesuffix("```").strip()
     try:
         json.loads(s)
     except ValueError:
@@ -127,134 +235,162 @@ def _json(text):
     return True
 
 
-@check("bullet_count")
-def _bc(text, n):
-    return len(re.findall(r"^\s*[*-]\s+\S", text, re.MULTILINE)) == n
+@instruction("detectable_format:title")
+def _title(text):
+    return any(t.lstrip("<").rstrip(">").strip() for t in re.findall(r"<<[^\n]+>>", text))
 
 
-@check("section_count")
-def _sec(text, n, splitter="Section"):
-    return len(re.findall(rf"^\s*{re.escape(splitter)}\s+\d+", text, re.MULTILINE | re.IGNORECASE)) >= n
+@instruction("combination:two_responses")
+def _two_responses(text):
+    parts = text.split("******")
+    if any(not p.strip() for p in parts[1:-1]):
+        return False
+    answers = [p for p in parts if p.strip()]
+    return len(answers) == 2 and answers[0].strip() != answers[1].strip()
 
 
-@check("placeholder_count")
-def _ph(text, n):
-    return len(re.findall(r"\[[^\[\]\n]+\]", text)) >= n
+@instruction("combination:repeat_prompt", "prompt_to_repeat")
+def _repeat_prompt(text, prompt_to_repeat):
+    return text.strip().lower().startswith(prompt_to_repeat.strip().lower())
 
 
-@check("highlight_count")
-def _hl(text, n):
-    return len([h for h in re.findall(r"\*([^*\n]+)\*", text) if h.strip()]) >= n
+@instruction("startend:end_checker", "end_phrase")
+def _end(text, end_phrase):
+    return text.strip().strip('"').lower().endswith(end_phrase.strip().lower())
 
 
-@check("lowercase")
-def _lower(text):
-    return text == text.lower() and any(c.isalpha() for c in text)
-
-
-@check("uppercase")
-def _upper(text):
-    return text == text.upper() and any(c.isalpha() for c in text)
-
-
-@check("start_with")
-def _start(text, phrase):
+@instruction("startend:start_with", "phrase")
+def _start(text, phrase):  # ours: not a reference id
     return text.strip().lower().startswith(phrase.strip().lower())
 
 
-@check("end_with")
-def _end(text, phrase):
-    return text.strip().lower().endswith(phrase.strip().lower())
-
-
-@check("no_commas")
-def _nocomma(text):
-    return "," not in text and "，" not in text
-
-
-@check("title")
-def _title(text):
-    return any(t.strip() for t in re.findall(r"<<([^\n]+?)>>", text))
-
-
-@check("quotation")
-def _quote(text):
+@instruction("startend:quotation")
+def _quotation(text):
     s = text.strip()
     return len(s) > 1 and s[0] == '"' and s[-1] == '"'
 
 
-@check("postscript")
-def _ps(text, marker="P.S."):
-    return re.search(rf"^\s*{re.escape(marker)}", text, re.MULTILINE | re.IGNORECASE) is not None
+@instruction("change_case:capital_word_frequency", "capital_frequency", "capital_relation")
+def _capital_words(text, capital_frequency, capital_relation):
+    return _compare(sum(w.isupper() for w in words_treebank(text)), capital_relation, capital_frequency)
 
 
-_SCRIPTS = {"ru": r"[\u0400-\u04FF]", "uk": r"[\u0400-\u04FF]", "zh": r"[\u4E00-\u9FFF]", "ja": r"[\u3040-\u30FF]",
-            "ko": r"[\uAC00-\uD7AF]", "ar": r"[\u0600-\u06FF]", "hi": r"[\u0900-\u097F]", "el": r"[\u0370-\u03FF]",
-            "he": r"[\u0590-\u05FF]", "th": r"[\u0E00-\u0E7F]"}
-_STOPWORDS = {
-    "en": "the and of to is in that it was for on are with as be this have not but they you",
-    "es": "el la de que y en los se del las por un una es con para no su al lo como",
-    "fr": "le la les de des et est un une que en du dans pour pas qui sur au il elle",
-    "de": "der die das und ist nicht ein eine zu den mit von sich des auf für im dem ich",
-    "it": "il di che la e un una per non sono del della gli le si con da in è",
-    "pt": "o a de que e do da em um uma para com não os as no na se por",
-    "nl": "de het een en van is dat niet op te in zijn met voor ik er aan",
+def _english_in_case(text: str, in_case: bool) -> bool:
+    if not in_case:
+        return False
+    lang = _detect_language(text)
+    return lang is None or lang == "en"
+
+
+@instruction("change_case:english_capital")
+def _all_capitals(text):
+    return _english_in_case(text, text.isupper())
+
+
+@instruction("change_case:english_lowercase")
+def _all_lowercase(text):
+    return _english_in_case(text, text.islower())
+
+
+@instruction("punctuation:no_comma")
+def _no_comma(text):
+    return "," not in text
+
+
+# ---- the short aliases of the "instructions" layout: name -> (id, {our kwarg: its kwarg}) ----
+ALIASES: dict[str, tuple[str, dict[str, str]]] = {
+    "word_count": ("length_constraints:number_words", {"n": "num_words"}),
+    "sentence_count": ("length_constraints:number_sentences", {"n": "num_sentences"}),
+    "paragraph_count": ("length_constraints:number_paragraphs", {"n": "num_paragraphs"}),
+    "keywords_include": ("keywords:existence", {}),
+    "keywords_exclude": ("keywords:forbidden_words", {"keywords": "forbidden_words"}),
+    "keyword_frequency": ("keywords:frequency", {"n": "frequency"}),
+    "letter_frequency": ("keywords:letter_frequency", {"relation": "let_relation", "n": "let_frequency"}),
+    "json_format": ("detectable_format:json_format", {}),
+    "bullet_count": ("detectable_format:number_bullet_lists", {"n": "num_bullets"}),
+    "section_count": ("detectable_format:multiple_sections", {"n": "num_sections", "splitter": "section_spliter"}),
+    "placeholder_count": ("detectable_content:number_placeholders", {"n": "num_placeholders"}),
+    "highlight_count": ("detectable_format:number_highlighted_sections", {"n": "num_highlights"}),
+    "lowercase": ("change_case:english_lowercase", {}),
+    "uppercase": ("change_case:english_capital", {}),
+    "start_with": ("startend:start_with", {}),
+    "end_with": ("startend:end_checker", {"phrase": "end_phrase"}),
+    "no_commas": ("punctuation:no_comma", {}),
+    "title": ("detectable_format:title", {}),
+    "quotation": ("startend:quotation", {}),
+    "postscript": ("detectable_content:postscript", {"marker": "postscript_marker"}),
+    "language": ("language:response_language", {"lang": "language"}),
+    "constrained_response": ("detectable_format:constrained_response", {}),
+    "two_responses": ("combination:two_responses", {}),
+    "repeat_prompt": ("combination:repeat_prompt", {"prompt": "prompt_to_repeat"}),
+    "capital_word_frequency": ("change_case:capital_word_frequency",
+                               {"n": "capital_frequency", "relation": "capital_relation"}),
+    "nth_paragraph_first_word": ("length_constraints:nth_paragraph_first_word", {"n": "num_paragraphs"}),
 }
+_ALIAS_DEFAULTS = {"section_count": {"section_spliter": "Section"}, "postscript": {"postscript_marker": "P.S."},
+                   "paragraph_count": {}}
 
 
-def detect_language(text: str) -> str | None:
-    letters = [c for c in text if c.isalpha()]
-    if not letters:
-        return None
-    for lang, pat in _SCRIPTS.items():
-        if lang == "uk":
-            continue
-        if len(re.findall(pat, text)) / len(letters) > 0.3:
-            return lang
-    toks = [w.lower() for w in words(text)]
-    scores = {lang: sum(t in set(sw.split()) for t in toks) for lang, sw in _STOPWORDS.items()}
-    best = max(scores, key=scores.get)
-    return best if scores[best] > 0 else None
-
-
-@check("language")
-def _lang(text, lang):
-    want = lang.lower()
-    got = detect_language(text)
-    return got == want or (want == "uk" and got == "ru")
+def parse_instructions(ref: dict[str, Any]) -> list[tuple[Instruction, dict[str, Any]]]:
+    """The row's instructions as (instruction, kwargs); ValueError naming the bad entry."""
+    if "instruction_id_list" in ref:
+        ids, kwargs = ref["instruction_id_list"], ref.get("kwargs") or [{} for _ in ref["instruction_id_list"]]
+        if not isinstance(ids, list) or not isinstance(kwargs, list) or len(ids) != len(kwargs):
+            raise ValueError("ifeval reference: instruction_id_list and kwargs must be lists of the same length")
+        entries = [(iid, {k: v for k, v in (kw or {}).items() if v is not None}, f"instruction_id_list[{i}]")
+                   for i, (iid, kw) in enumerate(zip(ids, kwargs))]
+    else:
+        raw = ref.get("instructions")
+        if not isinstance(raw, list) or not raw or not all(isinstance(x, dict) and "type" in x for x in raw):
+            raise ValueError("ifeval reference needs a non-empty 'instructions' list of {'type': ..., ...} "
+                             "or IFEval's 'instruction_id_list' + 'kwargs'")
+        entries = []
+        for i, inst in enumerate(raw):
+            name, kw = inst["type"], {k: v for k, v in inst.items() if k != "type"}
+            if name in ALIASES:
+                iid, rename = ALIASES[name]
+                kw = {**_ALIAS_DEFAULTS.get(name, {}), **{rename.get(k, k): v for k, v in kw.items()}}
+            else:
+                iid = name
+            entries.append((iid, kw, f"instructions[{i}]"))
+    out = []
+    for iid, kw, where in entries:
+        inst = INSTRUCTIONS.get(iid)
+        if inst is None:
+            raise ValueError(f"ifeval reference {where}: unknown instruction {iid!r}; known: {sorted(INSTRUCTIONS)} "
+                             f"and aliases {sorted(ALIASES)}")
+        missing = [k for k in inst.kwargs if k not in kw]
+        extra = [k for k in kw if k not in inst.kwargs]
+        if missing or extra:
+            raise ValueError(f"ifeval reference {where} ({iid}): " + "; ".join(
+                x for x in (f"missing {missing}" if missing else "", f"unexpected {extra}" if extra else "") if x))
+        out.append((inst, kw))
+    return out
 
 
 def loose_variants(text: str) -> list[str]:
     lines = text.split("\n")
     bases = [text, "\n".join(lines[1:]).strip(), "\n".join(lines[:-1]).strip(), "\n".join(lines[1:-1]).strip()]
-    out = []
-    for b in bases:
-        out += [b, b.replace("*", "")]
-    return [v for v in dict.fromkeys(out) if v.strip()]
+    return list(dict.fromkeys(v for b in bases for v in (b, b.replace("*", "")) if v.strip()))
 
 
-def check_instruction(text: str, inst: dict[str, Any], mode: str = "strict") -> bool:
-    kwargs = {k: v for k, v in inst.items() if k != "type"}
-    fn = CHECKS.get(inst["type"])
-    if fn is None:
-        raise ValueError(f"unknown instruction type {inst['type']!r}; known: {sorted(CHECKS)}")
+def followed(text: str, inst: Instruction, kwargs: dict[str, Any], mode: str = "strict") -> bool:
     variants = [text] if mode == "strict" else loose_variants(text)
-    return any(fn(v, **kwargs) for v in variants)
+    return any(v.strip() and inst.check(v, **kwargs) for v in variants)
 
 
 @register_verifier("ifeval")
 def verify_ifeval(row: TaskRow, text: str) -> Reward:
     ref = row.reference if isinstance(row.reference, dict) else {}
-    instructions = ref.get("instructions") or []
-    if not instructions:
-        raise ValueError("ifeval reference needs a non-empty 'instructions' list")
+    instructions = parse_instructions(ref)
     mode = ref.get("mode", "strict")
+    if mode not in ("strict", "loose"):
+        raise ValueError(f"ifeval reference: mode must be 'strict' or 'loose', got {mode!r}")
     if not text.strip():
-        return Reward.zero("empty response")
-    results = [check_instruction(text, inst, mode) for inst in instructions]
+        return Reward.zero("empty response", source="response")
+    results = [followed(text, inst, kw, mode) for inst, kw in instructions]
     n_ok = sum(results)
     score = n_ok / len(results) if ref.get("scoring") == "fraction" else float(all(results))
-    failed = [inst["type"] for inst, ok in zip(instructions, results) if not ok]
+    failed = [inst.id for (inst, _), ok in zip(instructions, results) if not ok]
     reason = f"{n_ok}/{len(results)} instructions followed ({mode})" + (f"; failed: {', '.join(failed)}" if failed else "")
-    return Reward(score=score, extracted=None, reason=reason,
-                  details={"followed": results, "mode": mode})
+    return Reward(score=score, reason=reason, source="response", details={"followed": results, "mode": mode})

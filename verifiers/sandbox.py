@@ -1,32 +1,40 @@
-"""Run an untrusted Python program in a sandbox.
+"""Run an untrusted Python program in a sandbox built from an allow-list.
 
-Guarantees (namespace mode, the default where ``unshare`` works, e.g. as root on Linux):
-- a fresh temporary directory is the program's cwd and the only place it can write
-  (besides a private, size-capped /tmp that vanishes with it); removed afterwards;
-- new network namespace: no interface but a down loopback, so no connection leaves;
-- new PID namespace: the program is PID 1 of its own namespace and sees no host process
-  (it cannot signal its parent or read other processes' /proc/<pid>/environ); killing it
-  kills every process it started, including ones that called setsid();
-- new mount namespace: the project directory, the caller's cwd, /root, /home, /work, /tmp,
-  /var/tmp, /dev/shm, /run, /mnt, /media, /srv are covered by empty tmpfs mounts (extra
-  paths: ``SandboxConfig.hide`` or env ``RING_SANDBOX_HIDE``, colon separated); the Python
-  installation is re-exposed read-only;
-- when started as root, the program runs as an unprivileged uid (60000-64999, no
-  supplementary groups, no_new_privs), so it can neither write outside its directory nor
-  undo the mounts, and RLIMIT_NPROC applies to it;
-- rlimits: CPU seconds, address space, file size, number of processes, open files, no core;
-- a scrubbed environment (PATH, LANG, HOME=workdir: nothing of the caller's, so no AWS_*
-  or tokens);
-- wall-clock timeout and stdout/stderr size caps; on exit, timeout or cap the whole process
-  group is SIGKILLed (and ``unshare --kill-child`` + PR_SET_PDEATHSIG kill the namespace if
-  the verifying process itself dies).
+Namespace mode ("ns", used wherever the kernel lets this process create a user namespace:
+as root, or as a user where unprivileged user namespaces are enabled) guarantees:
 
-Fallback mode (no usable ``unshare``): same temp dir, rlimits, env scrubbing, timeouts,
-caps and process-group kill, plus a Python audit hook that refuses sockets, os.kill,
-process creation, ctypes, writing outside the work directory and opening hidden paths or other processes' /proc entries. This
-is weaker: audit hooks are a Python-level guard (a C extension could bypass them) and the
-program keeps the caller's uid. ``isolation_mode()`` says which mode is in force;
-``RING_SANDBOX_MODE=fallback`` forces the fallback.
+- **File system**: the program's root is an empty read-only tmpfs holding read-only bind
+  mounts of only: the interpreter binary, its standard library (its site-packages covered
+  by an empty mount), the shared libraries those two load (``ldd``), ``/etc/ld.so.cache``,
+  the device nodes null/zero/full/random/urandom, and the paths the verifier declares
+  (``SandboxConfig.expose``). Nothing else of the host exists in it: no /proc, /sys, /home,
+  /etc, project or data dirs, host sockets or other binaries. Writable: only ``/work``
+  (its cwd, a tmpfs capped at ``work_mb``) and ``/tmp`` (a tmpfs capped at ``tmp_mb``);
+  both vanish with it. Input files are copied in; expected outputs never are.
+- **Identity**: a fresh user namespace where the program runs as uid/gid 1000, mapped to an
+  unprivileged host uid (60000-64999 when the verifier runs as root, else the verifier's
+  own uid); it has no capabilities (dropped at exec) and no_new_privs.
+- **Network and IPC**: new network namespace (only a down loopback: no socket of any family
+  reaches the host, abstract unix sockets included) and new IPC and UTS namespaces.
+- **Processes**: new PID namespace; the program sees no host process and cannot signal
+  one. When it exits, times out or floods its output, every process it started is killed
+  (the namespace's PID 1 exits; PR_SET_PDEATHSIG does the same if the verifier dies).
+- **Aggregate limits** (no cgroup needed): RLIMIT_NPROC counts processes (threads too) of
+  the sandbox's uid *in its own user namespace* (its PID 1 included), so ``nproc`` bounds
+  the whole program;
+  RLIMIT_AS bounds each process. Total memory is therefore at most
+  ``nproc * memory_mb + work_mb + tmp_mb`` (``SandboxConfig.memory_bound_mb``). Also:
+  CPU seconds per process, file size, open files, no core dumps, a wall-clock timeout and
+  stdout/stderr caps, and a scrubbed environment (PATH, LANG, HOME=/work: no host secrets).
+
+Unsafe mode ("unsafe"): where no user namespace can be created, ``run_python`` raises
+``SandboxUnavailable`` unless the user opts in with ``RING_SANDBOX_UNSAFE_NO_ISOLATION=1``.
+Then the program runs as the verifier's own user in a temp dir with the same rlimits,
+timeouts, caps and environment scrubbing, behind a Python audit hook that refuses
+sockets, signals, process creation, ctypes, file changes outside the work dir and reads
+outside it and the standard library. That hook guards against accidents, not attacks:
+native code or an unhooked call gets past it. Use it only for trusted programs.
+``isolation_mode()`` says which mode is in force.
 """
 from __future__ import annotations
 
@@ -40,29 +48,43 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 LAUNCHER = str(Path(__file__).with_name("_sandbox_launcher.py"))
-PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
-DEFAULT_HIDE = ("/root", "/home", "/work", "/tmp", "/var/tmp", "/dev/shm", "/run", "/mnt", "/media", "/srv")
-_NEVER_HIDE = {"/", "/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc", "/proc", "/dev", "/sys", "/var"}
-UNSHARE_ARGS = ["--net", "--pid", "--fork", "--kill-child=SIGKILL", "--mount", "--mount-proc"]
+UNSAFE_OPT_IN = "RING_SANDBOX_UNSAFE_NO_ISOLATION"
+SANDBOX_ID = 1000  # uid and gid of the program inside its user namespace
+HOST_ID_RANGE = (60000, 65000)  # host uids the sandbox maps to when the verifier is root
+DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 PR_SET_PDEATHSIG = 1
+SETUP_FAILED = 125  # the launcher's exit status when it could not build the sandbox
+
+
+class SandboxUnavailable(RuntimeError):
+    """No isolating sandbox can be built here and the user did not opt in to the unsafe mode.
+    Not a bad answer: verifiers let it through so that training stops instead of scoring 0."""
 
 
 @dataclass
 class SandboxConfig:
     cpu_s: int = 2
     wall_s: float = 5.0
-    memory_mb: int = 512
+    memory_mb: int = 512  # address space per process
+    nproc: int = 8  # processes + threads of the whole program, the sandbox's PID 1 included
     file_size_mb: int = 16
-    nproc: int = 32
     nofile: int = 64
+    work_mb: int = 64
+    tmp_mb: int = 64
     max_output_bytes: int = 1 << 20
-    hide: tuple[str, ...] = ()
+    expose: tuple[str, ...] = ()  # extra host paths the program may read (read-only)
+
+    @property
+    def memory_bound_mb(self) -> int:
+        """What the whole program can hold at most in namespace mode."""
+        return self.nproc * self.memory_mb + self.work_mb + self.tmp_mb
 
 
 @dataclass
@@ -81,90 +103,110 @@ class SandboxResult:
         return self.returncode == 0 and not self.timed_out and not self.output_capped
 
 
-def _unshare_cmd() -> list[str] | None:
-    exe = shutil.which("unshare")
-    if exe is None:
-        return None
-    cmd = [exe]
-    if os.geteuid() != 0:
-        cmd.append("--map-root-user")  # needs unprivileged user namespaces
-    return cmd + UNSHARE_ARGS
+# ---- what the program may see ------------------------------------------------------------
+def _interpreter() -> str:
+    return os.path.realpath(sys.executable)
 
 
 @functools.lru_cache(maxsize=1)
+def _allow_list() -> tuple[tuple[tuple[str, bool], ...], tuple[str, ...]]:
+    """(read-only paths as (path, is_dir), dirs to cover with an empty mount): the
+    interpreter, its standard library and every shared library they load."""
+    stdlib = os.path.realpath(sysconfig.get_paths()["stdlib"])
+    dynload = os.path.join(stdlib, "lib-dynload")
+    binaries = [_interpreter()]
+    if os.path.isdir(dynload):
+        binaries += [os.path.join(dynload, f) for f in sorted(os.listdir(dynload)) if f.endswith(".so")]
+    out = subprocess.run(["ldd", *binaries], capture_output=True, text=True, timeout=60).stdout
+    libs = set()
+    for line in out.splitlines():
+        parts = line.split()
+        if "=>" in parts and len(parts) > parts.index("=>") + 1 and parts[parts.index("=>") + 1].startswith("/"):
+            libs.add(parts[parts.index("=>") + 1])
+        elif parts and parts[0].startswith("/") and not parts[0].endswith(":"):  # the dynamic loader
+            libs.add(parts[0])
+    files = {_interpreter(), *libs, "/etc/ld.so.cache"}
+    expose = [(stdlib, True)] + [(p, False) for p in sorted(files) if os.path.isfile(p) and not p.startswith(stdlib + "/")]
+    mask = tuple(os.path.join(stdlib, d) for d in ("site-packages", "dist-packages") if os.path.isdir(os.path.join(stdlib, d)))
+    return tuple(expose), mask
+
+
+# ---- mode --------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=1)
+def _namespace_problem() -> str | None:
+    """None when a trivial program runs in namespace mode here, else why not."""
+    try:
+        r = _run({"main.py": "pass"}, "main.py", b"", SandboxConfig(wall_s=30), (), "ns")
+    except OSError as e:
+        return f"{type(e).__name__}: {e}"
+    if r.returncode == 0:
+        return None
+    return (r.stderr.decode(errors="replace").strip() or f"exit code {r.returncode}")[-500:]
+
+
 def isolation_mode() -> str:
-    """"ns" when a throwaway ``unshare`` with all our namespaces runs, else "fallback"."""
-    if os.environ.get("RING_SANDBOX_MODE") == "fallback":
-        return "fallback"
-    cmd = _unshare_cmd()
-    if cmd is None:
-        return "fallback"
-    try:
-        r = subprocess.run(cmd + ["true"], capture_output=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return "fallback"
-    return "ns" if r.returncode == 0 else "fallback"
+    """"ns" when namespace isolation works here; else "unsafe" if the user opted in with
+    RING_SANDBOX_UNSAFE_NO_ISOLATION=1; else raise SandboxUnavailable saying why."""
+    problem = _namespace_problem()
+    if problem is None:
+        return "ns"
+    if os.environ.get(UNSAFE_OPT_IN) == "1":
+        return "unsafe"
+    raise SandboxUnavailable(
+        f"cannot isolate untrusted code here (user namespaces: {problem}); enable unprivileged user "
+        f"namespaces or run as root, or set {UNSAFE_OPT_IN}=1 to run programs WITHOUT isolation")
 
 
-def _hidden_paths(extra: tuple[str, ...]) -> list[str]:
-    env_extra = tuple(p for p in os.environ.get("RING_SANDBOX_HIDE", "").split(":") if p)
-    paths = set()
-    for p in (*DEFAULT_HIDE, PROJECT_ROOT, os.getcwd(), *extra, *env_extra):
-        rp = os.path.realpath(p)
-        if rp not in _NEVER_HIDE and os.path.isdir(rp):
-            paths.add(rp)
-    return sorted(paths)
-
-
-def _exposed_paths() -> list[str]:
-    exe_dir = os.path.dirname(os.path.realpath(sys.executable))
-    paths = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, exe_dir)}
-    return sorted(p for p in paths if p not in _NEVER_HIDE)
-
-
+# ---- running -----------------------------------------------------------------------------
 def _preexec() -> None:
-    # If the verifying process dies, the kernel SIGKILLs unshare, whose --kill-child then
-    # SIGKILLs the namespace's PID 1, which takes every process of the namespace with it.
+    # if the verifying process dies, the kernel SIGKILLs the launcher, whose child (the
+    # namespace's PID 1) gets the same from its own PR_SET_PDEATHSIG: the namespace dies
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+@functools.lru_cache(maxsize=1)
+def _host_root() -> bool:
+    """Root of the initial user namespace: may map the sandbox to any host uid. (Root of a
+    nested user namespace may not, and is treated like any user.)"""
     try:
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except Exception:
-        pass
+        with open("/proc/self/uid_map") as f:
+            identity = f.read().split() == ["0", "0", "4294967295"]
+    except OSError:
+        identity = False
+    return os.geteuid() == 0 and identity
 
 
-def _descendants(root_pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
+def _host_ids() -> tuple[int, int]:
+    """The unprivileged host uid/gid the sandbox's 1000 maps to."""
+    if _host_root():
+        ident = random.randrange(*HOST_ID_RANGE)
+        return ident, ident
+    return os.geteuid(), os.getegid()
+
+
+def _write_id_maps(pid: int, host_uid: int, host_gid: int) -> None:
+    """Written from outside the new user namespace: a process cannot map itself to another
+    host uid."""
+    for name, text in (("uid_map", f"{SANDBOX_ID} {host_uid} 1\n"), ("setgroups", "deny\n"),
+                       ("gid_map", f"{SANDBOX_ID} {host_gid} 1\n")):
+        with open(f"/proc/{pid}/{name}", "w") as f:
+            f.write(text)
+
+
+def _stop(proc: subprocess.Popen, mode: str) -> None:
+    """End the launcher and everything it started. In ns mode SIGTERM makes the launcher
+    kill the namespace's PID 1 and reap it; SIGKILL to the group is the backstop."""
+    if mode == "ns" and proc.poll() is None:
+        proc.terminate()
         try:
-            with open(f"/proc/{d}/stat", "rb") as f:
-                stat = f.read()
-            ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(d))
-    out, stack = [], [root_pid]
-    while stack:
-        for c in children.get(stack.pop(), []):
-            out.append(c)
-            stack.append(c)
-    return out
-
-
-def _kill_tree(proc: subprocess.Popen) -> None:
-    try:
-        for pid in _descendants(proc.pid):  # fallback mode: children that left the group
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.kill()
-    except ProcessLookupError:
-        pass
+            proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            pass
+    for kill in (lambda: os.killpg(proc.pid, signal.SIGKILL), proc.kill):
+        try:
+            kill()
+        except (ProcessLookupError, PermissionError):
+            pass
     try:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:  # pragma: no cover
@@ -179,78 +221,90 @@ def run_python(
     collect: tuple[str, ...] = (),
     mode: str | None = None,
 ) -> SandboxResult:
-    """Write ``files`` into a fresh directory and run ``python main`` there, sandboxed.
-
+    """Write ``files`` into a fresh work dir and run ``python main`` there, sandboxed.
     ``collect`` names files (written by the program) to read back after it exits.
-    """
-    cfg = config or SandboxConfig()
-    mode = mode or isolation_mode()
+    Raises SandboxUnavailable (see ``isolation_mode``)."""
+    return _run(files, main, stdin, config or SandboxConfig(), collect, mode or isolation_mode())
+
+
+def _run(files, main, stdin, cfg: SandboxConfig, collect, mode) -> SandboxResult:
+    for name in (*files, *collect):
+        if not name or os.path.basename(name) != name or name in (".", ".."):
+            raise ValueError(f"sandbox file name must be a plain name: {name!r}")
     root = tempfile.mkdtemp(prefix="ring-sbx-")
-    workdir = os.path.join(root, "work")
-    os.mkdir(workdir)
+    host_work, newroot = os.path.join(root, "work"), os.path.join(root, "root")
+    os.mkdir(host_work)
+    os.mkdir(newroot)
     t0 = time.perf_counter()
     proc: subprocess.Popen | None = None
+    sync = ()
     try:
         for name, content in files.items():
-            p = os.path.join(workdir, name)
-            if os.path.dirname(os.path.abspath(p)) != workdir:
-                raise ValueError(f"sandbox file name must be a plain name: {name!r}")
-            with open(p, "wb") as f:
+            with open(os.path.join(host_work, name), "wb") as f:
                 f.write(content.encode() if isinstance(content, str) else content)
-        uid = None
-        if os.geteuid() == 0 and mode == "ns":
-            uid = 60000 + random.randrange(5000)
-            for dirpath, _, fnames in os.walk(root):
-                os.chown(dirpath, uid, uid)
-                for fn in fnames:
-                    os.chown(os.path.join(dirpath, fn), uid, uid)
-            os.chmod(root, 0o700)
+        host_uid, host_gid = _host_ids()
+        if mode == "ns" and _host_root():  # the namespace's PID 1 reads inputs and writes results as it
+            for path in (root, host_work, *(os.path.join(host_work, n) for n in files)):
+                os.chown(path, host_uid, host_gid)
+        expose, mask = _allow_list()
+        expose += tuple((os.path.realpath(p), os.path.isdir(p)) for p in cfg.expose)
         mb = 1 << 20
-        launch_cfg = {
-            "mode": mode,
-            "workdir": workdir,
-            "hide": _hidden_paths(cfg.hide),
-            "expose": _exposed_paths(),
-            "uid": uid,
+        launch = {
+            "mode": mode, "host_work": host_work, "newroot": newroot, "inputs": sorted(files),
+            "collect": list(collect), "collect_cap": cfg.max_output_bytes, "expose": expose,
+            "mask": mask, "devices": DEVICES, "tmp_mb": cfg.tmp_mb, "work_mb": cfg.work_mb,
+            "sandbox_id": SANDBOX_ID, "workdir": "/work" if mode == "ns" else host_work,
             "rlimits": {
                 "RLIMIT_CPU": [cfg.cpu_s, cfg.cpu_s + 1],
-                "RLIMIT_AS": [cfg.memory_mb * mb, cfg.memory_mb * mb],
-                "RLIMIT_FSIZE": [cfg.file_size_mb * mb, cfg.file_size_mb * mb],
-                "RLIMIT_NPROC": [cfg.nproc, cfg.nproc],
-                "RLIMIT_NOFILE": [cfg.nofile, cfg.nofile],
+                "RLIMIT_AS": [cfg.memory_mb * mb] * 2,
+                "RLIMIT_FSIZE": [cfg.file_size_mb * mb] * 2,
+                "RLIMIT_NPROC": [cfg.nproc] * 2,
+                "RLIMIT_NOFILE": [cfg.nofile] * 2,
                 "RLIMIT_CORE": [0, 0],
             },
-            "argv": [os.path.realpath(sys.executable), "-E", "-s", "-B", main],
-            "env": {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir,
+            "argv": [_interpreter(), "-E", "-s", "-B", main],
+            "env": {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/work" if mode == "ns" else host_work,
                     "PYTHONIOENCODING": "utf-8", "PYTHONDONTWRITEBYTECODE": "1"},
         }
-        cmd = [sys.executable, "-I", "-S", LAUNCHER, json.dumps(launch_cfg)]
         if mode == "ns":
-            cmd = (_unshare_cmd() or []) + cmd
+            ready_r, ready_w = os.pipe()
+            maps_r, maps_w = os.pipe()
+            sync = (ready_r, ready_w, maps_r, maps_w)
+            launch["sync_fds"] = [ready_w, maps_r]
         stdin_file = tempfile.TemporaryFile()
         stdin_file.write(stdin.encode() if isinstance(stdin, str) else stdin)
         stdin_file.seek(0)
         proc = subprocess.Popen(
-            cmd, stdin=stdin_file, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            start_new_session=True, env={"PATH": "/usr/bin:/bin"}, cwd=root, preexec_fn=_preexec,
+            [_interpreter(), "-I", "-S", LAUNCHER, json.dumps(launch)], stdin=stdin_file,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, env={"PATH": "/usr/bin:/bin"},
+            cwd=root, preexec_fn=_preexec, pass_fds=launch.get("sync_fds", ()),
+            extra_groups=[] if _host_root() else None,
         )
         stdin_file.close()
+        if mode == "ns":
+            for fd in (ready_w, maps_r):  # the launcher's ends
+                os.close(fd)
+            sync = (ready_r, maps_w)
+            if os.read(ready_r, 1) == b"u":  # else the launcher failed to unshare and says why
+                _write_id_maps(proc.pid, host_uid, host_gid)
+                os.write(maps_w, b"m")
+            for fd in sync:
+                os.close(fd)
+            sync = ()
         out, err, timed_out, capped = _communicate(proc, t0 + cfg.wall_s, cfg.max_output_bytes)
-        if timed_out or capped:
-            _kill_tree(proc)
-        else:
-            proc.wait()
-            _kill_tree(proc)  # anything it left running (detached children) goes too
+        _stop(proc, mode)
         collected = {}
         for name in collect:
-            p = os.path.join(workdir, name)
+            p = os.path.join(host_work, name)
             if os.path.isfile(p) and not os.path.islink(p):
                 with open(p, "rb") as f:
                     collected[name] = f.read(cfg.max_output_bytes)
         return SandboxResult(proc.returncode, out, err, timed_out, capped, time.perf_counter() - t0, mode, collected)
     finally:
+        for fd in sync:  # only fds still open: an fd number closed twice may be someone else's by then
+            os.close(fd)
         if proc is not None and proc.returncode is None:
-            _kill_tree(proc)
+            _stop(proc, mode)
         shutil.rmtree(root, ignore_errors=True)
 
 

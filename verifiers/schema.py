@@ -6,22 +6,44 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 
+# Which path produced a reward (``Reward.source``). Stable names: RL monitors group by them.
+SOURCES = {
+    "boxed": "the last \\boxed{} of the final answer",
+    "answer_is": 'a marker: "the answer is", "final answer:", "answer:"',
+    "bare": "the final answer is one short line of mathematics",
+    "last_number": "FALLBACK: the last number anywhere in the final answer",
+    "full": "FALLBACK: the whole final answer (opt-in math strategy)",
+    "fenced_code": "the last fenced code block",
+    "unfenced_code": "FALLBACK: the whole final answer taken as the program (no code fence)",
+    "whole_text": "logic games: the final answer parsed as a whole (no box)",
+    "response": "instruction following: the whole response",
+    "no_answer": "nothing could be extracted (unclosed <think>, no marker, stuffing)",
+    "invalid_row": "the task row is malformed",
+    "unknown_domain": "no verifier is registered for the row's domain",
+    "verifier_error": "the verifier raised",
+    "timeout": "the verification ran out of time",
+    "crashed": "the verifier process died",
+}
+FALLBACK_SOURCES = frozenset(k for k, v in SOURCES.items() if v.startswith("FALLBACK"))
+
+
 class Reward(BaseModel):
     """Outcome of one verification. JSON-serialisable via ``.model_dump()``."""
 
     score: float = Field(0.0, ge=0.0, le=1.0)
     extracted: str | None = None
     reason: str = ""
+    source: str = ""  # a SOURCES key (plugins may add their own names)
     elapsed_s: float = 0.0
     details: dict[str, Any] = Field(default_factory=dict)
 
     @classmethod
-    def zero(cls, reason: str, extracted: str | None = None, **details: Any) -> "Reward":
-        return cls(score=0.0, extracted=extracted, reason=reason, details=details)
+    def zero(cls, reason: str, extracted: str | None = None, source: str = "", **details: Any) -> "Reward":
+        return cls(score=0.0, extracted=extracted, reason=reason, source=source, details=details)
 
     @classmethod
-    def one(cls, reason: str = "correct", extracted: str | None = None, **details: Any) -> "Reward":
-        return cls(score=1.0, extracted=extracted, reason=reason, details=details)
+    def one(cls, reason: str = "correct", extracted: str | None = None, source: str = "", **details: Any) -> "Reward":
+        return cls(score=1.0, extracted=extracted, reason=reason, source=source, details=details)
 
 
 class TaskRow(BaseModel):

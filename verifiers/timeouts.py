@@ -11,11 +11,8 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TypeVar
-
-T = TypeVar("T")
 
 
 class VerifierTimeout(Exception):
@@ -64,8 +61,3 @@ def time_limit(seconds: float | None) -> Iterator[None]:
             left = old_timer[0] - (time.monotonic() - started)
             signal.setitimer(signal.ITIMER_REAL, max(1e-3, left))
         _deadline.t = prev_deadline
-
-
-def call_with_timeout(fn: Callable[[], T], seconds: float | None) -> T:
-    with time_limit(seconds):
-        return fn()

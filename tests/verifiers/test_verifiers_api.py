@@ -36,16 +36,17 @@ def test_reward_is_json_serialisable():
 
 def test_unclosed_think_and_unknown_domain_score_zero():
     r = verify({"domain": "math", "reference": "2"}, "<think> the answer is 2")
-    assert r.score == 0 and "not closed" in r.reason
+    assert r.score == 0 and "not closed" in r.reason and r.source == "no_answer"
     r = verify({"domain": "nope", "reference": "2"}, "2")
-    assert r.score == 0 and "no verifier" in r.reason
+    assert r.score == 0 and "no verifier" in r.reason and r.source == "unknown_domain"
+    assert verify({"reference": "2"}, "2").source == "invalid_row"
 
 
 def test_in_process_timeout_and_exception():
     r = verify({"domain": "_test_sleep", "reference": {"sleep": 5}}, "x", timeout_s=0.3)
-    assert r.score == 0 and "timeout" in r.reason and r.elapsed_s < 2
+    assert r.score == 0 and "timeout" in r.reason and r.elapsed_s < 2 and r.source == "timeout"
     r = verify({"domain": "_test_raise", "reference": None}, "x")
-    assert r.score == 0 and "RuntimeError: boom" in r.reason
+    assert r.score == 0 and "RuntimeError: boom" in r.reason and r.source == "verifier_error"
 
 
 def test_batch_order_crash_and_timeout_do_not_take_the_batch_down():
@@ -63,9 +64,9 @@ def test_batch_order_crash_and_timeout_do_not_take_the_batch_down():
     out = verify_batch(rows, responses, num_workers=2, timeout_s=1.0)
     assert time.monotonic() - t0 < 15
     assert [r.score for r in out[:6]] == [1, 1, 1, 0, 1, 1]
-    assert out[6].score == 0 and "crashed" in out[6].reason
+    assert out[6].score == 0 and "crashed" in out[6].reason and out[6].source == "crashed"
     assert out[7].score == 0 and "timeout" in out[7].reason
-    assert out[8].score == 0 and "timeout" in out[8].reason and "killed" in out[8].reason
+    assert out[8].score == 0 and "timeout" in out[8].reason and "killed" in out[8].reason and out[8].source == "timeout"
     assert out[9].score == 1
     # the pool survived and is reused (second call is fast: no new processes to start)
     pool = verifiers.api._POOL

@@ -151,8 +151,14 @@ def test_ifeval_constraints():
     cases = [
         ({"type": "word_count", "relation": "at least", "n": 5}, "one two three four five", "one two"),
         ({"type": "sentence_count", "relation": "exactly", "n": 2}, "Hi there. Bye now!", "Hi. Bye. Again."),
-        ({"type": "paragraph_count", "n": 2}, "para one\n\npara two", "just one"),
+        ({"type": "paragraph_count", "n": 2}, "para one\n***\npara two", "para one\n\npara two"),  # IFEval: *** only
         ({"type": "keywords_include", "keywords": ["river", "Stone"]}, "A stone by the river.", "A stone only."),
+        ({"type": "nth_paragraph_first_word", "n": 2, "nth_paragraph": 2, "first_word": "then"},
+         "First.\n\n\"Then, second.", "First.\n\nNext, second."),
+        ({"type": "constrained_response"}, "My answer is yes.", "Yes."),
+        ({"type": "two_responses"}, "One way.\n******\nAnother way.", "One way.\n******\nOne way."),
+        ({"type": "repeat_prompt", "prompt": "Say hi."}, "say hi. Hi!", "Hi!"),
+        ({"type": "capital_word_frequency", "n": 2, "relation": "at least"}, "I DON'T know", "I do not know"),
         ({"type": "keywords_exclude", "keywords": ["bad"]}, "all good", "this is BAD"),
         ({"type": "keyword_frequency", "keyword": "cat", "relation": "at least", "n": 2}, "cat and cat", "cat"),
         ({"type": "letter_frequency", "letter": "z", "relation": "at least", "n": 3}, "Zzz", "zz"),
@@ -161,8 +167,8 @@ def test_ifeval_constraints():
         ({"type": "section_count", "n": 2}, "Section 1\nx\nSection 2\ny", "Section 1 only"),
         ({"type": "placeholder_count", "n": 2}, "Dear [name] at [address]", "Dear [name]"),
         ({"type": "highlight_count", "n": 1}, "this is *key*", "nothing"),
-        ({"type": "lowercase"}, "all lower here", "Not lower"),
-        ({"type": "uppercase"}, "ALL CAPS", "Not Caps"),
+        ({"type": "lowercase"}, "the weather is nice today and we walk in the park", "The weather is nice today"),
+        ({"type": "uppercase"}, "THE WEATHER IS NICE TODAY AND WE WALK IN THE PARK", "The weather is nice today"),
         ({"type": "start_with", "phrase": "Dear Sir"}, "dear sir, hello", "Hello"),
         ({"type": "end_with", "phrase": "Any questions?"}, "Text. Any questions?  ", "Any questions? Text."),
         ({"type": "no_commas"}, "no commas here", "a, b"),
@@ -171,7 +177,7 @@ def test_ifeval_constraints():
         ({"type": "postscript"}, "body\nP.S. later", "body"),
         ({"type": "language", "lang": "fr"}, "Le chat est sur la table et il dort dans le jardin.",
          "The cat is on the table and it sleeps in the garden."),
-        ({"type": "language", "lang": "ru"}, "Привет, как дела?", "Hello there"),
+        ({"type": "language", "lang": "ru"}, "Сегодня хорошая погода, и мы пойдем гулять в парк с нашими друзьями.", "Hello there"),
     ]
     for inst, good, bad in cases:
         assert ife([inst], good).score == 1, (inst, good)
@@ -180,9 +186,82 @@ def test_ifeval_constraints():
 
 def test_ifeval_strict_vs_loose_and_scoring():
     inst = [{"type": "lowercase"}]
-    text = "Sure, here it is:\nall lowercase text"
+    text = "Sure, here it is:\nthe weather is nice today and we walk in the park with our friends"
     assert ife(inst, text).score == 0 and ife(inst, text, mode="loose").score == 1
     two = [{"type": "no_commas"}, {"type": "word_count", "relation": "at most", "n": 3}]
     assert ife(two, "a, b").score == 0
     assert ife(two, "a, b", scoring="fraction").score == 0.5
     assert ife(two, "<think>a b</think>").score == 0  # nothing after the thinking section
+
+
+# ---- strict parsing: every game reads the whole answer and says why it rejects ------------
+def test_knights_knaves_every_person_exactly_one_role():
+    row = knights_knaves.generate(1, seed=5, people=3)[0]
+    sol = row["reference"]["solution"]
+    names = list(sol)
+    right = ", ".join(f"{n} is a {sol[n]}" for n in names)
+    flip = {"knight": "knave", "knave": "knight"}
+    assert verify(row, T + right).score == 1
+    assert verify(row, T + rf"\boxed{{{right}}}").source == "boxed"
+    grouped = " and ".join(n for n in names if sol[n] == "knight")
+    cases = {
+        "both roles": right.replace(f"is a {sol[names[0]]}", "is a knight and a knave", 1),
+        "either role": right.replace(f"is a {sol[names[0]]}", "is a knight/knave", 1),
+        "two roles": right + f", {names[0]} is a {flip[sol[names[0]]]}",
+        "negation": right.replace(f"is a {sol[names[0]]}", f"is not a {flip[sol[names[0]]]}", 1),
+        "extra person": right + ", Zed is a knave",
+        "missing person": ", ".join(f"{n} is a {sol[n]}" for n in names[1:]),
+    }
+    for what, answer in cases.items():
+        r = verify(row, T + answer)
+        assert r.score == 0 and r.reason, (what, answer)
+    if grouped:  # "A and B are knights" names two people with one role word
+        rest = ", ".join(f"{n} is a {sol[n]}" for n in names if sol[n] == "knave")
+        assert verify(row, T + f"{grouped} are knights" + (f", {rest}" if rest else "")).score == 1
+
+
+def test_grid_games_need_exactly_one_grid():
+    row = arc.generate(1, seed=2, size=3)[0]
+    out, wrong = row["reference"]["output"], row["reference"]["test_input"]
+    text = "\n".join(" ".join(map(str, r)) for r in out)
+    other = "\n".join(" ".join(map(str, r)) for r in wrong)
+    assert verify(row, T + text).score == 1
+    for answer in (f"{other}\n\nor maybe\n\n{text}", f"{wrong}\n{out}", f"{text}\n\nalternatively\n{text}"):
+        r = verify(row, T + answer)
+        assert r.score == 0 and "exactly one" in r.reason, answer
+    if out != wrong:
+        assert "first at row" in verify(row, T + other).reason or "grid is" in verify(row, T + other).reason
+
+
+def test_one_line_answers_for_countdown_and_maze():
+    row = countdown.generate(1, seed=1)[0]
+    good = row["reference"]["example"]
+    assert verify(row, T + good).score == 1
+    r = verify(row, T + f"1 + 2\n{good}")
+    assert r.score == 0 and "one line" in r.reason
+    mrow = maze.generate(1, seed=3)[0]
+    path = shortest_path(mrow["reference"]["grid"])
+    assert verify(mrow, T + path).score == 1
+    assert verify(mrow, T + f"UUU\n{path}").score == 0
+
+
+@pytest.mark.parametrize("expected,printed,ok", [
+    ("3\n", "3\n", True), ("3\n", "3.0\n", False), ("1000000\n", "1000001\n", False),
+    ("2.5\n", "2.5000001\n", True), ("2.5\n", "2.6\n", False), ("1 2\n", "1 2 3\n", False), ("yes\n", "YES\n", False),
+])
+def test_code_integer_outputs_are_exact(expected, printed, ok):
+    r = code([{"input": "", "output": expected}], f"print({printed.strip()!r})")
+    assert (r.score == 1) is ok, r.reason
+    if not ok:
+        assert "wrong output" in r.reason
+    assert r.source == "fenced_code"
+
+
+def test_code_function_values_integers_exact():
+    tests = [{"fn": "f", "args": [], "expected": 1000000}]
+    assert code(tests, "def f(): return 1000000").score == 1
+    r = code(tests, "def f(): return 1000000.5")
+    assert r.score == 0 and "wrong value" in r.reason
+    assert code([{"fn": "f", "args": [], "expected": 0.1}], "def f(): return 0.1000000001").score == 1
+    unfenced = verify({"domain": "code", "reference": {"tests": tests}}, T + "def f(): return 1000000")
+    assert unfenced.score == 1 and unfenced.source == "unfenced_code"

@@ -149,3 +149,69 @@ def benchmark_failures(name, limit):
             if r.score != 0:
                 failures.append(("perturbed", gold, bad, r.reason))
     return failures, len(answers)
+
+
+# ---- generated equivalent forms and near misses, by category (verifiers.math_cases) --------
+def test_generated_near_misses_rejected_and_equivalent_forms_accepted():
+    from verifiers.math_cases import generate_cases, score_cases
+
+    table = score_cases(generate_cases(n_per_category=4, seed=13))
+    for kind in ("equivalent", "near_miss"):
+        row = table[f"all/{kind}"]
+        assert row["n"] >= 150 and row["rate"] >= 0.99, (kind, row["failures"][:10])
+
+
+@pytest.mark.parametrize("gold,pred,ok", [
+    # integers are exact: a decimal within 1e-6 relative is still another number
+    ("11111111100", "11111111101.0", False), ("1000000", "1000001.0", False), ("1000000", "1.000000e6", True),
+    # non-integer golds: tolerance, configurable per task
+    (r"\frac{1}{3}", "0.3333333", True), (r"\frac{1}{3}", "0.333", False),
+    # units only from the known list; a variable or a second candidate is not a unit
+    ("2", "2i", False), ("3", "3x", False), (r"\frac12", r"\frac12 x", False), ("5", "5 or 6", False),
+    ("5", "5 m", True), ("5", "5 \\text{ cm}", True), ("5 cm", "5 m", False), ("5", "5 eggs", False),
+    # currency
+    ("32348", "$32,348", True), ("32348", r"\$32,348", True), ("32348", r"32{,}348 \text{ dollars}", True),
+    # intervals vs inequalities, both ways
+    ("(3, \\infty)", "x > 3", True), ("x>3", "(3,\\infty)", True), ("[2, 5)", "2 \\le x < 5", True),
+    ("[2, 5)", "2 < x < 5", False),
+])
+def test_number_rules(gold, pred, ok):
+    assert math_equal(gold, pred)[0] is ok, (gold, pred)
+
+
+def test_tolerance_and_units_are_per_task():
+    row = {"domain": "math", "reference": {"answer": "3.14159", "rel_tol": 1e-3}}
+    assert verify(row, r"</think> \boxed{3.1416}").score == 1
+    assert verify({**row, "reference": {"answer": "3.14159"}}, r"</think> \boxed{3.1416}").score == 0
+    assert verify({"domain": "math", "reference": {"answer": "12", "units": ["eggs"]}}, "</think> 12 eggs").score == 1
+    bad = verify({"domain": "math", "reference": {"answer": "1.5", "rel_tol": "lots"}}, "</think> 1.5")
+    assert bad.score == 0 and "rel_tol" in bad.reason and bad.source == "verifier_error"
+
+
+def test_letters_only_for_lettered_options():
+    prompt = "Which is prime?\n(A) 4\n(B) 6\n(C) 7\n(D) 9"
+    row = {"domain": "math", "prompt": prompt, "reference": {"answer": "C"}}
+    for good in ["C", "(C)", r"\text{(C)}", "C) 7", "7"]:
+        assert verify(row, rf"</think> \boxed{{{good}}}").score == 1, good
+    for bad in ["C or D", "(C) (D)", "C D", "C) 9", "9"]:
+        assert verify(row, rf"</think> \boxed{{{bad}}}").score == 0, bad
+    # a numeric gold is never matched by an option letter
+    assert verify({**row, "reference": {"answer": "7"}}, r"</think> \boxed{C}").score == 0
+
+
+def test_sources_say_which_path_found_the_answer():
+    row = {"domain": "math", "reference": {"answer": "42"}}
+    assert verify(row, r"</think> so \boxed{42}").source == "boxed"
+    assert verify(row, "</think> The answer is 42.").source == "answer_is"
+    assert verify(row, "</think> 42").source == "bare"
+    assert verify(row, "</think> I computed it as 42 in the end").source == "last_number"
+    # an answer marker switches the fallback off: the last number does not rescue it
+    r = verify(row, r"</think> \boxed{x} and x is 42")
+    assert r.score == 0 and r.source == "boxed"
+    r = verify(row, "</think> The answer is unclear. 42")
+    assert r.score == 0 and r.source == "answer_is"
+    # a list of numbers is stuffing, not a fallback answer
+    r = verify(row, "</think> " + " ".join(str(i) for i in range(1, 43)))
+    assert r.score == 0 and r.source == "no_answer" and "numbers" in r.reason
+    # the same answer boxed twice in two notations is one answer
+    assert verify({"domain": "math", "reference": {"answer": "1/2"}}, r"</think> \boxed{1/2} = \boxed{0.5}").score == 1

@@ -11,47 +11,72 @@ from ..extract import find_boxed
 ANSWER_INSTRUCTION = "Think inside <think> </think>, then give only the final answer after </think>."
 
 
-def answer_region(text: str) -> str:
-    """The last boxed answer if any, else the whole final text."""
+def answer_region(text: str) -> tuple[str, str]:
+    """(the part of the final text that is the answer, its source): the last boxed answer
+    if any ("boxed"), else the whole final text ("whole_text")."""
     boxed = find_boxed(text)
-    return boxed[-1] if boxed else text
+    return (boxed[-1], "boxed") if boxed else (text, "whole_text")
 
 
-def parse_int_grid(text: str) -> list[list[int]] | None:
-    """A grid of integers from text, tolerant of formatting: JSON ``[[1,2],[3,4]]``, rows of
-    numbers separated by spaces/commas/bars, or rows of single digits ("0120"). The last
-    block of consecutive numeric lines wins (so a sentence before the grid is fine)."""
+def one_line(region: str) -> str | None:
+    """The answer when it is on one line (blank lines and surrounding $ ` ignored), else None."""
+    lines = [ln.strip().strip("$`").strip() for ln in region.strip().splitlines()]
+    lines = [ln for ln in lines if ln]
+    return lines[0] if len(lines) == 1 else None
+
+
+def parse_int_grids(text: str) -> list[list[list[int]]]:
+    """Every grid of integers in the text, tolerant of formatting: JSON ``[[1,2],[3,4]]``,
+    rows of numbers separated by spaces/commas/bars, or rows of single digits ("0120").
+    A block of consecutive numeric lines is one grid (table rules like "---+---" inside it
+    are skipped); text lines separate grids. Verifiers require exactly one."""
     text = text.replace("\\\\", "\n")
-    starts = [m.start() for m in re.finditer(r"\[\s*\[", text)]
-    for s in reversed(starts):
+    grids: list[list[list[int]]] = []
+    rest, pos = [], 0
+    for m in re.finditer(r"\[\s*\[", text):
+        if m.start() < pos:
+            continue
         depth = 0
-        for j in range(s, len(text)):
+        for j in range(m.start(), len(text)):
             depth += {"[": 1, "]": -1}.get(text[j], 0)
             if depth == 0:
                 try:
-                    grid = json.loads(text[s: j + 1])
-                    if isinstance(grid, list) and grid and all(isinstance(r, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in r) for r in grid):
-                        return grid
+                    grid = json.loads(text[m.start(): j + 1])
                 except ValueError:
-                    pass
+                    break
+                if isinstance(grid, list) and grid and all(
+                        isinstance(r, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in r)
+                        for r in grid):
+                    grids.append(grid)
+                    rest.append(text[pos: m.start()])
+                    pos = j + 1
                 break
+    rest.append(text[pos:])
     blocks: list[list[list[int]]] = [[]]
-    for line in text.splitlines():
+    for line in "\n".join(rest).splitlines():
         s = line.strip().strip("`|[]").strip()
         if s and re.fullmatch(r"[\d\s,|;\[\]\.\-+]+", s) and re.search(r"\d", s):
             cleaned = re.sub(r"[|;\[\]]", " ", s)
             if re.search(r"[\s,]", cleaned.strip()) and not re.fullmatch(r"\d+", cleaned.strip()):
                 row = [int(t) for t in re.findall(r"-?\d+", cleaned)]
             else:
-                digits = re.sub(r"\D", "", cleaned)
-                row = [int(c) for c in digits]
+                row = [int(c) for c in re.sub(r"\D", "", cleaned)]
             blocks[-1].append(row)
         elif re.fullmatch(r"[-+=|\s]+", s or "x") and blocks[-1]:
-            continue  # table rules like "------+------" inside a grid
+            continue
         elif blocks[-1]:
             blocks.append([])
-    nonempty = [b for b in blocks if b]
-    return nonempty[-1] if nonempty else None
+    return grids + [b for b in blocks if b]
+
+
+def one_grid(text: str) -> tuple[list[list[int]] | None, str]:
+    """(the single grid of the answer, "") or (None, why not)."""
+    grids = parse_int_grids(text)
+    if not grids:
+        return None, "no grid found in the final answer"
+    if len(grids) > 1:
+        return None, f"{len(grids)} grids in the final answer: give exactly one"
+    return grids[0], ""
 
 
 def grid_to_text(grid: list[list[int]]) -> str:

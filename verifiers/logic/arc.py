@@ -1,8 +1,8 @@
 """ARC-style grid tasks: infer a transformation from examples, apply it to a test grid.
 
 Reference: {"output": [[...], ...]} (and the generator also stores "train" and "test_input").
-The answer must equal the output grid exactly; formatting is free (JSON, spaces, commas,
-digits without separators, a boxed grid).
+The answer must be exactly one grid, equal to the output grid; formatting is free (JSON,
+spaces, commas, digits without separators, a boxed grid).
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import random
 
 from ..registry import register_verifier
 from ..schema import Reward, TaskRow
-from . import ANSWER_INSTRUCTION, answer_region, grid_to_text, parse_int_grid
+from . import ANSWER_INSTRUCTION, answer_region, grid_to_text, one_grid
 
 TRANSFORMS = {
     "flip_horizontal": lambda g: [row[::-1] for row in g],
@@ -52,9 +52,18 @@ def generate(n: int, seed: int, size: int = 3, colors: int = 4, examples: int = 
 @register_verifier("arc")
 def verify_arc(row: TaskRow, text: str) -> Reward:
     want = row.reference["output"]
-    grid = parse_int_grid(answer_region(text))
+    region, source = answer_region(text)
+    grid, problem = one_grid(region)
     if grid is None:
-        return Reward.zero("no grid found in the final answer")
+        return Reward.zero(problem, source=source)
     if grid != want:
-        return Reward.zero("grid differs from the expected output", extracted=grid_to_text(grid))
-    return Reward.one("exact grid match", extracted=grid_to_text(grid))
+        return Reward.zero(_difference(want, grid), extracted=grid_to_text(grid), source=source)
+    return Reward.one("exact grid match", extracted=grid_to_text(grid), source=source)
+
+
+def _difference(want: list[list[int]], got: list[list[int]]) -> str:
+    if len(got) != len(want) or any(len(a) != len(b) for a, b in zip(got, want)):
+        return (f"grid is {len(got)}x{len(got[0]) if got else 0}, expected "
+                f"{len(want)}x{len(want[0]) if want else 0}")
+    r, c = next((r, c) for r in range(len(want)) for c in range(len(want[r])) if want[r][c] != got[r][c])
+    return f"grid differs from the expected output first at row {r + 1}, column {c + 1}"

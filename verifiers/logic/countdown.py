@@ -15,7 +15,7 @@ from fractions import Fraction
 
 from ..registry import register_verifier
 from ..schema import Reward, TaskRow
-from . import ANSWER_INSTRUCTION, answer_region
+from . import ANSWER_INSTRUCTION, answer_region, one_line
 
 MAX_EXPR_CHARS = 200
 _OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
@@ -50,10 +50,8 @@ def evaluate(expr: str) -> tuple[Fraction, list[int]]:
     return ev(tree.body), used
 
 
-def normalise_expression(text: str) -> str:
-    s = answer_region(text).strip()
-    s = s.splitlines()[-1] if s.splitlines() else s
-    s = s.strip().strip("$`").strip()
+def normalise_expression(line: str) -> str:
+    s = line
     for a, b in (("\\times", "*"), ("\\cdot", "*"), ("×", "*"), ("·", "*"), ("\\div", "/"), ("÷", "/"),
                  ("−", "-"), ("\\left", ""), ("\\right", ""), ("{", "("), ("}", ")"), ("[", "("), ("]", ")")):
         s = s.replace(a, b)
@@ -112,19 +110,24 @@ def generate(n: int, seed: int, count: int = 3, max_number: int = 9, max_target:
 def verify_countdown(row: TaskRow, text: str) -> Reward:
     ref = row.reference
     nums, target = [int(v) for v in ref["numbers"]], Fraction(ref["target"])
-    expr = normalise_expression(text)
+    region, source = answer_region(text)
+    line = one_line(region)
+    if line is None:
+        return Reward.zero("the answer must be one expression on one line", source=source)
+    expr = normalise_expression(line)
     if not expr:
-        return Reward.zero("no expression in the final answer")
+        return Reward.zero("no expression in the final answer", source=source)
     try:
         value, used = evaluate(expr)
     except BadExpression as e:
-        return Reward.zero(str(e), extracted=expr)
+        return Reward.zero(str(e), extracted=expr, source=source)
     have, want = Counter(used), Counter(nums)
     if ref.get("use_all", True):
         if have != want:
-            return Reward.zero(f"uses {sorted(used)}, must use exactly {sorted(nums)}", extracted=expr)
+            return Reward.zero(f"uses {sorted(used)}, must use exactly {sorted(nums)}", extracted=expr, source=source)
     elif have - want:
-        return Reward.zero(f"uses {sorted((have - want).elements())} beyond the given numbers", extracted=expr)
+        return Reward.zero(f"uses {sorted((have - want).elements())} beyond the given numbers", extracted=expr,
+                           source=source)
     if value != target:
-        return Reward.zero(f"evaluates to {value}, not {target}", extracted=expr)
-    return Reward.one("reaches the target with the given numbers", extracted=expr)
+        return Reward.zero(f"evaluates to {value}, not {target}", extracted=expr, source=source)
+    return Reward.one("reaches the target with the given numbers", extracted=expr, source=source)

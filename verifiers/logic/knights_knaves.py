@@ -4,7 +4,7 @@ Reference: {"names": [...], "statements": [[speaker_index, claim], ...]} where a
 ``{"is": i, "knight": bool}``, ``{"not": c}``, ``{"and": [c, ...]}``, ``{"or": [c, ...]}``
 or ``{"iff": [c, c]}``. Generated puzzles have exactly one solution (checked by brute
 force). The verifier checks the answer's assignment against every statement (a knight's
-claim is true, a knave's is false) and requires every person named exactly once.
+claim is true, a knave's is false); ``parse_roles`` says how the answer is read.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 
 from ..registry import register_verifier
 from ..schema import Reward, TaskRow
-from . import ANSWER_INSTRUCTION
+from . import ANSWER_INSTRUCTION, answer_region
 
 NAMES = ["Alice", "Bob", "Carol", "Dave", "Eve", "Frank", "Grace", "Heidi"]
 
@@ -86,17 +86,51 @@ def generate(n: int, seed: int, people: int = 3, depth: int = 1) -> list[dict]:
     return out
 
 
+_ROLE_RE = re.compile(r"^(knight|knave)s?$", re.IGNORECASE)
+_NEGATION = {"not", "isn't", "isnt", "never", "no", "neither", "nor", "aren't", "arent", "cannot", "can't"}
+_TOKEN_RE = re.compile(r"[A-Za-z][A-Za-z'’]*|[^\sA-Za-z]")
+_ASSIGN = {"is", "are", ":", "=", "-", "→", "was", "were", "be"}
+
+
 def parse_roles(text: str, names: list[str]) -> tuple[list[bool] | None, str]:
-    roles: list[bool] = []
-    for nm in names:
-        found = set(m.lower() for m in re.findall(
-            rf"\b{re.escape(nm)}\b\W*(?:is\W+(?:an?\W+)?|:\s*|=\s*|-\s*)?(knight|knave)s?\b", text, re.IGNORECASE))
-        if not found:
-            return None, f"no role given for {nm}"
-        if len(found) > 1:
-            return None, f"{nm} is called both knight and knave"
-        roles.append(found.pop() == "knight")
-    return roles, ""
+    """Every person of the puzzle exactly one role, read strictly from the answer.
+
+    A role word ("knight(s)"/"knave(s)") goes to the people named since the previous role
+    word ("Alice is a knight", "Bob and Carol are knaves", "Dave: knave"). Rejected, with
+    the reason: a role word with nobody before it ("a knight and a knave", "knight/knave"),
+    a person given two different roles, a negated role ("is not a knave"), someone who is
+    not in the puzzle given a role, a person of the puzzle given none."""
+    by_lower = {n.lower(): n for n in names}
+    roles: dict[str, str] = {}
+    pending: list[str] = []
+    stranger: str | None = None
+    tokens = _TOKEN_RE.findall(text)
+    for i, tok in enumerate(tokens):
+        low = tok.lower()
+        if low in by_lower:
+            pending.append(by_lower[low])
+            continue
+        if low in _NEGATION:
+            return None, f"negated role ({tok!r}): say what each person is"
+        m = _ROLE_RE.match(tok)
+        if m:
+            role = m.group(1).lower()
+            if stranger is not None and not pending:
+                return None, f"{stranger} is not one of the puzzle's people ({', '.join(names)})"
+            if not pending:
+                return None, f"'{tok}' is not given to anyone: each role must follow the person's name"
+            for person in pending:
+                if roles.setdefault(person, role) != role:
+                    return None, f"{person} is called both knight and knave"
+            pending, stranger = [], None
+            continue
+        nxt = tokens[i + 1].lower() if i + 1 < len(tokens) else ""
+        if tok[0].isupper() and nxt in _ASSIGN and low not in ("it", "this", "that", "so", "then", "thus"):
+            stranger = tok
+    missing = [n for n in names if n not in roles]
+    if missing:
+        return None, f"no role given for {', '.join(missing)}"
+    return [roles[n] == "knight" for n in names], ""
 
 
 @register_verifier("knights_knaves")
@@ -104,12 +138,14 @@ def verify_kk(row: TaskRow, text: str) -> Reward:
     ref = row.reference
     names = ref["names"]
     statements = ref["statements"]
-    roles, problem = parse_roles(text, names)
+    region, source = answer_region(text)
+    roles, problem = parse_roles(region, names)
     if roles is None:
-        return Reward.zero(problem)
+        return Reward.zero(problem, source=source)
     extracted = ", ".join(f"{nm}={'knight' if r else 'knave'}" for nm, r in zip(names, roles))
     for s, claim in statements:
         if holds(claim, roles) != roles[s]:
             kind = "knight" if roles[s] else "knave"
-            return Reward.zero(f"{names[s]} as a {kind} cannot say \"{say(claim, names)}\"", extracted=extracted)
-    return Reward.one("assignment satisfies every statement", extracted=extracted)
+            return Reward.zero(f"{names[s]} as a {kind} cannot say \"{say(claim, names)}\"", extracted=extracted,
+                               source=source)
+    return Reward.one("assignment satisfies every statement", extracted=extracted, source=source)

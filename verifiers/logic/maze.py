@@ -12,7 +12,7 @@ from collections import deque
 
 from ..registry import register_verifier
 from ..schema import Reward, TaskRow
-from . import ANSWER_INSTRUCTION, answer_region
+from . import ANSWER_INSTRUCTION, answer_region, one_line
 
 MOVES = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
 _WORDS = {"UP": "U", "DOWN": "D", "LEFT": "L", "RIGHT": "R", "NORTH": "U", "SOUTH": "D", "WEST": "L", "EAST": "R"}
@@ -46,9 +46,8 @@ def shortest_path(grid: list[str]) -> str | None:
     return None
 
 
-def parse_moves(text: str) -> str | None:
-    s = answer_region(text).strip().upper()
-    s = s.splitlines()[-1] if s.splitlines() else s
+def parse_moves(line: str) -> str | None:
+    s = line.upper()
     for w, m in _WORDS.items():
         s = re.sub(rf"\b{w}\b", m, s)
     s = re.sub(r"[\s,;\->→\[\]\"'`.]+", "", s)
@@ -82,20 +81,22 @@ def generate(n: int, seed: int, rows: int = 5, cols: int = 5, wall_density: floa
 def verify_maze(row: TaskRow, text: str) -> Reward:
     ref = row.reference
     grid = ref["grid"]
-    moves = parse_moves(text)
+    region, source = answer_region(text)
+    line = one_line(region)
+    moves = parse_moves(line) if line is not None else None
     if moves is None:
-        return Reward.zero("no move string (U/D/L/R) in the final answer")
+        return Reward.zero("the answer must be one line of moves (U/D/L/R) and nothing else", source=source)
     r, c = _find(grid, "S")
     for k, m in enumerate(moves):
         dr, dc = MOVES[m]
         r, c = r + dr, c + dc
         if not (0 <= r < len(grid) and 0 <= c < len(grid[r])):
-            return Reward.zero(f"move {k + 1} ({m}) leaves the maze", extracted=moves)
+            return Reward.zero(f"move {k + 1} ({m}) leaves the maze", extracted=moves, source=source)
         if grid[r][c] == "#":
-            return Reward.zero(f"move {k + 1} ({m}) walks into a wall", extracted=moves)
+            return Reward.zero(f"move {k + 1} ({m}) walks into a wall", extracted=moves, source=source)
     if grid[r][c] != "E":
-        return Reward.zero("path does not end at E", extracted=moves)
+        return Reward.zero("path does not end at E", extracted=moves, source=source)
     shortest = ref.get("shortest") or len(shortest_path(grid) or "")
     if ref.get("require_shortest") and len(moves) != shortest:
-        return Reward.zero(f"path has {len(moves)} moves, shortest is {shortest}", extracted=moves)
-    return Reward.one("valid path", extracted=moves, length=len(moves), shortest=shortest)
+        return Reward.zero(f"path has {len(moves)} moves, shortest is {shortest}", extracted=moves, source=source)
+    return Reward.one("valid path", extracted=moves, source=source, length=len(moves), shortest=shortest)

@@ -1,7 +1,7 @@
 """Sudoku 4x4 (2x2 boxes), 6x6 (2x3 boxes), 9x9 (3x3 boxes).
 
 Reference: {"size": n, "box": [box_rows, box_cols], "puzzle": [[0 = empty, ...], ...]}.
-The verifier accepts any completed grid that respects the givens and has every digit 1..n
+The answer must be exactly one grid. The verifier accepts any completed grid that respects the givens and has every digit 1..n
 exactly once per row, column and box (puzzles need not have a unique solution).
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ import random
 
 from ..registry import register_verifier
 from ..schema import Reward, TaskRow
-from . import ANSWER_INSTRUCTION, answer_region, grid_to_text, parse_int_grid
+from . import ANSWER_INSTRUCTION, answer_region, grid_to_text, one_grid
 
 BOXES = {4: (2, 2), 6: (2, 3), 9: (3, 3)}
 
@@ -83,11 +83,12 @@ def verify_sudoku(row: TaskRow, text: str) -> Reward:
     ref = row.reference
     size = int(ref["size"])
     box = tuple(ref.get("box") or BOXES[size])
-    grid = parse_int_grid(answer_region(text))
+    region, source = answer_region(text)
+    grid, problem = one_grid(region)
     if grid is None:
-        return Reward.zero("no grid found in the final answer")
+        return Reward.zero(problem, source=source)
     problem = check_solution(grid, ref["puzzle"], size, box)
     extracted = grid_to_text(grid)
     if problem:
-        return Reward.zero(problem, extracted=extracted)
-    return Reward.one("valid solution", extracted=extracted)
+        return Reward.zero(problem, extracted=extracted, source=source)
+    return Reward.one("valid solution", extracted=extracted, source=source)
