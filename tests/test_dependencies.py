@@ -30,11 +30,23 @@ OPTIONAL = {
 
 
 def _declared() -> set[str]:
+    """Declared distributions, plus what a declared meta-package (one that ships no module
+    of its own, e.g. `typer` -> `typer-slim` in some releases) installs in its place."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     reqs = list(project["dependencies"])
     reqs += [r for extra, rs in project["optional-dependencies"].items() if extra != "dev" for r in rs]
-    return {md.distribution(Requirement(r).name).metadata["Name"].lower()
-            for r in reqs if _installed(Requirement(r).name)}
+    with_modules = {d.lower() for dists in md.packages_distributions().values() for d in dists}
+    declared = set()
+    for r in reqs:
+        name = Requirement(r).name
+        if not _installed(name):
+            continue
+        dist = md.distribution(name)
+        declared.add(dist.metadata["Name"].lower())
+        if dist.metadata["Name"].lower() not in with_modules:
+            declared |= {Requirement(sub).name.lower() for sub in dist.requires or []
+                         if "extra ==" not in sub}
+    return declared
 
 
 def _installed(dist: str) -> bool:
