@@ -133,7 +133,7 @@ def test_extends_and_env(tmp_path, monkeypatch):
     # an error in a base-file value points at the base file
     (tmp_path / "base.yaml").write_text(GOOD.replace("n: 10", "n: 0"))
     res = _validate(child)
-    assert "base.yaml:6: stages.data.files.sft.jsonl.n" in res.output, res.output
+    assert "base.yaml:6: stages.data.files.\"sft.jsonl\".n" in res.output, res.output
 
 
 def test_shipped_recipes_validate_and_schema_accepts_them():
