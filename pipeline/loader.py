@@ -178,12 +178,17 @@ def _split_assignment(assignment: str) -> tuple[str, str] | None:
             quote = ch
         elif ch == "=":
             return assignment[:i], assignment[i + 1:]
+    if quote:
+        raise ValueError(f"unclosed {quote} quote")
     return None
 
 
 def apply_override(data: dict[str, Any], assignment: str, origins: dict[Path_, Origin]) -> None:
     """`a.b.c=value`: the value is parsed as YAML (so `3`, `1.0e-4`, `[a, b]`, `true` work)."""
-    parts = _split_assignment(assignment)
+    try:
+        parts = _split_assignment(assignment)
+    except ValueError as e:
+        raise RecipeError([f"--set {assignment}: {e} (quote a key that contains dots: a.\"b.c\".d=VALUE)"]) from None
     if parts is None:
         raise RecipeError([f"--set {assignment}: expected KEY.PATH=VALUE"])
     dotted, raw = parts
