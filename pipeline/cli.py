@@ -85,11 +85,15 @@ def plan(recipe: Path = RecipeArg, set_: list[str] = SetOpt) -> None:
     typer.echo(f"recipe {p.recipe.name}  store {p.store.root}")
     if unknown:
         typer.secho(f"store not reachable ({unknown}): done / to run unknown", fg=typer.colors.YELLOW)
+    unhashable: set[str] = set()  # an input (or an upstream's) could not be fingerprinted
     for i, s in enumerate(p.stages, 1):
+        if any(fp.kind == "unreachable" for fp in s.inputs.values()) or unhashable.intersection(s.deps):
+            unhashable.add(s.name)
         status = "?" if unknown else "done" if s.done else "to run"
-        typer.echo(f"{i:>2}. {s.name:<16} {s.kind.name:<14} {s.short_hash}  {status:<7} "
+        short = "?" * 12 if s.name in unhashable else s.short_hash
+        typer.echo(f"{i:>2}. {s.name:<16} {s.kind.name:<14} {short}  {status:<7} "
                    f"needs: {', '.join(s.deps) or '-'}")
-        typer.echo(f"    artifact: {s.url}")
+        typer.echo(f"    artifact: {s.url if s.name not in unhashable else '? (its hash needs the inputs)'}")
         for name, fp in s.inputs.items():
             typer.echo(f"    input:    {name}  ({fp.summary})")
         cmd = build_command(s.kind.entry, Path("<job.json>"), s.resources, s.launcher, s.kind.distributed)
