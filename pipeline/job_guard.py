@@ -20,7 +20,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 _PR_SET_PDEATHSIG = 1
 _ORPHAN_SIGNAL = signal.SIGUSR1

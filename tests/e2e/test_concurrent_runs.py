@@ -6,30 +6,13 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
 from tests.conftest import REPO
+from tests.e2e.recipes import data_and_base, local_recipe
 
 pytestmark = pytest.mark.slow
-
-RECIPE = """\
-name: twice
-storage: {{url: "file://{root}/store"}}
-tracking: {{uri: "sqlite:///{root}/mlflow.db"}}
-defaults: {{work_dir: "{root}/work"}}
-stages:
-  data:
-    kind: synthetic_data
-    files:
-      sft.jsonl: {{generator: arithmetic_cot, n: 60}}
-  base:
-    kind: init_model
-    architecture: {{hidden_size: 32, num_attention_heads: 4, num_key_value_heads: 2}}
-    tokenizer: {{corpus: ["${{stages.data.output}}/sft.jsonl"]}}
-"""
-
 
 def test_two_runs_at_once_execute_each_stage_once(tmp_path, prefect_harness):
     from mlflow.tracking import MlflowClient
@@ -37,8 +20,7 @@ def test_two_runs_at_once_execute_each_stage_once(tmp_path, prefect_harness):
 
     from pipeline.artifacts import verify_artifact
 
-    recipe = tmp_path / "twice.yaml"
-    recipe.write_text(textwrap.dedent(RECIPE.format(root=tmp_path)))
+    recipe = local_recipe(tmp_path, "twice", data_and_base(rows=60))
     env = {**os.environ, "PYTHONPATH": str(REPO), "PREFECT_API_URL": PREFECT_API_URL.value()}
     runs = [subprocess.Popen([sys.executable, "-m", "pipeline.cli", "run", str(recipe)], cwd=tmp_path, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]

@@ -14,28 +14,13 @@ import re
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
 
+from tests.e2e.recipes import data_and_base, local_recipe
+
 pytestmark = pytest.mark.slow
-
-RECIPE = """\
-name: served
-storage: {{url: "file://{root}/store"}}
-tracking: {{uri: "sqlite:///{root}/mlflow.db"}}
-stages:
-  data:
-    kind: synthetic_data
-    files:
-      sft.jsonl: {{generator: arithmetic_cot, n: 30}}
-  base:
-    kind: init_model
-    architecture: {{hidden_size: 32, num_attention_heads: 4, num_key_value_heads: 2}}
-    tokenizer: {{corpus: ["${{stages.data.output}}/{corpus}"]}}
-"""
-
 
 def _status(recipe) -> dict[str, str]:
     from typer.testing import CliRunner
@@ -69,9 +54,8 @@ def test_retry_of_failed_run_reruns_only_unfinished(tmp_path, prefect_harness):
 
     from tests.conftest import REPO
 
-    recipe = tmp_path / "served.yaml"
     # the tokenizer corpus names a file the data stage does not write: `base` fails
-    recipe.write_text(textwrap.dedent(RECIPE.format(root=tmp_path, corpus="missing.jsonl")))
+    recipe = local_recipe(tmp_path, "served", data_and_base(rows=30, corpus="missing.jsonl"))
     # the served runner polls for scheduled runs every second instead of every ten
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_RUNNER_POLL_FREQUENCY": "1",
            "PYTHONPATH": str(REPO)}
@@ -100,7 +84,7 @@ def test_retry_of_failed_run_reruns_only_unfinished(tmp_path, prefect_harness):
         assert status["data"] == "done" and status["base"] == "failed", status
 
         # the user fixes the recipe, then presses "Retry" (same as `prefect flow-run retry`)
-        recipe.write_text(textwrap.dedent(RECIPE.format(root=tmp_path, corpus="sft.jsonl")))
+        local_recipe(tmp_path, "served", data_and_base(rows=30))
         out = subprocess.run([sys.executable, "-m", "prefect", "flow-run", "retry", run_id],
                              env=env, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stdout + out.stderr

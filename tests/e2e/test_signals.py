@@ -9,35 +9,23 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import psutil
 import pytest
 
 from tests.conftest import REPO
+from tests.e2e.recipes import local_recipe
 
 pytestmark = pytest.mark.slow
 
-# one synthetic_data job that runs for a while (files generated one after another)
-RECIPE = """\
-name: sig
-storage: {{url: "file://{root}/store"}}
-tracking: {{uri: "sqlite:///{root}/mlflow.db"}}
-defaults: {{work_dir: "{root}/work"}}
-stages:
-  data:
-    kind: synthetic_data
-    files:
-{files}
-"""
 STOP_WITHIN_S = 30  # signal -> the run has exited, stage jobs stopped (a loaded 2-core machine)
 
 
 def _start(tmp_path, env=None) -> tuple[subprocess.Popen, object]:
-    files = "\n".join(f"      part{i}.jsonl: {{generator: arithmetic_cot, n: 80000, seed: {i}}}" for i in range(4))
-    recipe = tmp_path / "sig.yaml"
-    recipe.write_text(RECIPE.format(root=tmp_path, files=files))
+    # one synthetic_data job that runs for a while (its files are generated one after another)
+    files = "".join(f"    part{i}.jsonl: {{generator: arithmetic_cot, n: 80000, seed: {i}}}\n" for i in range(4))
+    recipe = local_recipe(tmp_path, "sig", "data:\n  kind: synthetic_data\n  files:\n" + files)
     log = open(tmp_path / "run.log", "w+")
     # its own session, so the test can signal the run's process group without signalling pytest
     proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "run", str(recipe)], cwd=tmp_path,
