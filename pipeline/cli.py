@@ -136,7 +136,6 @@ def run(recipe: Path = RecipeArg, set_: list[str] = SetOpt,
     """Run the recipe as a Prefect flow; published stages are skipped.
 
     Ctrl-C or SIGTERM stops every running stage job (exit 130 / 143); nothing is published."""
-    from pipeline import interrupt
     from pipeline.artifacts import ArtifactError
     from pipeline.launch import StageFailed
     from pipeline.orchestrate import run_recipe
@@ -152,7 +151,7 @@ def run(recipe: Path = RecipeArg, set_: list[str] = SetOpt,
     outcome = run_recipe(params, r.name, Path(r.defaults.work_dir))
     if outcome.interrupted:
         _fail(f"interrupted ({outcome.interrupted}): running stage jobs were stopped and nothing "
-              f"unfinished was published\n{_resume_hint(recipe, set_, outcome)}", interrupt.exit_code())
+              f"unfinished was published\n{_resume_hint(recipe, set_, outcome)}", outcome.exit_code)
     error = outcome.error
     if isinstance(error, StageFailed):
         _fail(f"{error}\n{_resume_hint(recipe, set_, outcome)}", 1)

@@ -66,7 +66,8 @@ def exit_code() -> int:
 
 @contextlib.contextmanager
 def signals_stop_the_run() -> Iterator[None]:
-    """Install SIGINT/SIGTERM handlers (main thread only) that request a stop."""
+    """Install SIGINT/SIGTERM handlers (main thread only) that request a stop; the request
+    lasts until the block ends."""
     _REQUEST.reset()
 
     def handler(signum: int, _frame) -> None:
@@ -78,3 +79,4 @@ def signals_stop_the_run() -> Iterator[None]:
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+        _REQUEST.reset()

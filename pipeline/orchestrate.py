@@ -30,6 +30,7 @@ class RunOutcome:
     results: dict[str, Any] | None = None
     error: BaseException | None = None
     interrupted: str | None = None  # the signal's name
+    exit_code: int = 0  # when interrupted: 130 (SIGINT) or 143 (SIGTERM)
     flow_run_id: str | None = None
     deployment: str | None = None  # "flow/deployment" when the run belongs to one
 
@@ -52,7 +53,8 @@ def run_recipe(params: dict[str, Any], deployment_name: str, work_dir: Path) -> 
                 worker.start()
                 _wait_for(worker)
                 _drain_prefect_workers()
-    outcome.interrupted = interrupt.stop_requested()
+        outcome.interrupted = interrupt.stop_requested()
+        outcome.exit_code = interrupt.exit_code() if outcome.interrupted else 0
     return outcome
 
 
