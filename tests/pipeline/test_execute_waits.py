@@ -33,7 +33,13 @@ def planned(tmp_path):
 
 
 def test_no_wait_fails_naming_the_holder(planned, tmp_path):
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
     plan, target, _ = planned
+    status = CliRunner().invoke(app, ["status", str(tmp_path / "w.yaml")]).output
+    assert status.split()[1] == "running" and "flow run the-other-run" in status, status
     policy = ExecutionPolicy.of(plan.recipe.storage, wait_if_running=False)
     with pytest.raises(StageRunning, match=r"stage 'data' is running since .* flow run the-other-run"):
         execute(target, plan.store, tmp_path / "work", policy)
