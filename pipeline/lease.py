@@ -3,8 +3,10 @@
 A lease is a small JSON note next to `_SUCCESS`/`_FAILED`: an owner token, host, pid, start
 time, heartbeat time and the run's ids. Its holder rewrites the heartbeat every quarter of
 the timeout; a lease whose heartbeat is older than the timeout was left by a run that died
-(kill -9, a lost node) and is taken over. Heartbeats use the writer's clock, so the hosts
-of one store need roughly synchronised clocks (NTP), well within the timeout.
+(kill -9, a lost node) and is taken over. On the holder's own host a lease whose process is
+gone is taken over at once (hosts that share a store need distinct host names). Heartbeats
+use the writer's clock, so the hosts of one store need roughly synchronised clocks (NTP),
+well within the timeout.
 
 Every change is a compare-and-swap against what the executor last read:
 - file://: read, compare and write under a lock file next to the lease (flock; hosts that
