@@ -51,18 +51,20 @@ def _digest(entries: Any) -> str:
 
 
 def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return ""  # unreachable
+    units, i = ("B", "KB", "MB", "GB", "TB"), 0
+    while n >= 1000 and i < len(units) - 1:
+        n, i = n / 1000, i + 1
+    return f"{n:.0f} {units[i]}" if i == 0 else f"{n:.1f} {units[i]}"
 
 
-def _listing_summary(what: str, entries: list[tuple[str, int, Any]], by_content: bool) -> str:
+def _listing_summary(what: str, entries: list[tuple[str, int, Any]], by: str) -> str:
     total = sum(size for _, size, _ in entries)
     files = "1 file" if len(entries) == 1 else f"{len(entries)} files"
-    how = "content" if by_content else "size+mtime"
-    return f"{what}: {files}, {_size(total)} (by {how})"
+    return f"{what}: {files}, {_size(total)} (by {by})"
+
+
+def _local_by(by_content: bool) -> str:
+    return "content" if by_content else "size+mtime"
 
 
 # -- local ---------------------------------------------------------------------------------
@@ -100,14 +102,14 @@ def local_fingerprint(value: str, hash_max_bytes: int) -> Fingerprint:
         entries, by_content = _local_listing(files, None, hash_max_bytes)
         # the matched paths themselves, so a renamed match changes the fingerprint
         entries = [(str(f), size, tag) for f, (_, size, tag) in zip(files, entries)]
-        return Fingerprint("glob", _digest(entries), _listing_summary("glob", entries, by_content))
+        return Fingerprint("glob", _digest(entries), _listing_summary("glob", entries, _local_by(by_content)))
     path = Path(raw).expanduser()
     if not path.exists():
         return Fingerprint("missing", _digest(["missing"]), "does not exist")
     kind = "directory" if path.is_dir() else "file"
     entries, by_content = _local_listing(_local_files(path), path if path.is_dir() else None,
                                          hash_max_bytes)
-    return Fingerprint(kind, _digest(entries), _listing_summary(kind, entries, by_content))
+    return Fingerprint(kind, _digest(entries), _listing_summary(kind, entries, _local_by(by_content)))
 
 
 # -- object stores -------------------------------------------------------------------------
@@ -128,8 +130,7 @@ def object_store_fingerprint(value: str, storage_options: dict[str, Any]) -> Fin
     entries = [(name, int(info.get("size") or 0),
                 next((str(info[k]) for k in _VERSION_KEYS if info.get(k)), None))
                for name, info in objects]
-    return Fingerprint("objects", _digest(entries), _listing_summary("objects", entries, False)
-                       .replace("(by size+mtime)", "(by ETag)"))
+    return Fingerprint("objects", _digest(entries), _listing_summary("objects", entries, "ETag"))
 
 
 # -- Hugging Face hub ----------------------------------------------------------------------
