@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Iterator
 
@@ -30,7 +31,6 @@ class PrefectServerError(RuntimeError):
 @contextlib.contextmanager
 def embedded_prefect_api(log_path: Path) -> Iterator[str]:
     """Start the server, yield its API URL, stop it (SIGTERM, then SIGKILL) on the way out."""
-    import httpx
     from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, get_current_settings
 
     port = free_port()
@@ -52,9 +52,10 @@ def embedded_prefect_api(log_path: Path) -> Iterator[str]:
             if proc.poll() is not None:
                 raise PrefectServerError(f"the embedded Prefect server exited with code {proc.returncode}; "
                                          f"its log: {log_path}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{api}/health", timeout=2).status_code == 200:
-                    break
+            with contextlib.suppress(OSError):  # refused until it listens
+                with urllib.request.urlopen(f"{api}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        break
             if time.time() > deadline:
                 raise PrefectServerError(f"the embedded Prefect server did not answer within "
                                          f"{timeout_s:.0f} s; its log: {log_path}")
