@@ -7,6 +7,7 @@ its own `_COMPLETE` marker, and are not part of the manifest.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -14,7 +15,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import fsspec
 from filelock import FileLock
@@ -27,6 +28,25 @@ _CHUNK = 1 << 20
 
 class ArtifactError(RuntimeError):
     """An artifact is missing, unfinished or fails its integrity check."""
+
+
+class StorageError(ArtifactError):
+    """The store failed an operation (outage, permissions, credentials, corrupt file): the
+    message names the operation and the URL."""
+
+
+@contextlib.contextmanager
+def storage_errors(operation: str, url: str) -> Iterator[None]:
+    """Turn whatever the filesystem raises (OSError, botocore, aiohttp, JSON...) into one
+    StorageError naming `operation` and `url`; our own ArtifactErrors pass through."""
+    try:
+        yield
+    except ArtifactError:
+        raise
+    except json.JSONDecodeError as e:
+        raise StorageError(f"cannot {operation} {url}: the file is corrupt (not JSON: {e})") from e
+    except Exception as e:  # noqa: BLE001 - every backend has its own error types
+        raise StorageError(f"cannot {operation} {url}: {type(e).__name__}: {e}") from e
 
 
 def sha256_file(path: str | os.PathLike) -> str:
@@ -66,7 +86,9 @@ def local_path(url: str) -> Path:
 
 @dataclass
 class ArtifactStore:
-    """The store root for one recipe: `{storage}/{recipe}`."""
+    """The store root for one recipe: `{storage}/{recipe}`.
+
+    Every operation names itself and its URL when the store fails (StorageError)."""
 
     root: str
     storage_options: dict[str, Any]
@@ -81,36 +103,62 @@ class ArtifactStore:
     def _path(self, url: str) -> str:
         return filesystem(url, self.storage_options)[1]
 
-    # small side files next to an artifact (e.g. the `_FAILED` note of `status`)
+    def stage_dirs(self) -> dict[str, list[str]]:
+        """stage name -> URLs of its `{stage}-{hash12}` directories (any state)."""
+        with storage_errors("list the store", self.root):
+            self.fs.invalidate_cache()
+            if not self.fs.exists(self.root_path):
+                return {}
+            entries = self.fs.ls(self.root_path, detail=True)
+        out: dict[str, list[str]] = {}
+        for e in entries:
+            name = e["name"].rstrip("/").rsplit("/", 1)[-1]
+            stage, _, h = name.rpartition("-")
+            if e.get("type") == "directory" and stage and len(h) == 12:
+                out.setdefault(stage, []).append(join(self.root, name))
+        return out
+
+    # small side files next to an artifact (`_FAILED`, `_RUNNING`)
     def write_note(self, stage_url: str, name: str, data: dict[str, Any]) -> None:
-        self.fs.makedirs(self._path(stage_url), exist_ok=True)  # a job may fail before writing anything
-        with self.fs.open(join(self._path(stage_url), name), "w") as f:
-            json.dump(data, f, default=str)
+        with storage_errors(f"write {name} at", stage_url):
+            self.fs.makedirs(self._path(stage_url), exist_ok=True)  # a job may fail before writing anything
+            with self.fs.open(join(self._path(stage_url), name), "w") as f:
+                json.dump(data, f, default=str)
 
     def read_note(self, stage_url: str, name: str) -> dict[str, Any] | None:
         p = join(self._path(stage_url), name)
-        if not self.fs.exists(p):
-            return None
-        with self.fs.open(p, "r") as f:
-            return json.load(f)
+        with storage_errors(f"read {name} at", stage_url):
+            try:
+                with self.fs.open(p, "r") as f:
+                    return json.load(f)
+            except FileNotFoundError:
+                return None
 
     def remove(self, stage_url: str, name: str) -> None:
         p = join(self._path(stage_url), name)
-        if self.fs.exists(p):
-            self.fs.rm(p, recursive=True)
+        with storage_errors(f"remove {name} at", stage_url):
+            if self.fs.exists(p):
+                self.fs.rm(p, recursive=True)
+
+    def remove_all(self, stage_url: str) -> None:
+        with storage_errors("remove", stage_url):
+            if self.fs.exists(self._path(stage_url)):
+                self.fs.rm(self._path(stage_url), recursive=True)
 
     def is_done(self, stage_url: str) -> bool:
-        return self.fs.exists(join(self._path(stage_url), SUCCESS))
+        with storage_errors("check for _SUCCESS at", stage_url):
+            return self.fs.exists(join(self._path(stage_url), SUCCESS))
 
     def read_manifest(self, stage_url: str) -> dict[str, Any]:
         return read_manifest(stage_url, self.storage_options)
 
     def unpublish(self, stage_url: str) -> None:
         """Withdraw a published artifact (before a forced rerun): `_SUCCESS` goes first."""
-        for name in (SUCCESS, MANIFEST):
-            p = join(self._path(stage_url), name)
-            if self.fs.exists(p):
-                self.fs.rm(p)
+        with storage_errors("unpublish", stage_url):
+            for name in (SUCCESS, MANIFEST):
+                p = join(self._path(stage_url), name)
+                if self.fs.exists(p):
+                    self.fs.rm(p)
 
     def publish(self, local_dir: Path, stage_url: str, manifest: dict[str, Any]) -> dict[str, Any]:
         """Upload every file of `local_dir`, then manifest.json, then `_SUCCESS`.
@@ -121,28 +169,65 @@ class ArtifactStore:
         dest = self._path(stage_url)
         self.unpublish(stage_url)
         files = []
-        for path in sorted(p for p in Path(local_dir).rglob("*") if p.is_file()):
-            rel = path.relative_to(local_dir).as_posix()
-            if rel in (MANIFEST, SUCCESS) or rel.startswith(CHECKPOINTS + "/"):
-                continue
-            files.append({"path": rel, "size": path.stat().st_size, "sha256": sha256_file(path)})
-            self.fs.makedirs(join(dest, os.path.dirname(rel)) if "/" in rel else dest, exist_ok=True)
-            self.fs.put_file(str(path), join(dest, rel))
-        manifest = {**manifest, "files": files, "published_at": time.time()}
-        with self.fs.open(join(dest, MANIFEST), "w") as f:
-            json.dump(manifest, f, indent=2, sort_keys=True, default=str)
-        with self.fs.open(join(dest, SUCCESS), "w") as f:
-            f.write("")
+        with storage_errors("publish to", stage_url):
+            for path in sorted(p for p in Path(local_dir).rglob("*") if p.is_file()):
+                rel = path.relative_to(local_dir).as_posix()
+                if rel in (MANIFEST, SUCCESS) or rel.startswith(CHECKPOINTS + "/"):
+                    continue
+                files.append({"path": rel, "size": path.stat().st_size, "sha256": sha256_file(path)})
+                self.fs.makedirs(join(dest, os.path.dirname(rel)) if "/" in rel else dest, exist_ok=True)
+                self.fs.put_file(str(path), join(dest, rel))
+            manifest = {**manifest, "files": files, "published_at": time.time()}
+            with self.fs.open(join(dest, MANIFEST), "w") as f:
+                json.dump(manifest, f, indent=2, sort_keys=True, default=str)
+            with self.fs.open(join(dest, SUCCESS), "w") as f:
+                f.write("")
         return manifest
+
+    def prune_checkpoints(self, stage_url: str, keep: int, dry_run: bool = False) -> list[str]:
+        """Keep the newest `keep` complete checkpoints of an artifact (0: none, the final model
+        only); remove older and never-completed ones. Returns the URLs removed (or, with
+        `dry_run`, that would be)."""
+        ckpt = CheckpointStore(stage_url, self.storage_options)
+        with storage_errors("prune checkpoints of", stage_url):
+            if not ckpt.fs.exists(ckpt.path):
+                return []
+            complete = ckpt.steps()
+            kept = set(complete[-keep:]) if keep else set()
+            doomed = [p for p in ckpt.fs.ls(ckpt.path, detail=False)
+                      if _step_of(p) not in kept]
+            if not dry_run:
+                for p in doomed:
+                    ckpt.fs.rm(p, recursive=True)
+                if not kept and ckpt.fs.exists(ckpt.path):  # local stores keep empty directories
+                    ckpt.fs.rm(ckpt.path, recursive=True)
+        return [join(stage_url, CHECKPOINTS, p.rstrip("/").rsplit("/", 1)[-1]) for p in doomed]
+
+
+def _step_of(path: str) -> int | None:
+    name = path.rstrip("/").rsplit("/", 1)[-1]
+    return int(name[5:]) if name.startswith("step-") and name[5:].isdigit() else None
 
 
 def read_manifest(stage_url: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     fs, path = filesystem(stage_url, storage_options)
-    if not fs.exists(join(path, SUCCESS)):
-        raise ArtifactError(f"artifact {stage_url} is not published (no {SUCCESS}): "
-                            "its stage has not finished")
-    with fs.open(join(path, MANIFEST), "r") as f:
-        return json.load(f)
+    with storage_errors("read the manifest of", stage_url):
+        if not fs.exists(join(path, SUCCESS)):
+            raise ArtifactError(f"artifact {stage_url} is not published (no {SUCCESS}): "
+                                "its stage has not finished")
+        try:
+            with fs.open(join(path, MANIFEST), "r") as f:
+                manifest = json.load(f)
+        except FileNotFoundError:
+            raise ArtifactError(f"artifact {stage_url} has {SUCCESS} but no {MANIFEST}: rerun its "
+                                "stage with --force") from None
+        except json.JSONDecodeError as e:
+            raise ArtifactError(f"{join(stage_url, MANIFEST)} is corrupt (not JSON: {e}): rerun its "
+                                "stage with --force") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), list):
+        raise ArtifactError(f"{join(stage_url, MANIFEST)} is corrupt (no `files` list): rerun its "
+                            "stage with --force")
+    return manifest
 
 
 def verify_artifact(stage_url: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -52,12 +52,13 @@ def _load(recipe: Path, overrides: list[str]):
 
 
 def _plan(recipe):
+    from pipeline.artifacts import ArtifactError
     from pipeline.plan import make_plan
 
     try:
         return make_plan(recipe)
-    except Exception as e:  # store unreachable, bad credentials, ...
-        _fail(f"cannot reach the artifact store {recipe.storage.url}: {type(e).__name__}: {e}", 1)
+    except ArtifactError as e:  # store unreachable, bad credentials, an input that cannot be listed
+        _fail(str(e), 2)
 
 
 @app.command()
@@ -69,70 +70,143 @@ def validate(recipe: Path = RecipeArg, set_: list[str] = SetOpt) -> None:
 
 @app.command()
 def plan(recipe: Path = RecipeArg, set_: list[str] = SetOpt) -> None:
-    """Stages in order with their hashes, what is done / to run, and each launch command."""
+    """Stages in order with their hashes, what is done / to run and why, and each launch command."""
+    from pipeline.artifacts import ArtifactError
+    from pipeline.changes import code_drift, previous_manifest, why_rerun
     from pipeline.launch import build_command
-
     from pipeline.plan import make_plan
 
     r = _load(recipe, set_)
     try:
         p, unknown = make_plan(r), None
-    except Exception as e:  # planning must work where the store is out of reach
-        p, unknown = make_plan(r, check_store=False), f"{type(e).__name__}: {e}"
+        dirs = p.store.stage_dirs()
+    except ArtifactError as e:  # planning must work where the store is out of reach
+        p, unknown, dirs = make_plan(r, check_store=False), str(e), {}
     typer.echo(f"recipe {p.recipe.name}  store {p.store.root}")
     if unknown:
         typer.secho(f"store not reachable ({unknown}): done / to run unknown", fg=typer.colors.YELLOW)
+    unhashable: set[str] = set()  # an input (or an upstream's) could not be fingerprinted
     for i, s in enumerate(p.stages, 1):
+        if any(fp.kind == "unreachable" for fp in s.inputs.values()) or unhashable.intersection(s.deps):
+            unhashable.add(s.name)
         status = "?" if unknown else "done" if s.done else "to run"
-        typer.echo(f"{i:>2}. {s.name:<16} {s.kind.name:<14} {s.short_hash}  {status:<7} "
+        short = "?" * 12 if s.name in unhashable else s.short_hash
+        typer.echo(f"{i:>2}. {s.name:<16} {s.kind.name:<14} {short}  {status:<7} "
                    f"needs: {', '.join(s.deps) or '-'}")
-        typer.echo(f"    artifact: {s.url}")
+        typer.echo(f"    artifact: {s.url if s.name not in unhashable else '? (its hash needs the inputs)'}")
+        for name, fp in s.inputs.items():
+            typer.echo(f"    input:    {name}  ({fp.summary})")
         cmd = build_command(s.kind.entry, Path("<job.json>"), s.resources, s.launcher, s.kind.distributed)
         typer.echo(f"    launch:   {' '.join(cmd)}  (world size {s.resources.world_size if s.kind.distributed else 1})")
+        if unknown:
+            continue
+        try:
+            if s.done:
+                drift = code_drift(s.name, s.kind, p.store.read_manifest(s.url))
+                if drift:
+                    typer.secho(f"    warning:  {drift}", fg=typer.colors.YELLOW)
+            else:
+                previous = previous_manifest(p.store, dirs.get(s.name, []), s.url)
+                inputs = {k: fp.as_dict() for k, fp in s.inputs.items()}
+                for reason in why_rerun(s.hashed, inputs, previous):
+                    typer.echo(f"    why:      {reason}")
+        except ArtifactError as e:
+            typer.secho(f"    error:    {e}", fg=typer.colors.YELLOW)
+
+
+def _resume_hint(recipe: Path, overrides: list[str], outcome) -> str:
+    import shlex
+
+    command = shlex.join(["ring-pipeline", "run", str(recipe), *[a for o in overrides for a in ("--set", o)]])
+    hint = (f"resume with: {command}\n(published stages are skipped; an interrupted stage resumes "
+            "from its last checkpoint)")
+    if outcome.deployment:
+        hint += (f"\nor retry flow run {outcome.flow_run_id} from the Prefect UI: it runs where "
+                 f"`ring-pipeline serve {recipe}` serves deployment {outcome.deployment}")
+    return hint
 
 
 @app.command()
 def run(recipe: Path = RecipeArg, set_: list[str] = SetOpt,
         only: list[str] = typer.Option([], "--only", help="run just this stage (repeatable)"),
         from_: Optional[str] = typer.Option(None, "--from", help="rerun this stage and everything after it"),
-        force: list[str] = typer.Option([], "--force", help="rerun this stage (and its dependents)")) -> None:
-    """Run the recipe as a Prefect flow; published stages are skipped."""
+        force: list[str] = typer.Option([], "--force", help="rerun this stage (and its dependents)"),
+        no_wait: bool = typer.Option(False, "--no-wait", help="fail instead of waiting when another "
+                                     "run is executing a stage")) -> None:
+    """Run the recipe as a Prefect flow; published stages are skipped.
+
+    Ctrl-C or SIGTERM stops every running stage job (exit 130 / 143); nothing is published."""
+    from pipeline.artifacts import ArtifactError
+    from pipeline.launch import StageFailed
+    from pipeline.orchestrate import run_recipe
+
     r = _load(recipe, set_)
     p = _plan(r)
     try:
         p.select(only, from_, force)
     except KeyError as e:
         _fail(str(e.args[0]), 2)
-    from pipeline.artifacts import ArtifactError
-    from pipeline.flow import pipeline_flow
-    from pipeline.launch import StageFailed
-
-    try:
-        results = pipeline_flow(str(recipe), set_, only or None, from_, force or None)
-    except (StageFailed, ArtifactError) as e:
-        _fail(str(e), 1)
-    except KeyboardInterrupt:
-        _fail("interrupted: stage jobs were stopped; rerun to resume from the last checkpoints", 130)
-    for name, res in results.items():
+    params = {"recipe_path": str(recipe.resolve()), "overrides": list(set_), "only": only or None,
+              "from_stage": from_, "force": force or None, "wait_if_running": not no_wait}
+    outcome = run_recipe(params, r.name, Path(r.defaults.work_dir))
+    if outcome.interrupted:
+        _fail(f"interrupted ({outcome.interrupted}): running stage jobs were stopped and nothing "
+              f"unfinished was published\n{_resume_hint(recipe, set_, outcome)}", outcome.exit_code)
+    error = outcome.error
+    if isinstance(error, StageFailed):
+        _fail(f"{error}\n{_resume_hint(recipe, set_, outcome)}", 1)
+    if isinstance(error, ArtifactError):
+        _fail(f"{error}\n{_resume_hint(recipe, set_, outcome)}", 2)
+    if error is not None:
+        raise error
+    for name, res in (outcome.results or {}).items():
         extra = f" in {res['seconds']:.1f}s" if res["status"] == "ran" else ""
         typer.echo(f"{name}: {res['status']}{extra} -> {res['url']}")
 
 
 @app.command()
 def status(recipe: Path = RecipeArg, set_: list[str] = SetOpt) -> None:
-    """Per stage: done / failed / pending, its artifact URI and MLflow run."""
-    from pipeline.execute import read_failure
+    """Per stage: done / running / failed / interrupted / pending, its artifact URI and MLflow run."""
+    from pipeline.status import stage_state
 
     p = _plan(_load(recipe, set_))
     for s in p.stages:
-        if s.done:
-            m = p.store.read_manifest(s.url)
-            state, run_id = "done", m.get("mlflow_run_id")
-        else:
-            failure = read_failure(p.store, s.url)
-            state = "failed" if failure else "pending"
-            run_id = failure.get("run_id") if failure else None
-        typer.echo(f"{s.name:<16} {state:<8} {s.url}  mlflow run: {run_id or '-'}")
+        st = stage_state(p.store, s)
+        typer.echo(f"{s.name:<16} {st.state:<11} {s.url}  mlflow run: {st.run_id or '-'}")
+        if st.detail:
+            typer.echo(f"    {st.detail}")
+        for w in st.warnings:
+            typer.secho(f"    warning: {w}", fg=typer.colors.YELLOW)
+
+
+@app.command()
+def gc(recipe: Path = RecipeArg, set_: list[str] = SetOpt,
+       delete: bool = typer.Option(False, "--delete", help="remove what is listed (default: dry run)"),
+       keep_checkpoints: Optional[int] = typer.Option(None, "--keep-checkpoints", min=0,
+                                                      help="per published artifact (default: the "
+                                                      "recipe's storage.keep_checkpoints)"),
+       keep_artifacts: int = typer.Option(1, "--keep-artifacts", min=0, help="earlier artifacts kept "
+                                          "per stage besides the current plan's"),
+       older_than: float = typer.Option(7.0, "--older-than", min=0, help="days unchanged before an "
+                                        "unreferenced artifact or unfinished attempt is removed")) -> None:
+    """List (or with --delete remove) work dirs, checkpoints and artifacts nothing needs."""
+    from pipeline.artifacts import ArtifactError
+    from pipeline.gc import GcPolicy, find_leftovers, remove
+
+    r = _load(recipe, set_)
+    p = _plan(r)
+    policy = GcPolicy(r.storage.keep_checkpoints if keep_checkpoints is None else keep_checkpoints,
+                      keep_artifacts, older_than * 86400)
+    try:
+        leftovers = find_leftovers(p, Path(r.defaults.work_dir), policy)
+        for item in leftovers:
+            typer.echo(f"{'removing' if delete else 'would remove'} {item.what:<10} {item.location}  "
+                       f"({item.reason})")
+        if delete:
+            remove(p, leftovers)
+    except ArtifactError as e:
+        _fail(str(e), 2)
+    typer.echo(f"{len(leftovers)} {'removed' if delete else 'to remove (dry run: add --delete)'}")
 
 
 @app.command()
@@ -195,9 +269,9 @@ def _curate_recipe_stage(recipe: Path, overrides: list[str], stage: str | None, 
     hash follows the (possibly new) benchmark list, so the result is the artifact a recipe
     with that list would use; earlier steps come from the stage's step cache."""
     from pipeline.artifacts import ArtifactError
-    from pipeline.execute import StageTarget, execute
+    from pipeline.execute import ExecutionPolicy, StageTarget, execute
     from pipeline.launch import StageFailed
-    from pipeline.plan import resolve_references, stage_hash
+    from pipeline.plan import hash_payload, input_fingerprints, resolve_references, stage_hash
     from pipeline.tracking import PipelineTracker
     from stages.curate.config import CurateConfig, rerun_config
 
@@ -210,18 +284,27 @@ def _curate_recipe_stage(recipe: Path, overrides: list[str], stage: str | None, 
               + ("name one with --stage" if names else "add a `kind: curate` stage"), 2)
     s = candidates[0]
     cfg = CurateConfig.model_validate(rerun_config(s.config.model_dump(mode="json"), only or None, benchmarks))
-    h = stage_hash(s.kind, cfg, {d: p[d].hash for d in s.deps})
+    upstream = {d: p[d].hash for d in s.deps}
+    try:
+        inputs = input_fingerprints(cfg, r.storage.options, r.defaults.input_hash_max_bytes)
+    except ArtifactError as e:
+        _fail(str(e), 2)
+    h = stage_hash(s.kind, cfg, upstream, inputs)
     target = StageTarget(r.name, s.name, s.kind,
                          resolve_references(cfg.model_dump(mode="json"), {d: p[d].url for d in s.deps}),
                          h, p.store.stage_url(s.name, h), {d: (p[d].url, p[d].hash) for d in s.deps},
-                         s.resources, s.launcher, r.defaults.seed)
+                         s.resources, s.launcher, r.defaults.seed, hash_payload(s.kind, cfg, upstream, inputs),
+                         inputs)
     tracker = PipelineTracker(r.tracking.uri, r.tracking.experiment or r.name, r.name,
                               {"command": "curate", "stage": s.name, "only": only, "benchmarks": benchmarks})
     try:
-        result = execute(target, p.store, Path(r.defaults.work_dir), tracker)
-    except (StageFailed, ArtifactError) as e:
+        result = execute(target, p.store, Path(r.defaults.work_dir), ExecutionPolicy.of(r.storage), tracker)
+    except StageFailed as e:
         tracker.end("FAILED")
         _fail(str(e), 1)
+    except ArtifactError as e:
+        tracker.end("FAILED")
+        _fail(str(e), 2)
     tracker.end("FINISHED")
     return result
 

@@ -1,27 +1,46 @@
-"""Run one stage: job.json -> launched processes -> published artifact.
+"""Run one stage: lease -> job.json -> launched processes -> published artifact.
 
 Used by the Prefect tasks (pipeline.flow) and, without Prefect, by `run_stage` (tests,
 GPU benchmarks). The stage's processes get a `StageJob`; this process never imports the
 stage's code.
+
+One executor per stage at a time: the stage's `_RUNNING` lease (pipeline.lease) is held
+from before the job starts until after it is published; a second executor waits for it
+(and then skips the published stage) or fails naming the holder. Each attempt has its own
+work directory (`{work}/{recipe}/{stage}-{hash12}/{attempt}/`), so concurrent or successive
+attempts never delete each other's outputs or logs.
 """
 from __future__ import annotations
 
 import json
 import shutil
+import sys
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifacts import CHECKPOINTS, ArtifactError, ArtifactStore, join, normalise_url, read_manifest
+from pipeline import interrupt
+from pipeline.artifacts import (CHECKPOINTS, ArtifactError, ArtifactStore, StorageError, join,
+                                normalise_url, read_manifest)
+from pipeline.changes import code_record
+from pipeline.fingerprints import Fingerprint
+from pipeline.interrupt import StageInterrupted
 from pipeline.launch import build_command, run_job
-from pipeline.plan import Plan, PlannedStage, resolve_references, stage_hash
+from pipeline.lease import Lease, LeaseHeld, describe_holder, try_acquire
+from pipeline.plan import Plan, PlannedStage, hash_payload, input_fingerprints, resolve_references, stage_hash
+from pipeline.recipe import Defaults, StorageConfig
 from pipeline.stage_api import Launcher, Resources, StageJob
 from pipeline.tracking import PipelineTracker
 from stages.registry import STAGE_KINDS, StageKind
 
 FAILED = "_FAILED"
+_WAIT_POLL_S = 2.0
+
+
+class StageRunning(ArtifactError):
+    """Another live run executes the stage and this run was told not to wait."""
 
 
 @dataclass
@@ -54,15 +73,31 @@ class StageTarget:
     resources: Resources
     launcher: Launcher
     seed: int = 0
+    hashed: dict[str, Any] = field(default_factory=dict)  # what the hash covers (pipeline.plan)
+    inputs: dict[str, Fingerprint] = field(default_factory=dict)
 
     @classmethod
     def from_plan(cls, plan: Plan, stage: PlannedStage) -> "StageTarget":
         return cls(plan.recipe.name, stage.name, stage.kind, stage.resolved_config(plan), stage.hash,
                    stage.url, {d: (plan[d].url, plan[d].hash) for d in stage.deps},
-                   stage.resources, stage.launcher, plan.recipe.defaults.seed)
+                   stage.resources, stage.launcher, plan.recipe.defaults.seed, stage.hashed, stage.inputs)
 
 
-def execute(target: StageTarget, store: ArtifactStore, work_root: Path,
+@dataclass(frozen=True)
+class ExecutionPolicy:
+    """How a stage is executed, beyond what it computes (recipe `storage` settings)."""
+
+    keep_checkpoints: int
+    lease_timeout_s: float
+    wait_if_running: bool = True
+    flow_run_id: str | None = None
+
+    @classmethod
+    def of(cls, storage: StorageConfig, **kw: Any) -> "ExecutionPolicy":
+        return cls(storage.keep_checkpoints, storage.lease_timeout_s, **kw)
+
+
+def execute(target: StageTarget, store: ArtifactStore, work_root: Path, policy: ExecutionPolicy,
             tracker: PipelineTracker | None = None, force: bool = False) -> StageRun:
     if store.is_done(target.url) and not force:
         return StageRun(target.name, "skipped", target.url, target.hash)
@@ -70,19 +105,65 @@ def execute(target: StageTarget, store: ArtifactStore, work_root: Path,
         if not store.is_done(url):
             raise ArtifactError(f"stage {target.name!r} needs the output of {dep!r} ({url}), which is "
                                 f"not published: run {dep!r} first (drop --only)")
-    work = Path(work_root).resolve() / target.recipe / f"{target.name}-{target.hash[:12]}"
-    output_dir, scratch = work / "output", work / "scratch"
-    if output_dir.exists():
-        shutil.rmtree(output_dir)
+    lease = _acquire(target, store, policy, tracker, force)
+    if lease is None:  # another run published it while we waited
+        return StageRun(target.name, "skipped", target.url, target.hash)
+    try:
+        return _execute_leased(target, store, Path(work_root), policy, tracker, force, lease)
+    finally:
+        lease.release()
+
+
+def _acquire(target: StageTarget, store: ArtifactStore, policy: ExecutionPolicy,
+             tracker: PipelineTracker | None, force: bool) -> Lease | None:
+    """The stage's lease; None when the stage got published by another run meanwhile."""
+    info = {"recipe": target.recipe, "stage": target.name, "hash": target.hash,
+            "flow_run_id": policy.flow_run_id,
+            "tracking_uri": tracker.uri if tracker else None,
+            "parent_run_id": tracker.parent_id if tracker else None}
+    waiting_since = None
+    while True:
+        interrupt.raise_if_stopping(f"stage {target.name!r}")
+        try:
+            lease = try_acquire(target.url, store.storage_options, policy.lease_timeout_s, info)
+            break
+        except LeaseHeld as e:
+            if not policy.wait_if_running:
+                raise StageRunning(f"stage {target.name!r} is running since {describe_holder(e.holder)} "
+                                   f"({target.url}); wait for it, or rerun without --no-wait") from None
+            if waiting_since is None:
+                waiting_since = time.time()
+                print(f"stage {target.name}: already running since {describe_holder(e.holder)}; "
+                      "waiting for it", flush=True)
+        deadline = time.time() + _WAIT_POLL_S
+        while time.time() < deadline:
+            interrupt.raise_if_stopping(f"stage {target.name!r}")
+            time.sleep(0.2)
+        if store.is_done(target.url) and not force:
+            return None
+    if lease.taken_over:
+        print(f"stage {target.name}: taking over from a run that stopped heartbeating "
+              f"({describe_holder(lease.taken_over)}); it resumes from its last checkpoint", flush=True)
+        if tracker:
+            tracker.mark_killed(lease.taken_over)
+    if store.is_done(target.url) and not force:
+        lease.release()
+        return None
+    return lease
+
+
+def _execute_leased(target: StageTarget, store: ArtifactStore, work_root: Path, policy: ExecutionPolicy,
+                    tracker: PipelineTracker | None, force: bool, lease: Lease) -> StageRun:
+    work = work_root.resolve() / target.recipe / f"{target.name}-{target.hash[:12]}" / lease.owner
+    output_dir, scratch, log_path = work / "output", work / "scratch", work / "stage.log"
     output_dir.mkdir(parents=True)
-    scratch.mkdir(parents=True, exist_ok=True)
-    log_path = work / "stage.log"
-    log_path.unlink(missing_ok=True)
+    scratch.mkdir(parents=True)
     if force:  # a forced rerun starts fresh: no published output, no checkpoints to resume
         store.unpublish(target.url)
         store.remove(target.url, CHECKPOINTS)
 
     run_id = tracker.start_stage(target.name, target.kind.name, target.hash, target.config) if tracker else None
+    lease.update(run_id=run_id, work_dir=str(work))
     job = StageJob(recipe=target.recipe, stage=target.name, kind=target.kind.name, hash=target.hash,
                    config=target.config, stage_url=target.url, storage_options=store.storage_options,
                    upstream={d: u for d, (u, _) in target.upstream.items()},
@@ -94,47 +175,82 @@ def execute(target: StageTarget, store: ArtifactStore, work_root: Path,
                             target.kind.distributed)
     started = time.time()
     try:
-        run_job(command, target.name, log_path, target.resources)
+        run_job(command, target.name, log_path, target.resources,
+                must_stop=lambda: lease.lost and f"its {target.url}/_RUNNING lease was lost: {lease.lost}")
+        if lease.lost:  # lost after the job's last poll: publishing could overwrite the new holder's
+            raise StageInterrupted(f"stage {target.name!r} was stopped before publishing: its lease "
+                                   f"was lost: {lease.lost}")
+        finished = time.time()
+        (output_dir / "logs").mkdir(exist_ok=True)
+        shutil.copy(log_path, output_dir / "logs" / "stage.log")
+        summary_path = output_dir / "stage_summary.json"
+        summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+        manifest = {
+            "recipe": target.recipe, "stage": target.name, "kind": target.kind.name,
+            "hash": target.hash, "config": target.config,
+            "upstream": {d: h for d, (_, h) in target.upstream.items()},
+            "hashed": target.hashed, "inputs": {k: fp.as_dict() for k, fp in target.inputs.items()},
+            "code": code_record(target.kind), "attempt": lease.owner, "mlflow_run_id": run_id,
+            "timings": {"started": started, "finished": finished, "seconds": finished - started},
+            "command": command, "summary": summary,
+        }
+        store.publish(output_dir, target.url, manifest)
     except BaseException as e:
-        _record_failure(store, target, e, log_path, run_id)
+        _record_failure(store, target, e, log_path, run_id, lease.owner)
         if tracker and run_id:
-            tracker.end_stage(run_id, "FAILED" if not isinstance(e, KeyboardInterrupt) else "KILLED",
-                              [log_path])
+            stopped = isinstance(e, (StageInterrupted, KeyboardInterrupt))
+            tracker.end_stage_quietly(run_id, "KILLED" if stopped else "FAILED", [log_path])
         raise
-    finished = time.time()
-    (output_dir / "logs").mkdir(exist_ok=True)
-    shutil.copy(log_path, output_dir / "logs" / "stage.log")
-    summary_path = output_dir / "stage_summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
-    manifest = {
-        "recipe": target.recipe, "stage": target.name, "kind": target.kind.name,
-        "hash": target.hash, "config": target.config,
-        "upstream": {d: h for d, (_, h) in target.upstream.items()},
-        "code_version": target.kind.code_version, "mlflow_run_id": run_id,
-        "timings": {"started": started, "finished": finished, "seconds": finished - started},
-        "command": command, "summary": summary,
-    }
-    store.publish(output_dir, target.url, manifest)
-    store.remove(target.url, FAILED)
+    try:
+        store.prune_checkpoints(target.url, policy.keep_checkpoints)
+        store.remove(target.url, FAILED)
+    except StorageError as e:  # the artifact is published; leftovers are for `gc`
+        print(f"stage {target.name}: warning: {e}", file=sys.stderr, flush=True)
     if tracker and run_id:
         tracker.end_stage(run_id, "FINISHED", [log_path, *([summary_path] if summary else [])])
     return StageRun(target.name, "ran", target.url, target.hash, finished - started, run_id, summary)
 
 
 def _record_failure(store: ArtifactStore, target: StageTarget, error: BaseException,
-                    log_path: Path, run_id: str | None) -> None:
+                    log_path: Path, run_id: str | None, attempt: str) -> None:
     """A `_FAILED` note next to the stage's outputs, for `ring-pipeline status`."""
     message = str(error) or traceback.format_exception_only(type(error), error)[-1]
+    interrupted = isinstance(error, (StageInterrupted, KeyboardInterrupt))
     try:
         store.write_note(target.url, FAILED, {"time": time.time(), "error": message[-4000:],
                                               "run_id": run_id, "type": type(error).__name__,
+                                              "interrupted": interrupted, "attempt": attempt,
                                               "log": str(log_path)})
-    except Exception:  # the original error matters more than the note
+    except StorageError:  # the original error matters more than the note
         pass
 
 
 def read_failure(store: ArtifactStore, url: str) -> dict | None:
     return store.read_note(url, FAILED)
+
+
+def adhoc_target(kind: str, config: dict[str, Any], *, stage: str, storage: str,
+                 upstream: dict[str, str] | None = None, resources: Resources | None = None,
+                 launcher: Launcher = "deepspeed", recipe: str = "adhoc",
+                 storage_options: dict[str, Any] | None = None, seed: int = 0) -> StageTarget:
+    """The stage `run_stage` executes (its hash and artifact URL), without running it.
+
+    `upstream` maps the stage names used in `${stages.NAME.output}` references to
+    published artifact URLs; their hashes come from their manifests.
+    """
+    spec = STAGE_KINDS[kind]
+    cfg = spec.config.model_validate({"kind": kind, **config})
+    opts = storage_options or {}
+    up = {n: (u, read_manifest(u, opts)["hash"])
+          for n, u in ((n, normalise_url(u)) for n, u in (upstream or {}).items())}
+    up_hashes = {n: hh for n, (_, hh) in up.items()}
+    inputs = input_fingerprints(cfg, opts, Defaults().input_hash_max_bytes)
+    h = stage_hash(spec, cfg, up_hashes, inputs)
+    url = ArtifactStore(join(storage, recipe), opts).stage_url(stage, h)
+    resolved = resolve_references(cfg.model_dump(mode="json"), {n: u for n, (u, _) in up.items()})
+    return StageTarget(recipe, stage, spec, resolved, h, url, up,
+                       resources or cfg.resources or Resources(), cfg.launcher or launcher, seed,
+                       hash_payload(spec, cfg, up_hashes, inputs), inputs)
 
 
 def run_stage(kind: str, config: dict[str, Any], *, stage: str, storage: str,
@@ -143,24 +259,20 @@ def run_stage(kind: str, config: dict[str, Any], *, stage: str, storage: str,
               storage_options: dict[str, Any] | None = None, tracking_uri: str | None = None,
               experiment: str = "adhoc", work_root: Path = Path(".ring/work"), seed: int = 0,
               force: bool = False) -> StageRun:
-    """One stage without a recipe or Prefect (tests, benchmarks, debugging).
-
-    `upstream` maps the stage names used in `${stages.NAME.output}` references to
-    published artifact URLs; their hashes come from their manifests.
-    """
-    spec = STAGE_KINDS[kind]
-    cfg = spec.config.model_validate({"kind": kind, **config})
-    upstream = {n: normalise_url(u) for n, u in (upstream or {}).items()}
+    """One stage without a recipe or Prefect (tests, benchmarks, debugging); see `adhoc_target`."""
     opts = storage_options or {}
-    up = {n: (u, read_manifest(u, opts)["hash"]) for n, u in upstream.items()}
-    h = stage_hash(spec, cfg, {n: hh for n, (_, hh) in up.items()})
+    target = adhoc_target(kind, config, stage=stage, storage=storage, upstream=upstream,
+                          resources=resources, launcher=launcher, recipe=recipe,
+                          storage_options=opts, seed=seed)
     store = ArtifactStore(join(storage, recipe), opts)
-    url = store.stage_url(stage, h)
-    resolved = resolve_references(cfg.model_dump(mode="json"), {n: u for n, (u, _) in up.items()})
     tracker = PipelineTracker(tracking_uri, experiment, recipe, {}) if tracking_uri else None
-    target = StageTarget(recipe, stage, spec, resolved, h, url, up,
-                         resources or cfg.resources or Resources(), cfg.launcher or launcher, seed)
-    result = execute(target, store, work_root, tracker, force)
+    policy = ExecutionPolicy.of(StorageConfig(url=storage, options=opts))
+    try:
+        result = execute(target, store, work_root, policy, tracker, force)
+    except BaseException:
+        if tracker:
+            tracker.end("FAILED")
+        raise
     if tracker:
         tracker.end("FINISHED")
     return result

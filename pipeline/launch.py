@@ -4,6 +4,10 @@ Distributed kinds go through the `deepspeed` launcher (or `torchrun`) with the w
 size from the stage's resources: CPU = N local ranks on gloo, GPU = one rank per GPU,
 many nodes = a hostfile. Data stages run as one plain process. Output is streamed to
 the console with the stage name prefixed and saved to the stage's log file.
+
+A job runs in its own session under `pipeline.job_guard`, which takes the job's process
+group down if this process dies; this process stops the group itself when the run is told
+to stop (`pipeline.interrupt`) or the stage's lease is lost.
 """
 from __future__ import annotations
 
@@ -13,10 +17,14 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
+from pipeline import interrupt
+from pipeline.interrupt import StageInterrupted
 from pipeline.stage_api import Launcher, Resources
 
 # Keep NVLink multicast off in every process we start (see the device notes); harmless on CPU.
@@ -28,6 +36,8 @@ _CHILD_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
 }
 _TAIL_LINES = 40
+_POLL_S = 0.5
+_GRACE_S = 5.0  # per step of SIGINT -> SIGTERM -> SIGKILL
 
 
 class StageFailed(RuntimeError):
@@ -74,11 +84,13 @@ class LaunchResult:
 
 
 def run_job(command: list[str], stage: str, log_path: Path, resources: Resources,
-            extra_env: dict[str, str] | None = None, cwd: str | None = None) -> LaunchResult:
+            extra_env: dict[str, str] | None = None, cwd: str | None = None,
+            must_stop: Callable[[], str | None] | None = None) -> LaunchResult:
     """Run the job, stream its output prefixed with `[stage]`, save it to `log_path`.
 
-    A non-zero exit raises StageFailed with the log tail. Ctrl-C (or any exception
-    here) stops the whole process group of the job before re-raising.
+    A non-zero exit raises StageFailed with the log tail. A stop request of the run, or a
+    reason returned by `must_stop` (polled), stops the job's process group and raises
+    StageInterrupted; so does any exception here (Ctrl-C on the main thread) after stopping.
     """
     env = {**os.environ, **_CHILD_ENV, **(extra_env or {})}
     if resources.gpus_per_node == 0:
@@ -90,7 +102,9 @@ def run_job(command: list[str], stage: str, log_path: Path, resources: Resources
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     tail: deque[str] = deque(maxlen=_TAIL_LINES)
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+    interrupt.raise_if_stopping(f"stage {stage!r}")
+    guarded = [sys.executable, "-m", "pipeline.job_guard", str(os.getpid()), "--", *command]
+    proc = subprocess.Popen(guarded, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                             cwd=cwd, start_new_session=True, text=True, errors="replace", bufsize=1)
 
     def pump() -> None:
@@ -105,27 +119,53 @@ def run_job(command: list[str], stage: str, log_path: Path, resources: Resources
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
     try:
-        rc = proc.wait()
+        stopped_because = _wait(proc, must_stop)
     except BaseException:
         stop_group(proc)
         raise
     finally:
         reader.join(timeout=10)
-    if rc != 0:
-        raise StageFailed(f"stage {stage!r} failed: its job exited with code {rc}. "
+    if stopped_because:
+        raise StageInterrupted(f"stage {stage!r} was stopped: {stopped_because}. Log: {log_path}")
+    if proc.returncode != 0:
+        raise StageFailed(f"stage {stage!r} failed: its job exited with code {proc.returncode}. "
                           f"Log: {log_path}\n--- last lines ---\n" + "\n".join(tail))
-    return LaunchResult(rc, log_path)
+    return LaunchResult(proc.returncode, log_path)
 
 
-def stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """SIGINT, then SIGTERM, then SIGKILL to the job's process group."""
+def _wait(proc: subprocess.Popen, must_stop: Callable[[], str | None] | None) -> str | None:
+    """Wait for the job; None when it exited by itself, else why it was stopped."""
+    while True:
+        try:
+            proc.wait(timeout=_POLL_S)
+            return None
+        except subprocess.TimeoutExpired:
+            pass
+        reason = interrupt.stop_requested()
+        if reason:
+            reason = f"the run was interrupted ({reason})"
+        elif must_stop:
+            reason = must_stop()
+        if reason:
+            stop_group(proc)
+            return reason
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float = _GRACE_S) -> None:
+    """SIGINT, then SIGTERM, then SIGKILL to the job's process group (a second stop request
+    skips the waits); then SIGKILL to whatever of the group outlived the guard."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
             return
-        try:
-            proc.wait(timeout=grace_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+        deadline = time.time() + grace_s
+        while proc.poll() is None and time.time() < deadline and not interrupt.hurry():
+            time.sleep(0.1)
+        if proc.poll() is not None:
+            break
+    proc.wait()
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

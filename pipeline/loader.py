@@ -95,7 +95,34 @@ def _interpolate_env(value: str, where: str, problems: list[str]) -> str:
 
 
 def _dotted(key: Path_) -> str:
-    return ".".join(str(k) for k in key) or "<root>"
+    """A key path as `--set` accepts it: keys that contain a dot are quoted."""
+    return ".".join(f'"{k}"' if isinstance(k, str) and "." in k else str(k) for k in key) or "<root>"
+
+
+def split_key_path(dotted: str) -> list[str]:
+    """`a."b.c".d` -> ["a", "b.c", "d"]: quotes ("..." or '...') keep dots inside a key."""
+    keys, current, quote, quoted = [], "", None, False
+    for ch in dotted.strip():
+        if quote:
+            if ch == quote:
+                quote = None
+            else:
+                current += ch
+        elif ch in "\"'" and not current:
+            quote, quoted = ch, True
+        elif ch == ".":
+            keys.append(current)
+            current, quoted = "", False
+        elif quoted:
+            raise ValueError(f"text after the closing quote of {current!r}")
+        else:
+            current += ch
+    if quote:
+        raise ValueError(f"unclosed {quote} quote")
+    keys.append(current)
+    if not all(keys):
+        raise ValueError("empty key")
+    return keys
 
 
 def _merge(base: Any, child: Any) -> Any:
@@ -141,14 +168,35 @@ def _display(path: Path) -> Path:
         return path
 
 
+def _split_assignment(assignment: str) -> tuple[str, str] | None:
+    """KEY.PATH=VALUE at the first `=` outside quotes (a quoted key may contain `=`)."""
+    quote = None
+    for i, ch in enumerate(assignment):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "=":
+            return assignment[:i], assignment[i + 1:]
+    if quote:
+        raise ValueError(f"unclosed {quote} quote")
+    return None
+
+
 def apply_override(data: dict[str, Any], assignment: str, origins: dict[Path_, Origin]) -> None:
     """`a.b.c=value`: the value is parsed as YAML (so `3`, `1.0e-4`, `[a, b]`, `true` work)."""
-    if "=" not in assignment:
+    try:
+        parts = _split_assignment(assignment)
+    except ValueError as e:
+        raise RecipeError([f"--set {assignment}: {e} (quote a key that contains dots: a.\"b.c\".d=VALUE)"]) from None
+    if parts is None:
         raise RecipeError([f"--set {assignment}: expected KEY.PATH=VALUE"])
-    dotted, raw = assignment.split("=", 1)
-    keys = [k for k in dotted.strip().split(".")]
-    if not all(keys):
-        raise RecipeError([f"--set {assignment}: empty key in {dotted!r}"])
+    dotted, raw = parts
+    try:
+        keys = split_key_path(dotted)
+    except ValueError as e:
+        raise RecipeError([f"--set {assignment}: {e} in {dotted!r} (quote a key that contains dots: "
+                           'a."b.c".d=VALUE)']) from None
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as e:
@@ -159,7 +207,7 @@ def apply_override(data: dict[str, Any], assignment: str, origins: dict[Path_, O
         if nxt is None:
             nxt = node[k] = {}
         if not isinstance(nxt, dict):
-            raise RecipeError([f"--set {assignment}: {'.'.join(keys[:i + 1])} is not a mapping"])
+            raise RecipeError([f"--set {assignment}: {_dotted(tuple(keys[:i + 1]))} is not a mapping"])
         node = nxt
     node[keys[-1]] = value
     origin = Origin(f"--set {assignment}", None)

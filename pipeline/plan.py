@@ -1,8 +1,11 @@
 """The DAG of a recipe: order, per-stage content hash, what is done and what will run.
 
-Stage hash = sha256(kind, the config keys that affect results, upstream stage hashes,
-the stage kind's code version). Cosmetic keys (log intervals, resources, launcher) stay
-out, so moving a run to other hardware or changing a log interval reuses artifacts.
+Stage hash = sha256(kind, the config keys that affect results, upstream stage hashes, the
+content fingerprints of external inputs, the stage kind's declared `version`). Cosmetic keys
+(log intervals, resources, launcher) stay out, so moving a run to other hardware or changing
+a log interval reuses artifacts. The kind's source code stays out too: a comment or a
+refactor must not rerun days of training; a change that alters results bumps `version`
+(the source digest is recorded in the manifest, and `plan` warns when it drifts).
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from typing import Any, Iterable
 from pydantic import BaseModel
 
 from pipeline.artifacts import ArtifactStore, join
+from pipeline.fingerprints import Fingerprint, fingerprint_inputs
 from pipeline.recipe import Recipe, iter_references, topological_order
 from pipeline.stage_api import Launcher, Resources, StageConfig
 from stages.registry import STAGE_KINDS, StageKind
@@ -43,15 +47,28 @@ def _result_value(v: Any) -> Any:
     return v
 
 
-def stage_hash(kind: StageKind, config: StageConfig, upstream: dict[str, str]) -> str:
-    payload = {
+def input_fingerprints(config: StageConfig, storage_options: dict[str, Any],
+                       hash_max_bytes: int, tolerate_errors: bool = False) -> dict[str, Fingerprint]:
+    return fingerprint_inputs(result_config(config), storage_options, hash_max_bytes, tolerate_errors)
+
+
+def hash_payload(kind: StageKind, config: StageConfig, upstream: dict[str, str],
+                 inputs: dict[str, Fingerprint]) -> dict[str, Any]:
+    """Everything the stage hash covers (also recorded in the manifest, so `plan` can say
+    what changed since an earlier artifact of the stage)."""
+    return {
         "kind": kind.name,
+        "version": kind.version,
         "config": result_config(config),
         "upstream": dict(sorted(upstream.items())),
-        "code": kind.code_version,
+        "inputs": {k: fp.digest for k, fp in sorted(inputs.items())},
     }
-    blob = json.dumps(payload, sort_keys=True, default=str).encode()
-    return hashlib.sha256(blob).hexdigest()
+
+
+def stage_hash(kind: StageKind, config: StageConfig, upstream: dict[str, str],
+               inputs: dict[str, Fingerprint]) -> str:
+    blob = json.dumps(hash_payload(kind, config, upstream, inputs), sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def resolve_references(value: Any, urls: dict[str, str]) -> Any:
@@ -76,6 +93,8 @@ class PlannedStage:
     url: str
     resources: Resources
     launcher: Launcher
+    inputs: dict[str, Fingerprint]
+    upstream: dict[str, str]  # dep name -> its hash
     done: bool
 
     @property
@@ -85,6 +104,10 @@ class PlannedStage:
     def resolved_config(self, plan: "Plan") -> dict[str, Any]:
         urls = {d: plan[d].url for d in self.deps}
         return resolve_references(self.config.model_dump(mode="json"), urls)
+
+    @property
+    def hashed(self) -> dict[str, Any]:
+        return hash_payload(self.kind, self.config, self.upstream, self.inputs)
 
 
 @dataclass
@@ -141,12 +164,15 @@ def make_plan(recipe: Recipe, check_store: bool = True) -> Plan:
     for name in topological_order(deps):
         cfg = recipe.stages[name]
         kind = STAGE_KINDS[cfg.kind]
-        h = stage_hash(kind, cfg, {d: planned[d].hash for d in deps[name]})
+        upstream = {d: planned[d].hash for d in deps[name]}
+        inputs = input_fingerprints(cfg, recipe.storage.options, recipe.defaults.input_hash_max_bytes,
+                                    tolerate_errors=not check_store)
+        h = stage_hash(kind, cfg, upstream, inputs)
         url = store.stage_url(name, h)
         planned[name] = PlannedStage(
             name=name, kind=kind, config=cfg, deps=deps[name], hash=h, url=url,
             resources=recipe.stage_resources(name), launcher=recipe.stage_launcher(name),
-            done=False)
+            inputs=inputs, upstream=upstream, done=False)
     plan = Plan(recipe, store, list(planned.values()))
     if check_store:
         for s in plan.stages:

@@ -12,6 +12,10 @@ from stages.registry import STAGE_KINDS
 class StorageConfig(Strict):
     url: str = Field("file://./.ring/artifacts", description="fsspec URL of the artifact store")
     options: dict[str, Any] = Field({}, description="fsspec storage options (s3: endpoint_url, key, ...)")
+    keep_checkpoints: int = Field(2, ge=0, description="mid-stage checkpoints a published artifact "
+                                  "keeps (newest first; 0 = the final model only)")
+    lease_timeout_s: float = Field(60.0, gt=0, description="a running stage's `_RUNNING` lease whose "
+                                   "heartbeat is older than this was left by a dead run and is taken over")
 
 
 class TrackingConfig(Strict):
@@ -24,6 +28,9 @@ class Defaults(Strict):
     launcher: Launcher = "deepspeed"
     seed: int = 0
     work_dir: str = Field(".ring/work", description="local scratch for stage jobs")
+    input_hash_max_bytes: int = Field(
+        64 << 20, ge=0, description="local inputs (file, directory, glob) up to this total size are "
+        "fingerprinted by content (sha256), larger ones by size + mtime")
 
 
 def _stage_union() -> Any:

@@ -2,15 +2,19 @@
 
 The pipeline process opens the runs; a stage's own processes log into their stage run
 by id (`StageLogger`), rank 0 only, so no process needs an active-run context.
+
+Two runs may share one SQLite tracking DB: creating its tables and the experiment is done
+under a lock file next to the DB (two runs starting at once raced there).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 _MAX_PARAM = 500  # MLflow's limit on a param value's length
 
@@ -23,6 +27,20 @@ def _client(uri: str):
     elif uri.startswith("file:") or "://" not in uri:
         Path(uri.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
     return MlflowClient(tracking_uri=uri)
+
+
+@contextlib.contextmanager
+def _setup_lock(uri: str) -> Iterator[None]:
+    """Serialises DB creation and experiment creation of processes sharing a SQLite file."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    from filelock import FileLock
+
+    db = Path(uri[len("sqlite:///"):])
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(db) + ".lock"):
+        yield
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -45,9 +63,10 @@ class PipelineTracker:
 
     def __init__(self, uri: str, experiment: str, recipe_name: str, params: dict[str, Any]):
         self.uri = uri
-        self.client = _client(uri)
-        exp = self.client.get_experiment_by_name(experiment)
-        self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(experiment)
+        with _setup_lock(uri):
+            self.client = _client(uri)
+            exp = self.client.get_experiment_by_name(experiment)
+            self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(experiment)
         run = self.client.create_run(self.experiment_id, run_name=recipe_name,
                                      tags={"ring.recipe": recipe_name, "ring.kind": "pipeline"})
         self.parent_id = run.info.run_id
@@ -83,6 +102,27 @@ class PipelineTracker:
             if Path(p).exists():
                 self.client.log_artifact(run_id, str(p))
         self.client.set_terminated(run_id, status)
+
+    def end_stage_quietly(self, run_id: str, status: str, artifacts: list[Path] = ()) -> None:
+        """end_stage on a failure path: a tracking outage must not hide the stage's own error."""
+        try:
+            self.end_stage(run_id, status, artifacts)
+        except Exception as e:  # noqa: BLE001
+            print(f"warning: could not mark MLflow run {run_id} {status}: {e}", file=sys.stderr, flush=True)
+
+    def mark_killed(self, holder: dict[str, Any]) -> None:
+        """The MLflow runs of a dead executor whose stage lease was taken over: KILLED, not
+        RUNNING forever (when they live in this tracking store)."""
+        if holder.get("tracking_uri") != self.uri:
+            return
+        for run_id in (holder.get("run_id"), holder.get("parent_run_id")):
+            if not run_id:
+                continue
+            try:
+                if self.client.get_run(run_id).info.status == "RUNNING":
+                    self.client.set_terminated(run_id, "KILLED")
+            except Exception as e:  # noqa: BLE001 - a bookkeeping fix, never a reason to fail
+                print(f"warning: could not mark MLflow run {run_id} KILLED: {e}", file=sys.stderr, flush=True)
 
     def tag_stage_skipped(self, stage: str, stage_hash: str, artifact_url: str) -> None:
         self.client.set_tag(self.parent_id, f"ring.skipped.{stage}", artifact_url)

@@ -31,6 +31,11 @@ class StageKind:
 
     @cached_property
     def code_version(self) -> str:
+        """Digest of the kind's source as syntax: comments, blank lines, formatting and
+        docstrings do not change it. Recorded in manifests to warn about code drift; the
+        stage hash uses `version` instead."""
+        import ast
+
         h = hashlib.sha256(self.name.encode())
         for mod in self.sources or (self.entry,):
             spec = importlib.util.find_spec(mod)
@@ -39,8 +44,15 @@ class StageKind:
             origin = Path(spec.origin)
             files = sorted(origin.parent.rglob("*.py")) if origin.name == "__init__.py" else [origin]
             for f in files:
+                tree = ast.parse(f.read_bytes(), filename=str(f))
+                for node in ast.walk(tree):
+                    body = getattr(node, "body", None)
+                    if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) \
+                            and body and isinstance(body[0], ast.Expr) \
+                            and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+                        node.body = body[1:] or [ast.Pass()]
                 h.update(f.relative_to(origin.parent.parent).as_posix().encode())
-                h.update(f.read_bytes())
+                h.update(ast.dump(tree, include_attributes=False).encode())
         return h.hexdigest()[:16]
 
 

@@ -20,7 +20,8 @@ STAGES = ["data", "curate", "base", "sft", "reasoning_rl", "reward_model", "gene
 def _cli(*args, tmp_path, timeout=900):
     overrides = ["--set", f"storage.url=file://{tmp_path}/store",
                  "--set", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
-                 "--set", f"defaults.work_dir={tmp_path}/work"]
+                 "--set", f"defaults.work_dir={tmp_path}/work",
+                 "--set", "storage.keep_checkpoints=1"]
     out = subprocess.run([sys.executable, "-m", "pipeline.cli", *args, *overrides], cwd=REPO,
                          capture_output=True, text=True, timeout=timeout)
     return out.returncode, out.stdout + out.stderr
@@ -46,6 +47,8 @@ def test_whole_recipe_runs_and_each_stage_does_its_job(tiny_run):
         assert "[sft] " in out  # stage output streamed with its name
     sft = _manifest(tmp_path, "sft")["summary"]
     assert sft["world_size"] == 2 and sft["steps"] == 100
+    # the stage kept its last two checkpoints while training; the published artifact keeps one
+    assert len(glob.glob(f"{tmp_path}/store/tiny/sft-*/checkpoints/step-*")) == 1
     assert sft["final_loss"] < sft["first_loss"] - 2.0  # the tiny model learns the task
     curate = _manifest(tmp_path, "curate")["summary"]
     assert curate["kept"] + curate["removed"] + curate["quarantined"] == curate["input_rows"]

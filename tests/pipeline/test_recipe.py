@@ -133,7 +133,7 @@ def test_extends_and_env(tmp_path, monkeypatch):
     # an error in a base-file value points at the base file
     (tmp_path / "base.yaml").write_text(GOOD.replace("n: 10", "n: 0"))
     res = _validate(child)
-    assert "base.yaml:6: stages.data.files.sft.jsonl.n" in res.output, res.output
+    assert "base.yaml:6: stages.data.files.\"sft.jsonl\".n" in res.output, res.output
 
 
 def test_shipped_recipes_validate_and_schema_accepts_them():
@@ -145,3 +145,19 @@ def test_shipped_recipes_validate_and_schema_accepts_them():
         path = REPO / "recipes" / name
         assert _validate(path).exit_code == 0, _validate(path).output
         jsonschema.validate(yaml.safe_load(path.read_text()), schema)
+
+
+def test_set_addresses_keys_that_contain_dots(tmp_path):
+    path = _write(tmp_path, GOOD)
+    r = load_recipe(path, ['stages.data.files."sft.jsonl".n=25',
+                           "stages.data.files.'rl.jsonl'={generator: arithmetic_rl, n: 3}"])
+    assert r.stages["data"].files["sft.jsonl"].n == 25
+    assert r.stages["data"].files["rl.jsonl"].n == 3
+    # an error about such a key quotes it the way --set takes it
+    res = _validate(path, "--set", 'stages.data.files."sft.jsonl".n=0')
+    assert res.exit_code == 2
+    assert 'stages.data.files."sft.jsonl".n: Input should be greater than or equal to 1' in res.output
+    for bad, problem in (('stages.data.files."sft.jsonl.n=1', 'unclosed " quote'),
+                         ('stages..n=1', "empty key"), ('stages."a"b.n=1', "text after the closing quote")):
+        res = _validate(path, "--set", bad)
+        assert res.exit_code == 2 and f"--set {bad}: {problem}" in res.output, res.output

@@ -41,10 +41,9 @@ def test_stage_runs_c3po_icepop_resumes_after_kill_and_publishes(tiny_policy, tm
     from mlflow.tracking import MlflowClient
     from transformers import AutoModelForCausalLM
 
-    from pipeline.artifacts import ArtifactStore, CheckpointStore, join
-    from pipeline.execute import run_stage
+    from pipeline.artifacts import CheckpointStore
+    from pipeline.execute import adhoc_target, run_stage
     from pipeline.launch import build_command
-    from pipeline.plan import stage_hash
     from pipeline.stage_api import Resources, StageJob
     from stages.registry import STAGE_KINDS
 
@@ -52,8 +51,8 @@ def test_stage_runs_c3po_icepop_resumes_after_kill_and_publishes(tiny_policy, tm
     storage, resources = str(tmp_path / "store"), Resources(cpu_ranks=1)
     spec = STAGE_KINDS["reasoning_rl"]
     cfg = spec.config.model_validate({"kind": "reasoning_rl", **config})
-    h = stage_hash(spec, cfg, {})
-    url = ArtifactStore(join(storage, "adhoc"), {}).stage_url("rl", h)  # where run_stage will put it
+    target = adhoc_target("reasoning_rl", config, stage="rl", storage=storage)
+    h, url = target.hash, target.url  # where run_stage will put it
 
     # 1) the job, killed after its first checkpoint. It is told to stop after step 3 (it
     #    writes to run_stage's artifact directory all the same), so however fast the tiny

@@ -209,7 +209,7 @@ def test_general_rl_killed_after_checkpoint_resumes(tiny_rm):
     assert not (stage_dir / "_SUCCESS").exists()
     resumed_at = CheckpointStore(f"file://{stage_dir}", {}).latest()
     assert resumed_at is not None and resumed_at % 3 == 0 and resumed_at < STEPS
-    run1 = _metrics(next((tiny.work / recipe).glob("grl-*/stage.log")))
+    run1 = _metrics(next((tiny.work / recipe).glob("grl-*/*/stage.log")))
     before1 = [m for m in run1 if "reasoning_eval/accuracy_before" in m]
     assert len(before1) == 1 and before1[0]["step"] == 0
 

@@ -262,7 +262,7 @@ def test_sft_two_ranks_zero2_killed_after_checkpoint_resumes_and_learns(stage_en
     assert not (stage_dir / "_SUCCESS").exists()
     resumed_at = CheckpointStore(f"file://{stage_dir}", {}).latest()
     assert resumed_at is not None and resumed_at % 8 == 0 and resumed_at < 36
-    log1 = next((Path(stage_env["work_root"]) / recipe).glob("sft-*/stage.log"))
+    log1 = next((Path(stage_env["work_root"]) / recipe).glob("sft-*/*/stage.log"))
     run1 = {m["step"]: m for m in _metrics(log1)}
     assert max(run1) < 36  # it was killed mid-way
     assert sorted(run1) == list(range(1, max(run1) + 1))

@@ -1,0 +1,223 @@
+"""Content fingerprints of a stage's external inputs, for the stage hash.
+
+A stage hash that covered only an input's *path* kept serving an artifact after the file
+behind the path changed. Every external input a stage config names (a string value that is a
+URL, an existing local path or a matching glob; `${stages.X.output}` references are covered by
+the upstream hashes instead) contributes a fingerprint of its content:
+
+- local file, directory or glob: the sorted listing of its files with their sizes, plus the
+  sha256 of every file when the input totals at most `hash_max_bytes` (a recipe setting),
+  else each file's mtime: touching a small file does not rerun anything, rewriting a big one
+  does;
+- object store prefix or object (s3://, gs://, ...): one (paginated) listing with each
+  object's size and ETag; nothing is downloaded, so a 10k-object prefix costs ~10 requests;
+- hub repo (`hf://org/name@revision/...`): the commit the revision points to, from the local
+  Hugging Face cache's `refs/` files (a 40-hex revision is its own commit). A branch that is
+  not in the cache cannot be resolved offline: the fingerprint then says so, and `plan` asks
+  for a pinned commit.
+"""
+from __future__ import annotations
+
+import glob as globlib
+import hashlib
+import json
+import os
+import re
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from pipeline.artifacts import StorageError, filesystem, normalise_url, sha256_file, storage_errors
+
+_GLOB_CHARS = re.compile(r"[*?\[]")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What an input looked like: `digest` enters the stage hash, `summary` is for people."""
+
+    kind: str  # file | directory | glob | objects | hub | missing
+    digest: str
+    summary: str
+
+    def as_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def _digest(entries: Any) -> str:
+    return hashlib.sha256(json.dumps(entries, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _size(n: float) -> str:
+    units, i = ("B", "KB", "MB", "GB", "TB"), 0
+    while n >= 1000 and i < len(units) - 1:
+        n, i = n / 1000, i + 1
+    return f"{n:.0f} {units[i]}" if i == 0 else f"{n:.1f} {units[i]}"
+
+
+def _listing_summary(what: str, entries: list[tuple[str, int, Any]], by: str) -> str:
+    total = sum(size for _, size, _ in entries)
+    files = "1 file" if len(entries) == 1 else f"{len(entries)} files"
+    return f"{what}: {files}, {_size(total)} (by {by})"
+
+
+def _local_by(by_content: bool) -> str:
+    return "content" if by_content else "size+mtime"
+
+
+# -- local ---------------------------------------------------------------------------------
+@lru_cache(maxsize=4096)
+def _content_hash(path: str, size: int, mtime_ns: int) -> str:
+    # keyed by size and mtime too: an in-place rewrite is hashed again, a re-plan is not
+    return sha256_file(path)
+
+
+def _local_files(root: Path) -> list[Path]:
+    if root.is_file():
+        return [root]
+    return sorted(p for p in root.rglob("*") if p.is_file())
+
+
+def _local_listing(files: list[Path], base: Path | None, hash_max_bytes: int
+                   ) -> tuple[list[tuple[str, int, Any]], bool]:
+    stats = [(p, p.stat()) for p in files]
+    by_content = sum(st.st_size for _, st in stats) <= hash_max_bytes
+    entries = []
+    for p, st in stats:
+        name = p.relative_to(base).as_posix() if base else p.name
+        tag = _content_hash(str(p), st.st_size, st.st_mtime_ns) if by_content else st.st_mtime_ns
+        entries.append((name, st.st_size, tag))
+    return entries, by_content
+
+
+def local_fingerprint(value: str, hash_max_bytes: int) -> Fingerprint:
+    raw = value[len("file://"):] if value.startswith("file://") else value
+    if _GLOB_CHARS.search(raw):
+        matches = sorted(Path(p) for p in globlib.glob(os.path.expanduser(raw), recursive=True))
+        files = sorted({f for m in matches for f in _local_files(m)})
+        if not files:
+            return Fingerprint("missing", _digest(["missing"]), "no file matches")
+        entries, by_content = _local_listing(files, None, hash_max_bytes)
+        # the matched paths themselves, so a renamed match changes the fingerprint
+        entries = [(str(f), size, tag) for f, (_, size, tag) in zip(files, entries)]
+        return Fingerprint("glob", _digest(entries), _listing_summary("glob", entries, _local_by(by_content)))
+    path = Path(raw).expanduser()
+    if not path.exists():
+        return Fingerprint("missing", _digest(["missing"]), "does not exist")
+    kind = "directory" if path.is_dir() else "file"
+    entries, by_content = _local_listing(_local_files(path), path if path.is_dir() else None,
+                                         hash_max_bytes)
+    return Fingerprint(kind, _digest(entries), _listing_summary(kind, entries, _local_by(by_content)))
+
+
+# -- object stores -------------------------------------------------------------------------
+_VERSION_KEYS = ("ETag", "etag", "md5Hash", "crc32c", "LastModified", "mtime", "last_modified")
+
+
+def object_store_fingerprint(value: str, storage_options: dict[str, Any]) -> Fingerprint:
+    with storage_errors("list the input", value):
+        fs, path = filesystem(value, storage_options)
+        fs.invalidate_cache()  # a cached listing would hide a change made by another process
+        if _GLOB_CHARS.search(path):
+            found = fs.glob(path, detail=True)
+        else:
+            found = fs.find(path, detail=True)  # a prefix: one paginated listing, no downloads
+    objects = sorted((name, info) for name, info in found.items() if info.get("type") != "directory")
+    if not objects:
+        return Fingerprint("missing", _digest(["missing"]), "no object at this URL")
+    entries = [(name, int(info.get("size") or 0),
+                next((str(info[k]) for k in _VERSION_KEYS if info.get(k)), None))
+               for name, info in objects]
+    return Fingerprint("objects", _digest(entries), _listing_summary("objects", entries, "ETag"))
+
+
+# -- Hugging Face hub ----------------------------------------------------------------------
+_HF_RE = re.compile(r"^hf://(?:(?P<type>datasets|spaces)/)?(?P<repo>[^/@]+/[^/@]+)(?:@(?P<rev>[^/]+))?")
+
+
+def hub_fingerprint(value: str) -> Fingerprint:
+    m = _HF_RE.match(value)
+    if not m:
+        return Fingerprint("missing", _digest(["unparsed", value]), "not an hf://org/name URL")
+    from urllib.parse import unquote
+
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    repo, rev = m.group("repo"), unquote(m.group("rev") or "main")
+    if _COMMIT.match(rev):
+        return Fingerprint("hub", _digest([repo, rev]), f"hub {repo} at commit {rev[:12]}")
+    repo_type = (m.group("type") or "models").rstrip("s")
+    ref = Path(HF_HUB_CACHE) / f"{repo_type}s--{repo.replace('/', '--')}" / "refs" / rev
+    if ref.is_file():
+        commit = ref.read_text().strip()
+        return Fingerprint("hub", _digest([repo, commit]), f"hub {repo}@{rev} = commit {commit[:12]} "
+                                                              "(local cache)")
+    return Fingerprint("hub", _digest([repo, "unresolved", rev]),
+                       f"hub {repo}@{rev}: not in the local cache, so its commit is unknown "
+                       "(pin a commit: @<40-hex sha>)")
+
+
+# -- which config values are inputs --------------------------------------------------------
+Fingerprinter = Callable[[str, dict[str, Any], int], Fingerprint]
+
+# by URL protocol; any other protocol fsspec knows is listed as an object store
+FINGERPRINTERS: dict[str, Fingerprinter] = {
+    "file": lambda value, options, hash_max: local_fingerprint(value, hash_max),
+    "hf": lambda value, options, hash_max: hub_fingerprint(value),
+}
+
+
+def _protocol(value: str) -> str | None:
+    """The URL protocol of an input, or None when the string is not an input."""
+    if "${stages." in value:
+        return None  # an upstream artifact: its stage hash covers it
+    if "://" in value:
+        proto = value.split("://", 1)[0]
+        from fsspec.registry import known_implementations
+
+        return proto if proto in FINGERPRINTERS or proto in known_implementations else None
+    raw = os.path.expanduser(value)
+    if _GLOB_CHARS.search(raw):
+        return "file" if "/" in raw and globlib.glob(raw, recursive=True) else None
+    return "file" if os.path.exists(raw) else None
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _strings(v)
+    elif isinstance(value, str):
+        yield value
+
+
+def find_inputs(result_config: Any) -> list[str]:
+    """The external inputs among the string values of a stage's (hash-relevant) config."""
+    return sorted({s for s in _strings(result_config) if _protocol(s)})
+
+
+def fingerprint(value: str, storage_options: dict[str, Any], hash_max_bytes: int) -> Fingerprint:
+    proto = _protocol(value) or "file"
+    make = FINGERPRINTERS.get(proto)
+    if make is None:
+        return object_store_fingerprint(normalise_url(value), storage_options)
+    return make(value, storage_options, hash_max_bytes)
+
+
+def fingerprint_inputs(result_config: Any, storage_options: dict[str, Any], hash_max_bytes: int,
+                       tolerate_errors: bool = False) -> dict[str, Fingerprint]:
+    """input -> fingerprint. A store that cannot be listed raises StorageError, unless
+    `tolerate_errors` (a `plan` of a store out of reach): then the input says so."""
+    out = {}
+    for v in find_inputs(result_config):
+        try:
+            out[v] = fingerprint(v, storage_options, hash_max_bytes)
+        except StorageError as e:
+            if not tolerate_errors:
+                raise
+            out[v] = Fingerprint("unreachable", _digest(["unreachable"]), str(e))
+    return out

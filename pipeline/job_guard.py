@@ -1,0 +1,83 @@
+"""`python -m pipeline.job_guard PARENT_PID -- CMD ...`: runs CMD and takes its whole process group down
+when the process that started the guard dies, kill -9 included.
+
+Stage jobs run in their own session (a Ctrl-C in the terminal must reach the orchestrator,
+which stops them in order, not the jobs directly), so nothing kills them with their
+orchestrator. A parent-death signal alone (Linux `prctl(PR_SET_PDEATHSIG)` in the job) is not
+enough: it is not inherited, and a distributed job is a launcher whose ranks are grandchildren
+that would train on unobserved. So the orchestrator starts this guard as the leader of the
+job's new process group; the guard gets a parent-death signal (Linux) and also polls its
+parent id (any POSIX), and when the orchestrator is gone it sends SIGTERM to the group, waits
+a few seconds, then SIGKILLs it (every rank, launcher and itself).
+
+Stopping a job on purpose is the orchestrator's business: it signals the whole group, and the
+guard itself only waits for CMD and exits with its status (128 + N for signal N).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+
+_PR_SET_PDEATHSIG = 1
+_ORPHAN_SIGNAL = signal.SIGUSR1
+_POLL_S = 0.5
+_GRACE_S = 5.0
+
+
+def _ask_for_parent_death_signal() -> None:
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(_ORPHAN_SIGNAL))
+        except (OSError, AttributeError):
+            pass  # the getppid poll still notices, within _POLL_S
+
+
+def _take_group_down(child: subprocess.Popen) -> None:
+    group = os.getpgid(0)
+    try:
+        os.killpg(group, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        child.wait(timeout=_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    os.killpg(group, signal.SIGKILL)  # ranks outliving the launcher, and this guard
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3 or argv[1] != "--" or not argv[0].isdigit():
+        print("usage: python -m pipeline.job_guard PARENT_PID -- COMMAND [ARGS...]", file=sys.stderr)
+        return 2
+    # the orchestrator's pid as it passed it: a parent that died before we could ask for the
+    # parent-death signal is noticed too (getppid would already name the new parent)
+    parent, command = int(argv[0]), argv[2:]
+    orphaned = False
+
+    def on_orphan(_signum, _frame) -> None:
+        nonlocal orphaned
+        orphaned = True
+
+    signal.signal(_ORPHAN_SIGNAL, on_orphan)
+    # The orchestrator signals the whole group to stop a job: the guard outlives CMD to
+    # report its status. Python-level handlers (not SIG_IGN) so CMD starts with the defaults.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda *_: None)
+    _ask_for_parent_death_signal()
+    child = subprocess.Popen(command)
+    while True:
+        if orphaned or os.getppid() != parent:  # reparented: the orchestrator is gone
+            _take_group_down(child)
+        try:
+            rc = child.wait(timeout=_POLL_S)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    return rc if rc >= 0 else 128 - rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
