@@ -28,8 +28,8 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError
 
 from data_curation._base import CurationError, Strict
-from data_curation.rows import FieldMap
-from data_curation.steps import CurationStep, check_labels, default_steps, with_benchmarks
+from data_curation.row_schema import FieldMap
+from data_curation.step_kinds import CurationStep, check_labels, default_steps, with_benchmarks
 
 
 class CurateFileConfig(Strict):

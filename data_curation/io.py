@@ -24,7 +24,7 @@ from typing import Any, Iterator
 import fsspec
 
 from data_curation._base import CurationError
-from data_curation.rows import FieldMap, RowError, dump_row, extract
+from data_curation.row_schema import FieldMap, RowError, dump_row, extract
 
 ROW_SHIFT = 40
 JSONL_EXT = (".jsonl", ".json", ".ndjson")

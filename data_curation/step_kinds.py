@@ -12,7 +12,7 @@ from data_curation.exact_dedup import ExactDedupConfig
 from data_curation.harmful import HarmfulConfig
 from data_curation.near_dedup import NearDedupConfig
 from data_curation.quality import QualityConfig
-from data_curation.step import StepConfig
+from data_curation.step_api import StepConfig
 
 CurationStep = Annotated[
     Union[QualityConfig, ExactDedupConfig, NearDedupConfig, DecontaminateConfig, HarmfulConfig,

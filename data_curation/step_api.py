@@ -25,11 +25,11 @@ from data_curation._base import Strict
 if TYPE_CHECKING:
     import numpy as np
 
-    from data_curation.rows import FieldMap
+    from data_curation.row_schema import FieldMap
 
 # modules whose source enters every step's cache key (besides the step's own module)
 CORE_MODULES = ("data_curation._base", "data_curation.normalize", "data_curation.hashing",
-                "data_curation.rows", "data_curation.step", "data_curation.io")
+                "data_curation.row_schema", "data_curation.step_api", "data_curation.io")
 
 
 def code_version(*modules: str) -> str:
