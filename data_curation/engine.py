@@ -24,7 +24,8 @@ from typing import Any, Callable
 from data_curation import io
 from data_curation._base import CurationError, merge_stats, stable_hash
 from data_curation.outputs import AccountingError, write_outputs, write_reports
-from data_curation.row_schema import FieldMap
+from data_curation.read_step import run_read
+from data_curation.row_schema import FieldMap, RowPolicy
 from data_curation.step_api import RunContext, StepConfig, StepRunner, code_version
 from data_curation.step_cache import DONE, StepDir, find_done, mark_done, start_dir
 from data_curation.step_kinds import parse_steps
@@ -36,6 +37,7 @@ __all__ = ["run_curation", "AccountingError"]
 def run_curation(input_urls: list[str] | str, steps: list[StepConfig | dict], out_url: str, *,
                  storage_options: dict[str, Any] | None = None, num_proc: int = 1,
                  batch_size: int = 10_000, fields: FieldMap | dict | None = None,
+                 row_policy: RowPolicy | dict | None = None,
                  only: list[str] | None = None, reuse_from: list[str] | str | None = None,
                  cache_url: str | None = None, progress: bool = True,
                  output_format: str = "jsonl", work_dir: str | Path | None = None,
@@ -45,6 +47,8 @@ def run_curation(input_urls: list[str] | str, steps: list[StepConfig | dict], ou
 
     input_urls: files / dirs / globs / dataset dirs (local or fsspec URLs).
     steps: step configs (or dicts with `step:`), applied in order.
+    fields: where rows keep their texts (row_schema.FieldMap); row_policy: what happens to
+        response-only rows and repeated ids (row_schema.RowPolicy).
     out_url: where curated / removed / quarantine / report files go.
     cache_url: root of the step cache (`{cache_url}/steps/...`; default: out_url).
     reuse_from: other step-cache roots to reuse finished steps from (read only).
@@ -60,6 +64,7 @@ def run_curation(input_urls: list[str] | str, steps: list[StepConfig | dict], ou
     urls = [input_urls] if isinstance(input_urls, str) else list(input_urls)
     step_cfgs = parse_steps(list(steps))
     fm = fields if isinstance(fields, FieldMap) else FieldMap.model_validate(fields or {})
+    policy = row_policy if isinstance(row_policy, RowPolicy) else RowPolicy.model_validate(row_policy or {})
     if output_format not in ("jsonl", "parquet"):
         raise CurationError(f"output_format must be jsonl or parquet, not {output_format!r}")
     if batch_size < 1 or num_proc < 1:
@@ -91,7 +96,9 @@ def run_curation(input_urls: list[str] | str, steps: list[StepConfig | dict], ou
             "fields": fm.model_dump(mode="json")})
         # -- step 0: read --------------------------------------------------------------
         read_hash = stable_hash({"step": "read", "input": input_identity,
-                                 "code": code_version("data_curation.io")})
+                                 "policy": policy.model_dump(mode="json"),
+                                 "code": code_version("data_curation.read_step",
+                                                      "data_curation.worker_pool")})
         read_dir = f"00-read-{read_hash[:12]}"
         located = find_done(read_dir, roots, so)
         step_reports: list[dict[str, Any]] = []
@@ -101,7 +108,7 @@ def run_curation(input_urls: list[str] | str, steps: list[StepConfig | dict], ou
                     f"--only {only}: the input has not been read into the step cache yet "
                     f"({io.join(cache, 'steps', read_dir)} has no {DONE}); run the full curation "
                     "once before rerunning single steps")
-            located = _run_read(sources, io.join(cache, "steps", read_dir), read_hash, ctx, log)
+            located = run_read(sources, io.join(cache, "steps", read_dir), read_hash, ctx, policy, log)
             reused = False
         else:
             log(f"[curate] read: reusing {located.url}")
@@ -145,42 +152,6 @@ def run_curation(input_urls: list[str] | str, steps: list[StepConfig | dict], ou
         if own_tmp:
             shutil.rmtree(work, ignore_errors=True)
 
-
-
-def _run_read(sources: list[io.Source], url: str, h: str, ctx: RunContext,
-              log: Callable[[str], None]) -> StepDir:
-    t0 = time.time()
-    start_dir(url, ctx.storage_options)
-    target = max(1 << 20, min(64 << 20, ctx.batch_size * 1024))
-    tasks = io.plan_reads(sources, ctx.storage_options, ctx.work_dir, target)
-    log(f"[curate] read: {len(sources)} source(s), {len(tasks)} task(s) -> {url}")
-    pool = WorkerPool(ctx.num_proc, {"read_tasks": tasks, "fields": ctx.fields, "dir": url,
-                                "storage_options": ctx.storage_options,
-                                "batch_size": ctx.batch_size})
-    parts, reasons = [], {}
-    rows = bad = 0
-    row_sum, row_xor = 0, 0
-    try:
-        for r in progress(pool.imap("read", [(i,) for i in range(len(tasks))]), len(tasks),
-                           "read", ctx.progress):
-            parts.extend(r["parts"])
-            rows += r["rows"]
-            bad += r["quarantined"]
-            row_sum = (row_sum + r["row_sum"]) % (1 << 64)
-            row_xor ^= r["row_xor"]
-            for k, v in r["reasons"].items():
-                reasons[k] = reasons.get(k, 0) + v
-    finally:
-        pool.close()
-    secs = round(time.time() - t0, 3)
-    done = {"step": "read", "hash": h, "parts": parts, "rows_in": rows + bad, "kept": rows,
-            "quarantined": bad, "row_sum": row_sum, "row_xor": row_xor,
-            "sources": [s.as_dict() for s in sources]}
-    report = {"step": "read", "kind": "read", "hash": h, "rows_in": rows + bad, "kept": rows,
-              "removed": 0, "quarantined": bad, "quarantine_reasons": reasons,
-              "sources": [s.label for s in sources], "seconds": secs}
-    log(f"[curate] read: {rows + bad} rows, {bad} quarantined ({secs}s)")
-    return mark_done(url, done, report, ctx.storage_options)
 
 
 def _run_step(cfg: StepConfig, index: int, h: str, parts: list[tuple[str, str]], url: str,

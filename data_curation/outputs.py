@@ -3,6 +3,10 @@ accounting identity kept + removed (with reason) + quarantined = input, checked 
 and on the sum and xor of the row ids (a mismatch raises AccountingError).
 
     {out}/curated.jsonl (or .parquet) removed.jsonl quarantine.jsonl report.json|md|html
+
+Every row reference is 1-based: `line` is the line of a JSON lines file or the row of a
+table, `source` is `file:line`, and `row` is the row id `source index << 40 | line` that
+step details (`duplicate_of`, cluster members) use.
 """
 from __future__ import annotations
 
@@ -20,10 +24,6 @@ from data_curation.step_cache import StepDir
 
 class AccountingError(RuntimeError):
     """kept + removed + quarantined != input: a row was lost or duplicated (a bug)."""
-
-
-def _row_source(sources: list[io.Source], src: int, line: int) -> str:
-    return f"{sources[src].label}:{line}" if 0 <= src < len(sources) else f"?:{line}"
 
 
 def write_outputs(sources, step_cfgs, read_loc: StepDir, locs: list[StepDir],
@@ -85,9 +85,9 @@ def write_outputs(sources, step_cfgs, read_loc: StepDir, locs: list[StepDir],
                         ("_row", "_src", "_line", "_id", "_raw", "_reason", "_detail")}
                 lines = []
                 for row, src, line, rid, raw, reason, detail in zip(*cols.values()):
-                    lines.append('{"row": %d, "source": %s, "id": %s, "step": %s, "reason": %s, '
-                                 '"detail": %s, "data": %s}' % (
-                                     row, json.dumps(_row_source(sources, src, line), ensure_ascii=False),
+                    lines.append('{"row": %d, "source": %s, "line": %d, "id": %s, "step": %s, '
+                                 '"reason": %s, "detail": %s, "data": %s}' % (
+                                     row, json.dumps(io.row_label(sources, row), ensure_ascii=False), line,
                                      json.dumps(rid, ensure_ascii=False), json.dumps(cfg.label),
                                      json.dumps(reason), detail, raw))
                 f.write("\n".join(lines) + "\n")
@@ -107,7 +107,7 @@ def write_outputs(sources, step_cfgs, read_loc: StepDir, locs: list[StepDir],
             account(t.column("_row").to_numpy())
             for row, src, line, reason, raw in zip(*(t.column(c).to_pylist() for c in
                                                      ("_row", "_src", "_line", "_reason", "_rawtext"))):
-                rec = {"row": row, "source": _row_source(sources, src, line), "line": line,
+                rec = {"row": row, "source": io.row_label(sources, row), "line": line,
                        "reason": reason, "raw": raw}
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
                 if len(examples) < 5:

@@ -238,7 +238,8 @@ class QualityFilter(StepRunner):
             if cleaned:
                 obj = json.loads(raws[i])
                 map_texts(obj, fm, lambda t, _part: self.clean(t, {}))
-                new_p[i], new_r[i], _ = extract(obj, fm)
+                text = extract(obj, fm)
+                new_p[i], new_r[i] = text.prompt, text.response
                 new_raw[i] = dump_row(obj)
                 changed = True
                 for k, v in cleaned.items():

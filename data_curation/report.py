@@ -10,12 +10,12 @@ Block = tuple  # ("h", level, text) | ("p", text) | ("table", headers, rows)
 
 
 def row_ref(row: Any, inputs: list[str]) -> str:
-    """`file:line` of an internal row id (source index << 40 | row index)."""
+    """`file:line` of a row id (source index << 40 | 1-based line)."""
     if not isinstance(row, int):
         return str(row)
-    src, idx = row >> ROW_SHIFT, row & ((1 << ROW_SHIFT) - 1)
+    src, line = row >> ROW_SHIFT, row & ((1 << ROW_SHIFT) - 1)
     name = inputs[src].rsplit("/", 1)[-1] if 0 <= src < len(inputs) else "?"
-    return f"{name}:{idx + 1}"
+    return f"{name}:{line}"
 
 
 def _top(d: dict[str, int], n: int = 4) -> str:

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from data_curation import io
+from data_curation._base import bump
 from data_curation.step_api import Decision
 
 _STATE: dict[str, Any] = {}
@@ -39,7 +40,9 @@ def _task_read(i: int) -> dict[str, Any]:
     n_rows = n_bad = 0
     row_sum, row_xor = np.uint64(0), np.uint64(0)
     k = 0
-    for b in io.iter_read(task, st["fields"], st["storage_options"], st["batch_size"]):
+    response_only = 0
+    for b in io.iter_read(task, st["reader"], st["storage_options"], st["batch_size"]):
+        response_only += b.response_only
         ids = np.array(b.rows["_row"] + b.quarantine["_row"], dtype=np.int64).view(np.uint64)
         row_sum += ids.sum(dtype=np.uint64)
         row_xor ^= np.bitwise_xor.reduce(ids) if len(ids) else np.uint64(0)
@@ -52,16 +55,47 @@ def _task_read(i: int) -> dict[str, Any]:
             io.write_table(io.batch_table(b.quarantine), io.join(st["dir"], "quarantine", name + ".parquet"),
                            st["storage_options"])
             for r in b.quarantine["_reason"]:
-                key = r.split(" at ", 1)[0] if r.startswith(("invalid JSON", "invalid UTF-8")) else r
-                key = key if len(key) < 80 else key[:77] + "..."
-                quarantine_reasons[key] = quarantine_reasons.get(key, 0) + 1
+                bump(quarantine_reasons, io.reason_key(r))
         if nr or nq:
             parts.append({"name": name, "rows": nr, "quarantined": nq})
             k += 1
         n_rows += nr
         n_bad += nq
     return {"parts": parts, "rows": n_rows, "quarantined": n_bad, "reasons": quarantine_reasons,
-            "row_sum": int(row_sum), "row_xor": int(row_xor)}
+            "response_only": response_only, "row_sum": int(row_sum), "row_xor": int(row_xor)}
+
+
+def _task_quarantine(name: str, moves: dict[int, str]) -> tuple[str, dict[str, int], dict[str, int]]:
+    """Move rows `moves` ({index in the part: reason}) of read part `name` from its kept
+    rows to its quarantine rows (kept in row order)."""
+    import pyarrow as pa
+
+    st = _STATE
+    so = st["storage_options"]
+    kept_url = io.join(st["dir"], "kept", name + ".parquet")
+    quarantine_url = io.join(st["dir"], "quarantine", name + ".parquet")
+    table = io.read_table(kept_url, so)
+    mask = np.zeros(table.num_rows, dtype=bool)
+    mask[list(moves)] = True
+    moved = table.filter(pa.array(mask))
+    reasons = [moves[i] for i in np.nonzero(mask)[0].tolist()]
+    cols = {c: moved.column(c).to_pylist() for c in ("_row", "_src", "_line")}
+    cols["_reason"] = reasons
+    cols["_rawtext"] = moved.column("_raw").to_pylist()
+    quarantine = io.batch_table(cols)
+    if io.exists(quarantine_url, so):
+        quarantine = pa.concat_tables([io.read_table(quarantine_url, so), quarantine])
+        quarantine = quarantine.take(pa.array(np.argsort(quarantine.column("_row").to_numpy(), kind="stable")))
+    io.write_table(quarantine, quarantine_url, so)
+    rest = table.filter(pa.array(~mask))
+    if rest.num_rows:
+        io.write_table(rest, kept_url, so)
+    else:
+        io.remove_tree(kept_url, so)
+    counts: dict[str, int] = {}
+    for r in reasons:
+        bump(counts, io.reason_key(r))
+    return name, {"rows": rest.num_rows, "quarantined": quarantine.num_rows}, counts
 
 
 def _apply(table, d: Decision, name: str) -> dict[str, Any]:
@@ -119,7 +153,7 @@ def _task_call(method: str, url: str, args: tuple) -> Any:
 
 _TASKS: dict[str, Callable[..., Any]] = {
     "read": _task_read, "rows": _task_rows, "features": _task_features, "apply": _task_apply,
-    "call": _task_call}
+    "call": _task_call, "quarantine": _task_quarantine}
 
 
 

@@ -5,7 +5,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from data_curation.row_schema import FieldMap
+from data_curation.row_schema import FieldMap, RowPolicy
 from data_curation.step_kinds import CurationStep, check_labels, default_steps
 from pipeline.stage_api import StageConfig, cosmetic
 from stages.registry import StageKind, register
@@ -19,6 +19,7 @@ class CurateConfig(StageConfig):
                                       "each `{step: quality|exact_dedup|near_dedup|decontaminate|"
                                       "harmful|domain_tag, ...}`")
     fields: FieldMap = FieldMap()
+    row_policy: RowPolicy = RowPolicy()
     output_format: Literal["jsonl", "parquet"] = "jsonl"
     min_rows: int = Field(1, ge=0, description="fail the stage when fewer rows than this are "
                           "kept (0: an empty result is accepted)")

@@ -80,8 +80,8 @@ def main(job: StageJob) -> dict[str, Any]:
     try:
         report = run_curation(
             local, list(cfg.steps), str(out), storage_options=job.storage_options,
-            num_proc=cfg.num_proc, batch_size=cfg.batch_size, fields=cfg.fields, only=cfg.only,
-            cache_url=cache, progress=cfg.progress, output_format=cfg.output_format,
+            num_proc=cfg.num_proc, batch_size=cfg.batch_size, fields=cfg.fields,
+            row_policy=cfg.row_policy, only=cfg.only, cache_url=cache, progress=cfg.progress, output_format=cfg.output_format,
             work_dir=Path(job.work_dir) / "curate",
             input_identity=input_identity(cfg.data, job.storage_options), input_names=names, log=info)
     except CurationError as e:

@@ -44,8 +44,8 @@ def table(rows: list[dict]):
     fm = FieldMap()
     cols = {c: [] for c in ("_row", "_src", "_line", "_id", "_raw", "_prompt", "_response")}
     for i, r in enumerate(rows):
-        p, resp, rid = extract(r, fm)
-        for k, v in zip(cols, (i, 0, i + 1, rid, json.dumps(r, ensure_ascii=False), p, resp)):
+        t = extract(r, fm)
+        for k, v in zip(cols, (i + 1, 0, i + 1, t.id, json.dumps(r, ensure_ascii=False), t.prompt, t.response)):
             cols[k].append(v)
     return batch_table(cols)
 
