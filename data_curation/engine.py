@@ -120,7 +120,7 @@ def run_curation(input_urls: list[str] | str, steps: list[StepConfig | dict], ou
         locs: list[StepDir] = []
         for i, cfg in enumerate(step_cfgs, 1):
             h = stable_hash({"step": cfg.step, "identity": cfg.identity(ctx),
-                             "code": code_version(cfg.module()), "prev": prev_hash,
+                             "code": code_version(*cfg.modules()), "prev": prev_hash,
                              "input": input_identity})
             dirname = f"{i:02d}-{cfg.label}-{h[:12]}"
             found = find_done(dirname, roots, so)

@@ -14,6 +14,8 @@ document.
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import xxhash
 
@@ -47,6 +49,26 @@ def word_hashes(docs: list[list[str]]) -> tuple[np.ndarray, np.ndarray]:
     h = xxhash.xxh3_64_intdigest
     flat = np.fromiter((h(w.encode("utf-8", "surrogatepass")) for d in docs for w in d),
                        dtype=np.uint64, count=int(lengths.sum()))
+    return flat, lengths
+
+
+# the hash every number-bearing token gets in masked hashing: no token hashes to it
+NUMBER_TOKEN = np.uint64(xxhash.xxh3_64_intdigest(b"\x00<number>"))
+_HAS_DIGIT = re.compile(r"\d").search
+
+
+def is_number_token(w: str) -> bool:
+    return not w.isalpha() and _HAS_DIGIT(w) is not None
+
+
+def masked_word_hashes(docs: list[list[str]]) -> tuple[np.ndarray, np.ndarray]:
+    """`word_hashes` with every token that holds a digit hashed as NUMBER_TOKEN: n-grams of
+    these match a text whatever its numbers are (the same template with new numbers)."""
+    lengths = np.fromiter((len(d) for d in docs), dtype=np.int64, count=len(docs))
+    h = xxhash.xxh3_64_intdigest
+    num = int(NUMBER_TOKEN)
+    flat = np.fromiter((h(w.encode("utf-8", "surrogatepass")) if w.isalpha() or _HAS_DIGIT(w) is None
+                        else num for d in docs for w in d), dtype=np.uint64, count=int(lengths.sum()))
     return flat, lengths
 
 

@@ -157,9 +157,35 @@ def _jsonl_to_parquet(local_jsonl: Path, url: str, ctx: RunContext) -> str:
     return url
 
 
+def contamination_manifest(report: dict[str, Any]) -> dict[str, Any] | None:
+    """What decontamination found, per decontaminate step: for each benchmark its counts,
+    and every benchmark item found in the training data (1-based row, the benchmark's own
+    id, training rows, methods), plus the "same template, new numbers" items. None when
+    the run has no decontaminate step."""
+    steps = []
+    for s in report["steps"]:
+        if s.get("kind") != "decontaminate":
+            continue
+        d = s.get("details") or {}
+        keep = ("path", "rows", "items", "items_found", "rows_flagged", "by_method", "by_train_field",
+                "rows_new_numbers", "items_new_numbers")
+        steps.append({"step": s["step"], "rows_checked": s["rows_in"], "rows_removed": s["removed"],
+                      "benchmarks": {n: {k: b.get(k) for k in keep} for n, b in d.get("benchmarks", {}).items()},
+                      "items": d.get("contaminated_items", []),
+                      "new_numbers_items": d.get("new_numbers_items", []),
+                      "methods": d.get("methods", {})})
+    return {"steps": steps} if steps else None
+
+
 def write_reports(report: dict[str, Any], out_url: str, so: dict) -> None:
+    """report.json|md|html, and contamination.json when the run decontaminated."""
     from data_curation.report import render_html, render_markdown
 
+    manifest = contamination_manifest(report)
+    if manifest is not None:
+        report["outputs"]["contamination"] = io.join(out_url, "contamination.json")
+        io.write_text(report["outputs"]["contamination"],
+                      json.dumps(manifest, indent=2, ensure_ascii=False, default=str), so)
     io.write_text(io.join(out_url, "report.json"),
                   json.dumps(report, indent=2, ensure_ascii=False, default=str), so)
     io.write_text(io.join(out_url, "report.md"), render_markdown(report), so)

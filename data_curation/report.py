@@ -88,20 +88,7 @@ def blocks(report: dict[str, Any]) -> list[Block]:
                             [[cl["size"], ref(cl["kept_row"]), _short(", ".join(ref(r) for r in cl["rows"]))]
                              for cl in d["largest_clusters"]]))
         elif kind == "decontaminate":
-            bm = d.get("benchmarks", {})
-            out.append(("table", ["benchmark", "path", "rows", "items", "training rows flagged",
-                                  "benchmark rows hit", "by method", "by field"],
-                        [[n, b.get("path"), b.get("rows"), b.get("items"), b.get("rows_flagged", 0),
-                          b.get("benchmark_rows_hit", 0), _top(b.get("by_method", {})),
-                          _top(b.get("by_train_field", {}))] for n, b in bm.items()]))
-            ex = [(n, e) for n, b in bm.items() for e in b.get("examples", [])]
-            if ex:
-                out.append(("table", ["training row", "field", "benchmark", "benchmark row", "method",
-                                      "overlap", "matched span"],
-                            [[ref(e["row"]), e["train_field"], n,
-                              f"{e['benchmark_file'].rsplit('/', 1)[-1]}#{e['benchmark_row'] + 1} "
-                              f"({e['benchmark_field']})", e["method"], e["overlap"],
-                              _short(e["span"], 100)] for n, e in ex]))
+            out.extend(_decontamination_blocks(d, ref))
         elif kind == "harmful":
             if d.get("by_category"):
                 out.append(("table", ["category", "rows"], sorted(d["by_category"].items())))
@@ -121,6 +108,43 @@ def blocks(report: dict[str, Any]) -> list[Block]:
         out.append(("table", ["domain", "before", "share", "after", "share"],
                     [[d, mix["before"].get(d, 0), f"{100 * mix['before'].get(d, 0) / tb:.1f}%",
                       mix["after"].get(d, 0), f"{100 * mix['after'].get(d, 0) / ta:.1f}%"] for d in doms]))
+    return out
+
+
+def _item_ref(x: dict[str, Any]) -> str:
+    """`file#row (id)` of a benchmark item: 1-based row, the benchmark's own id if any."""
+    name = x["benchmark_file"].rsplit("/", 1)[-1]
+    return f"{name}#{x['benchmark_row']}" + (f" (id {x['benchmark_id']})" if x.get("benchmark_id") else "")
+
+
+def _decontamination_blocks(d: dict[str, Any], ref) -> list[Block]:
+    bm = d.get("benchmarks", {})
+    out: list[Block] = [("table", ["benchmark", "path", "rows", "items", "training rows flagged",
+                                   "benchmark rows found", "by method", "by field",
+                                   "rows with new numbers"],
+                         [[n, b.get("path"), b.get("rows"), b.get("items"), b.get("rows_flagged", 0),
+                           b.get("items_found", 0), _top(b.get("by_method", {})),
+                           _top(b.get("by_train_field", {})), b.get("rows_new_numbers", 0)]
+                          for n, b in bm.items()])]
+    ex = [(n, e) for n, b in bm.items() for e in b.get("examples", [])]
+    if ex:
+        out.append(("table", ["training row", "field", "benchmark", "benchmark item", "method",
+                               "overlap", "matched span"],
+                    [[ref(e["row"]), e["train_field"], n, f"{_item_ref(e)} ({e['benchmark_field']})",
+                      e["method"], e["overlap"], _short(e["span"], 100)] for n, e in ex]))
+    found = d.get("contaminated_items", [])
+    if found:
+        out.append(("p", f"Benchmark items found in the training data ({len(found)}): "
+                         "every item with at least one copy, however many rows hold it."))
+        out.append(("table", ["benchmark", "item", "training rows", "methods"],
+                    [[x["benchmark"], _item_ref(x), x["training_rows"], _top(x["methods"])] for x in found]))
+    changed = d.get("new_numbers_items", [])
+    if changed:
+        out.append(("p", f"Same template, new numbers ({len(changed)} benchmark items): rows that match "
+                         "an item only with other numbers, i.e. new problems (new_numbers: "
+                         f"{d.get('methods', {}).get('new_numbers', 'keep')})."))
+        out.append(("table", ["benchmark", "item", "training rows"],
+                    [[x["benchmark"], _item_ref(x), x["training_rows"]] for x in changed]))
     return out
 
 

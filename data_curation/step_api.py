@@ -82,8 +82,9 @@ class StepConfig(Strict):
         """What determines this step's output besides its input (enters the step's hash)."""
         return self.model_dump(mode="json", exclude={"name", "max_examples"})
 
-    def module(self) -> str:
-        return type(self).__module__
+    def modules(self) -> tuple[str, ...]:
+        """The modules whose code enters this step's hash (besides the core modules)."""
+        return (type(self).__module__,)
 
     def build(self, ctx: RunContext) -> "StepRunner":
         raise NotImplementedError

@@ -6,7 +6,8 @@ from typing import Annotated, Any, Union
 from pydantic import Field, TypeAdapter, ValidationError
 
 from data_curation._base import CurationError
-from data_curation.decontaminate import BenchmarkSpec, DecontaminateConfig
+from data_curation.benchmarks import BenchmarkSpec
+from data_curation.decontaminate import DecontaminateConfig
 from data_curation.domains import DomainTagConfig
 from data_curation.exact_dedup import ExactDedupConfig
 from data_curation.harmful import HarmfulConfig

@@ -60,6 +60,9 @@ def _summary(report: dict[str, Any]) -> dict[str, Any]:
             "cache": report.get("cache_url"),
             "steps": [{"step": s["step"], "dir": s["dir"], "reused": s["reused"]}
                       for s in report["steps"]],
+            "contamination_items_found": {f"{s['step']}.{name}": b["items_found"]
+                                          for s in report["steps"] if s.get("kind") == "decontaminate"
+                                          for name, b in s["details"]["benchmarks"].items()},
             **({"domain_mix_after": report["domain_mix"]["after"]} if report.get("domain_mix") else {})}
 
 
@@ -81,8 +84,8 @@ def main(job: StageJob) -> dict[str, Any]:
         report = run_curation(
             local, list(cfg.steps), str(out), storage_options=job.storage_options,
             num_proc=cfg.num_proc, batch_size=cfg.batch_size, fields=cfg.fields,
-            row_policy=cfg.row_policy, only=cfg.only, cache_url=cache, progress=cfg.progress, output_format=cfg.output_format,
-            work_dir=Path(job.work_dir) / "curate",
+            row_policy=cfg.row_policy, only=cfg.only, cache_url=cache, progress=cfg.progress,
+            output_format=cfg.output_format, work_dir=Path(job.work_dir) / "curate",
             input_identity=input_identity(cfg.data, job.storage_options), input_names=names, log=info)
     except CurationError as e:
         raise CurateError(str(e)) from e
@@ -92,11 +95,26 @@ def main(job: StageJob) -> dict[str, Any]:
     c = report["counts"]
     log.metrics(0, {"input_rows": c["input_rows"], "kept": c["kept"], "removed": c["removed"],
                     "quarantined": c["quarantined"],
-                    **{f"removed.{k}": v for k, v in c["removed_by_step"].items()}})
-    for name in ("report.json", "report.md", "report.html"):
-        log.artifact(out / name, "curation")
+                    **{f"removed.{k}": v for k, v in c["removed_by_step"].items()},
+                    **contamination_metrics(out / "contamination.json")})
+    for name in ("report.json", "report.md", "report.html", "contamination.json"):
+        if (out / name).exists():
+            log.artifact(out / name, "curation")
     check_kept(report, cfg.min_rows)
     return summary
+
+
+def contamination_metrics(manifest_path: Path) -> dict[str, float]:
+    """Per benchmark: benchmark items found in the input, training rows flagged, rows that
+    are the same template with new numbers (MLflow metrics; the manifest is an artifact)."""
+    if not manifest_path.exists():
+        return {}
+    out: dict[str, float] = {}
+    for step in json.loads(manifest_path.read_text())["steps"]:
+        for name, b in step["benchmarks"].items():
+            for key in ("items_found", "rows_flagged", "rows_new_numbers"):
+                out[f"contamination.{step['step']}.{name}.{key}"] = b[key]
+    return out
 
 
 def check_kept(report: dict[str, Any], min_rows: int) -> None:

@@ -43,7 +43,7 @@ def test_standalone_curate_with_config_and_only(tmp_path, bench_dir):
                              progress=False)
     assert [s["reused"] for s in rep2["steps"]] == [True] * 4 + [False, False]
     assert rep2["counts"]["removed_by_step"]["decontaminate"] == 2
-    flagged = {r["detail"]["benchmark"] for r in read_jsonl(tmp_path / "out" / "removed.jsonl")
+    flagged = {r["detail"]["hits"][0]["benchmark"] for r in read_jsonl(tmp_path / "out" / "removed.jsonl")
                if r["step"] == "decontaminate"}
     assert flagged == {"gsm8k", "aime24"}
     (tmp_path / "bad.yaml").write_text("steps:\n  - step: dedupe\n")

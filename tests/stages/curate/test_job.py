@@ -27,7 +27,10 @@ def test_curate_stage_reuses_step_cache_across_stage_hashes(tmp_path, bench_dir,
     from mlflow.tracking import MlflowClient
 
     logged = {a.path for a in MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").list_artifacts(first.run_id, "curation")}
-    assert logged == {"curation/report.json", "curation/report.md", "curation/report.html"}
+    assert logged == {"curation/report.json", "curation/report.md", "curation/report.html",
+                      "curation/contamination.json"}
+    metrics = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(first.run_id).data.metrics
+    assert metrics["contamination.decontaminate.gsm8k.items_found"] == 1
     assert first.summary["removed_by_step"] == {"exact_dedup": 1, "near_dedup": 0, "decontaminate": 1,
                                                 "domain_tag": 0}
     art = store / "adhoc" / first.url.rsplit("/", 1)[-1]
@@ -35,7 +38,15 @@ def test_curate_stage_reuses_step_cache_across_stage_hashes(tmp_path, bench_dir,
     assert len(kept) == 31 and all("messages" in r and r["domain"] == "math" for r in kept)
     manifest = json.loads((art / "manifest.json").read_text())
     assert {f["path"] for f in manifest["files"]} >= {"curated.jsonl", "removed.jsonl", "quarantine.jsonl",
-                                                       "report.json", "report.md", "report.html"}
+                                                       "report.json", "report.md", "report.html",
+                                                       "contamination.json"}
+    found = json.loads((art / "contamination.json").read_text())["steps"][0]["items"]
+    assert [(x["benchmark"], x["benchmark_row"], x["training_rows"]) for x in found] == [("gsm8k", 43, 1)]
+    assert first.summary["contamination_items_found"] == {"decontaminate.gsm8k": 1}
+    # keeping fewer rows than min_rows fails the stage, saying where the rows went
+    with pytest.raises(StageFailed, match=r"kept 31 of 33 input rows, fewer than min_rows = 32: "
+                                          r"removed by step: exact_dedup 1, decontaminate 1"):
+        run_stage("curate", {**base, "min_rows": 32}, **kw)
     # a new benchmark list: a new stage hash, but only decontaminate and domain_tag are computed
     new = rerun_config(base, only=["decontaminate"],
                        benchmarks=bench_yaml(tmp_path, bench_dir, ["gsm8k", "aime24"], "b2.yaml"))
