@@ -125,3 +125,14 @@ def iter_benchmark_rows(spec: BenchmarkSpec, storage_options: dict | None
                 for vals in zip(*(batch[k] for k in keys)):
                     i += 1
                     yield s.label, i, dict(zip(keys, vals))
+
+
+class EvalSuite(Strict):
+    """The evaluation suite a training stage will be judged on, declared in the recipe on
+    that stage: the pipeline refuses to start the stage when its input data holds more than
+    `max_overlap` of a benchmark's items (matched like the decontaminate step)."""
+
+    benchmarks: list[BenchmarkSpec] | str = Field(
+        description="benchmark entries, or the path/URL of a YAML list of them")
+    max_overlap: float = Field(0.0, ge=0, le=1, description="largest share of a benchmark's items "
+                               "that may be found in the stage's input data (0: none)")

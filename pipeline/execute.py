@@ -19,6 +19,7 @@ from pipeline.launch import build_command, run_job
 from pipeline.plan import Plan, PlannedStage, resolve_references, stage_hash
 from pipeline.stage_api import Launcher, Resources, StageJob
 from pipeline.tracking import PipelineTracker
+from stages.curate.gate import check_eval_suite
 from stages.registry import STAGE_KINDS, StageKind
 
 FAILED = "_FAILED"
@@ -94,6 +95,7 @@ def execute(target: StageTarget, store: ArtifactStore, work_root: Path,
                             target.kind.distributed)
     started = time.time()
     try:
+        check_eval_suite(target.name, target.config, store.storage_options)
         run_job(command, target.name, log_path, target.resources)
     except BaseException as e:
         _record_failure(store, target, e, log_path, run_id)
