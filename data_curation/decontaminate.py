@@ -137,7 +137,7 @@ class BenchmarkIndex:
     def __init__(self) -> None:
         self.items: list[Item] = []
         self.exact: dict[bytes, list[int]] = {}          # normalised text -> items
-        self.exact_masked: dict[bytes, list[int]] = {}   # masked text -> items (>= 8 words)
+        self.exact_masked: dict[int, list[int]] = {}     # masked whole-text hash -> items (>= 8 words)
         self.ng_hash = np.zeros(0, np.uint64)     # sorted unique masked n-gram hashes
         self.ng_ptr = np.zeros(1, np.int64)       # CSR: items of ng_hash[k] = ng_items[ptr[k]:ptr[k+1]]
         self.ng_items = np.zeros(0, np.int64)
@@ -148,6 +148,7 @@ class BenchmarkIndex:
         self.n_masked: np.ndarray = np.zeros(0, np.int64)   # distinct masked n-grams per item
         self.n_raw: np.ndarray = np.zeros(0, np.int64)      # distinct raw n-grams per item
         self.short: dict[int, dict[int, list[int]]] = {}    # L -> whole-item masked L-gram -> items
+        self.short_keys: dict[int, np.ndarray] = {}          # L -> the keys of short[L], sorted
         self.filter = np.zeros(0, dtype=bool)     # bitmap prefilter of ng_hash (low bits)
         self.per_benchmark: dict[str, dict[str, Any]] = {}
         self.rows: dict[str, Item] = {}           # row key -> its first item
@@ -157,7 +158,7 @@ class BenchmarkIndex:
               storage_options: dict | None) -> "BenchmarkIndex":
         import xxhash
 
-        from data_curation.hashing import NUMBER_TOKEN, masked_word_hashes, ngram_hashes, word_hashes
+        from data_curation.hashing import NUMBER_TOKEN, TokenBatch, masked_word_hashes, ngram_hashes
 
         if not specs:
             raise CurationError("decontaminate: the benchmark list is empty")
@@ -202,11 +203,11 @@ class BenchmarkIndex:
         for k, it in enumerate(self.items):
             self.rows.setdefault(it.row_key, it)
             self.exact.setdefault(digest(it.norm), []).append(k)
-            if it.n_words >= TEMPLATE_MIN_WORDS:
-                self.exact_masked.setdefault(digest(it.masked), []).append(k)
         n = cfg.ngram
-        raw_flat, lengths = word_hashes(token_lists)
-        masked_flat, _ = masked_word_hashes(token_lists)
+        raw_flat, masked_flat, lengths = masked_word_hashes(token_lists)
+        for k, whole in enumerate(TokenBatch(masked_flat, lengths).whole().tolist()):
+            if self.items[k].n_words >= TEMPLATE_MIN_WORDS:
+                self.exact_masked.setdefault(whole, []).append(k)
         hm, doc, _ = ngram_hashes(masked_flat, lengths, n)
         hr, _, _ = ngram_hashes(raw_flat, lengths, n)
         # an n-gram of numbers only says nothing about a template: left out everywhere
@@ -238,6 +239,7 @@ class BenchmarkIndex:
                 if cfg.min_containment_tokens <= L < n:
                     whole, _, _ = ngram_hashes(masked_flat[starts[k]:starts[k + 1]], np.array([L]), L)
                     self.short.setdefault(L, {}).setdefault(int(whole[0]), []).append(k)
+        self.short_keys = {L: np.sort(np.fromiter(t, np.uint64, len(t))) for L, t in self.short.items()}
         for name in self.per_benchmark:
             self.per_benchmark[name]["items"] = sum(1 for it in self.items if it.benchmark == name)
         return self
@@ -264,7 +266,7 @@ class Decontaminate(StepRunner):
         strongest first; [] if clean."""
         import xxhash
 
-        from data_curation.hashing import TokenBatch, masked_word_hashes, ngram_hashes, word_hashes
+        from data_curation.hashing import TokenBatch, masked_word_hashes, ngram_hashes
 
         cfg, ix, n = self.cfg, self.index, self.cfg.ngram
         toks = [self.norm.tokens(t) for t in texts]
@@ -284,16 +286,19 @@ class Decontaminate(StepRunner):
                 masked_cache[i] = _masked_text(toks[i])
             return masked_cache[i]
 
+        raw_flat, masked_flat, lengths = masked_word_hashes(toks, norms)
+        batch = TokenBatch(masked_flat, lengths)
         if cfg.exact:
+            wholes = batch.whole().tolist() if ix.exact_masked else None
             for i, s in enumerate(norms):
                 if not s:
                     continue
                 for item in ix.exact.get(digest(s), ()):
                     offer(i, item, self._hit(item, "exact", parts[i], 1.0, s, False))
-                if not found[i] and ix.exact_masked:
-                    for item in ix.exact_masked.get(digest(masked(i)), ()):
-                        offer(i, item, self._hit(item, "exact", parts[i], 1.0, s, True))
-        batch = TokenBatch(*masked_word_hashes(toks))
+                if not found[i] and wholes is not None:
+                    for item in ix.exact_masked.get(wholes[i], ()):
+                        if ix.items[item].masked == masked(i):
+                            offer(i, item, self._hit(item, "exact", parts[i], 1.0, s, True))
         if len(ix.ng_hash):
             h, doc, pos = batch.ngrams(n)
             # bitmap prefilter, then an exact lookup of the few candidates
@@ -314,7 +319,8 @@ class Decontaminate(StepRunner):
                     if not self._candidate(item, doc_h):
                         continue
                     if raw_row is None:   # raw n-gram hashes by position, aligned with doc_h
-                        raw_row = ngram_hashes(*word_hashes([toks[i]]), n)[0]
+                        start = int(batch.starts[i])
+                        raw_row = ngram_hashes(raw_flat[start:start + lengths[i]], lengths[i:i + 1], n)[0]
                     verdict = self._classify(item, doc_h, raw_row, norms[i], masked(i))
                     if verdict is None:
                         continue
@@ -325,7 +331,7 @@ class Decontaminate(StepRunner):
                                              changed))
         for L, table in ix.short.items():
             h, doc, pos = batch.ngrams(L)
-            for j in np.nonzero(np.isin(h, np.fromiter(table, np.uint64, len(table))))[0].tolist():
+            for j in np.nonzero(np.isin(h, ix.short_keys[L]))[0].tolist():
                 i = int(doc[j])
                 for item in table[int(h[j])]:
                     if f" {ix.items[item].norm} " in f" {norms[i]} ":
@@ -352,36 +358,34 @@ class Decontaminate(StepRunner):
         item's template all match its numbers too (or the whole item is there). Same
         template, new numbers: the masked n-grams support a method and some matched n-gram
         of the text carries other numbers than the item."""
-        cfg, ix = self.cfg, self.index
+        ix = self.index
         it = ix.items[item]
-        raw_present = np.isin(ix.raw_pos[item], raw_row)
-        frac_raw = len(np.unique(ix.raw_pos[item][raw_present])) / max(1, ix.n_raw[item])
-        copy = None
-        if cfg.containment and frac_raw >= 1.0 and f" {it.norm} " in f" {norm} ":
-            copy = "containment"
-        elif frac_raw >= cfg.ngram_threshold:
-            copy = "ngram"
-        elif cfg.partial and len(np.unique(ix.raw_pos[item][raw_present & ix.distinctive_raw[item]])) \
-                >= cfg.partial_min_ngrams:
-            copy = "partial"
+        copy, frac_raw = self._method(ix.raw_pos[item], np.isin(ix.raw_pos[item], raw_row), ix.n_raw[item],
+                                      ix.distinctive_raw[item], it.norm, norm)
         template_rows = np.isin(doc_h, ix.masked_pos[item])
         numbers_differ = not np.isin(raw_row[template_rows], ix.raw_pos[item]).all()
         if copy is not None and (frac_raw >= 1.0 or not numbers_differ):
             return copy, frac_raw, False
         if numbers_differ and it.n_words >= TEMPLATE_MIN_WORDS:
-            present = np.isin(ix.masked_pos[item], doc_h)
-            frac = len(np.unique(ix.masked_pos[item][present])) / max(1, ix.n_masked[item])
-            template = None
-            if cfg.containment and frac >= 1.0 and f" {it.masked} " in f" {masked} ":
-                template = "containment"
-            elif frac >= cfg.ngram_threshold:
-                template = "ngram"
-            elif cfg.partial and len(np.unique(ix.masked_pos[item][present & ix.distinctive[item]])) \
-                    >= cfg.partial_min_ngrams:
-                template = "partial"
+            template, frac = self._method(ix.masked_pos[item], np.isin(ix.masked_pos[item], doc_h),
+                                          ix.n_masked[item], ix.distinctive[item], it.masked, masked)
             if template is not None:
                 return template, frac, True
         return (copy, frac_raw, False) if copy is not None else None
+
+    def _method(self, hashes: np.ndarray, present: np.ndarray, total: int, distinctive: np.ndarray,
+                item_text: str, text: str) -> tuple[str | None, float]:
+        """The strongest method that an item's n-grams (`hashes` by position, `present` in
+        the text) support, and the share of its distinct n-grams present."""
+        cfg = self.cfg
+        frac = len(np.unique(hashes[present])) / max(1, total)
+        if cfg.containment and frac >= 1.0 and f" {item_text} " in f" {text} ":
+            return "containment", frac
+        if frac >= cfg.ngram_threshold:
+            return "ngram", frac
+        if cfg.partial and len(np.unique(hashes[present & distinctive])) >= cfg.partial_min_ngrams:
+            return "partial", frac
+        return None, frac
 
     def process(self, table) -> Decision:
         n = table.num_rows

@@ -80,7 +80,7 @@ _PUNCT_FOLD = str.maketrans({
 
 # an apostrophe (or a character used as one) between two letters/digits
 _APOSTROPHE = re.compile("(?<=\\w)['`\u00b4\u2018\u2019\u02bc\u2032](?=\\w)")
-_APOSTROPHE_CHARS = frozenset("'`\u00b4\u2018\u2019\u02bc\u2032")
+_APOSTROPHE_CHARS = "'`\u00b4\u2018\u2019\u02bc\u2032"
 
 
 @functools.cache
@@ -127,7 +127,9 @@ class Normalizer:
                 text = unicodedata.normalize(c.unicode_form, text)
             if self._confusables is not None:
                 text = text.translate(self._confusables)
-        if c.join_apostrophes and not _APOSTROPHE_CHARS.isdisjoint(text):
+        # substring tests first: a regex pass over every text costs more than these
+        if c.join_apostrophes and (("'" in text or "`" in text) if ascii_only
+                                   else any(ch in text for ch in _APOSTROPHE_CHARS)):
             text = _APOSTROPHE.sub("", text)
         if c.punctuation != "remove":
             text = _C1_CONTROLS.sub(" ", text)
