@@ -55,6 +55,18 @@ def blocks(report: dict[str, Any]) -> list[Block]:
         if q.get("examples"):
             out.append(("table", ["source", "reason", "raw"],
                         [[e["source"], e["reason"], _short(e["raw"], 80)] for e in q["examples"]]))
+    read = report["steps"][0]
+    dup = read.get("duplicate_ids") or {}
+    if dup.get("repeated_ids") or read.get("response_only_rows"):
+        policy = read.get("row_policy", {})
+        out.append(("h", 2, "Row checks"))
+        out.append(("table", ["check", "rows", "policy"],
+                    [["repeat an earlier row's id", dup.get("repeat_rows", 0), policy.get("duplicate_ids")],
+                     ["a response without a prompt", read.get("response_only_rows", 0),
+                      policy.get("response_only")]]))
+        if dup.get("examples"):
+            out.append(("table", ["id", "first row", "repeats"],
+                        [[_short(e["id"], 60), e["first"], e["repeats"]] for e in dup["examples"]]))
     for s in report["steps"][1:]:
         d = s.get("details") or {}
         kind = s.get("kind")

@@ -180,6 +180,7 @@ def test_duplicate_ids_are_reported_and_follow_the_policy(tmp_path, policy, kept
                                                                                 "r3": "in.jsonl:2"}
     q = read_jsonl(tmp_path / policy / "quarantine.jsonl")
     assert [r["line"] for r in q] == sorted(r["line"] for r in q)
+    assert "| repeat an earlier row's id | 3 | " + policy in (tmp_path / policy / "report.md").read_text()
     if policy == "quarantine_repeats":
         assert {r["line"] for r in q} == {3, 4, 5}
         assert "'r0': 3 rows have it, the first at" in q[0]["reason"]
