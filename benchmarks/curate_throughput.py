@@ -17,6 +17,9 @@ row of a duplicate pair in file order is the one that should stay.
 
 Both pipelines read the same shards and write their kept rows. data_curation runs
 exact_dedup, near_dedup (defaults) and decontaminate against the six benchmark files;
+`--baseline REV` also runs the data_curation of git revision REV (exported with `git
+archive` to a temp dir) on the same corpus, alternating with the working tree's code
+`--repeat` times, each in a fresh subprocess, so before/after come from one run;
 datatrove runs MinhashDedupSignature/Buckets/Cluster/Filter with its defaults (word
 5-grams, 14 buckets x 8 hashes) on `--num-proc` workers. datatrove is a benchmark-only
 dependency (`pip install datatrove spacy`); it runs in a subprocess of the given Python.
@@ -191,9 +194,10 @@ def ids_to_mask(ids, n: int) -> np.ndarray:
     return m
 
 
-# -- data_curation -----------------------------------------------------------------------
-def run_ours(corpus: Path, out: Path, num_proc: int, batch_size: int) -> dict:
-    sys.path.insert(0, str(REPO))
+# -- data_curation ----------------------------------------------------------------------
+def ours_worker(code_dir: str, corpus: str, out: str, num_proc: int, batch_size: int) -> None:
+    """Runs in a subprocess whose sys.path starts with `code_dir` (a checkout of some revision)."""
+    sys.path.insert(0, code_dir)
     import pyarrow.parquet as pq
 
     from data_curation import run_curation
@@ -202,19 +206,57 @@ def run_ours(corpus: Path, out: Path, num_proc: int, batch_size: int) -> dict:
              for n, f in BENCH_FIELDS.items()]
     steps = [{"step": "exact_dedup"}, {"step": "near_dedup"},
              {"step": "decontaminate", "benchmarks": bench}]
+    out_dir = Path(out)
+    shutil.rmtree(out_dir, ignore_errors=True)
     t0 = time.time()
-    report = run_curation([str(corpus / "corpus-*.jsonl")], steps, str(out), num_proc=num_proc,
-                          batch_size=batch_size, progress=False, work_dir=out / "_work")
+    report = run_curation([str(Path(corpus) / "corpus-*.jsonl")], steps, str(out_dir), num_proc=num_proc,
+                          batch_size=batch_size, progress=False, work_dir=out_dir / "_work",
+                          log=lambda m: None)
     wall = time.time() - t0
     removed = {}
-    for s in report["steps"][1:]:
+    for st in report["steps"][1:]:
         ids = []
-        d = s["dir"].removeprefix("file://")
-        for p in sorted(Path(d, "removed").glob("*.parquet")) if Path(d, "removed").exists() else []:
+        d = Path(st["dir"].removeprefix("file://"), "removed")
+        for p in sorted(d.glob("*.parquet")) if d.exists() else []:
             ids += pq.read_table(p, columns=["_id"]).column("_id").to_pylist()
-        removed[s["step"]] = ids
-    return {"wall_s": wall, "report": report, "removed": removed,
-            "step_seconds": {s["step"]: s.get("seconds") for s in report["steps"]}}
+        removed[st["step"]] = ids
+    print(json.dumps({"wall_s": wall, "removed": removed,
+                      "step_seconds": {st["step"]: st.get("seconds") for st in report["steps"]}}))
+
+
+def run_ours(code_dir: Path, corpus: Path, out: Path, num_proc: int, batch_size: int) -> dict:
+    proc = subprocess.run([sys.executable, __file__, "--ours-worker", str(code_dir), str(corpus), str(out),
+                           str(num_proc), str(batch_size)], capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"data_curation run ({code_dir}) failed:\n" + proc.stderr[-4000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def export_revision(rev: str, dest: Path) -> Path:
+    """The data_curation package of git revision `rev`, exported under `dest`."""
+    import tarfile
+
+    dest.mkdir(parents=True, exist_ok=True)
+    blob = subprocess.run(["git", "-C", str(REPO), "archive", rev, "data_curation"], capture_output=True,
+                          check=True).stdout
+    with tarfile.open(fileobj=__import__("io").BytesIO(blob)) as tar:
+        tar.extractall(dest)
+    return dest
+
+
+def score_ours(ours: dict, truth: dict, n: int) -> dict:
+    dedup_removed = ids_to_mask(ours["removed"].get("exact_dedup", []) + ours["removed"].get("near_dedup", []), n)
+    contam_removed = ids_to_mask(ours["removed"].get("decontaminate", []), n)
+    is_contam = truth["kinds"] == "contam"
+    return {"wall_s": round(ours["wall_s"], 2), "docs_per_s": round(n / ours["wall_s"], 1),
+            "step_seconds": ours["step_seconds"], "dedup": score_dedup(dedup_removed, truth),
+            "decontamination": {
+                "recall": round(float(contam_removed[is_contam].mean()), 4),
+                "recall_by_format": {m: round(float(np.mean([contam_removed[i] for i, (_, _, mm) in
+                                                             zip(np.nonzero(is_contam)[0], truth["contam"]) if mm == k])), 4)
+                                     for k, m in enumerate(["verbatim", "case+space", "latex"])},
+                "false_flags": int(contam_removed[~is_contam].sum()),
+                "decoys_flagged": int(contam_removed[truth["kinds"] == "decoy"].sum())}}
 
 
 # -- datatrove (runs in the datatrove Python) --------------------------------------------
@@ -270,6 +312,9 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--datatrove-worker":
         datatrove_worker(sys.argv[2], sys.argv[3], int(sys.argv[4]))
         return
+    if len(sys.argv) > 1 and sys.argv[1] == "--ours-worker":
+        ours_worker(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]))
+        return
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--docs", type=int, default=200_000)
     ap.add_argument("--num-proc", type=int, default=2)
@@ -277,6 +322,8 @@ def main() -> None:
     ap.add_argument("--work", default="/tmp/curate_bench")
     ap.add_argument("--datatrove-python", default=os.environ.get("DATATROVE_PYTHON", sys.executable))
     ap.add_argument("--skip-datatrove", action="store_true")
+    ap.add_argument("--baseline", default=None, metavar="REV", help="also run data_curation of this git revision")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each data_curation version, alternating")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     work = Path(args.work)
@@ -287,24 +334,19 @@ def main() -> None:
     n = truth["n_docs"]
     print(f"generated {n} docs in {time.time() - t0:.1f}s; Jaccard of planted near copies "
           f"(word 3-/5-gram): {json.dumps(truth['jaccard'])}", flush=True)
-
-    ours = run_ours(work / "corpus", work / "ours", args.num_proc, args.batch_size)
-    dedup_removed = ids_to_mask(ours["removed"].get("exact_dedup", []) + ours["removed"].get("near_dedup", []), n)
-    contam_removed = ids_to_mask(ours["removed"].get("decontaminate", []), n)
-    is_contam = truth["kinds"] == "contam"
-    res = {
-        "docs": n, "num_proc": args.num_proc, "jaccard_planted": truth["jaccard"],
-        "ours": {"wall_s": round(ours["wall_s"], 2), "docs_per_s": round(n / ours["wall_s"], 1),
-                 "step_seconds": ours["step_seconds"], "dedup": score_dedup(dedup_removed, truth),
-                 "decontamination": {
-                     "recall": round(float(contam_removed[is_contam].mean()), 4),
-                     "recall_by_format": {m: round(float(np.mean([contam_removed[i] for i, (_, _, mm) in
-                                                                  zip(np.nonzero(is_contam)[0], truth["contam"]) if mm == k])), 4)
-                                          for k, m in enumerate(["verbatim", "case+space", "latex"])},
-                     "false_flags": int(contam_removed[~is_contam].sum()),
-                     "decoys_flagged": int(contam_removed[truth["kinds"] == "decoy"].sum())}},
-    }
-    print(json.dumps({"ours": res["ours"]}, indent=1), flush=True)
+    versions = {"ours": REPO}
+    if args.baseline:
+        versions = {f"baseline {args.baseline}": export_revision(args.baseline, work / "baseline-code"), **versions}
+    res = {"docs": n, "num_proc": args.num_proc, "jaccard_planted": truth["jaccard"]}
+    runs: dict[str, list[dict]] = {name: [] for name in versions}
+    for _ in range(args.repeat):
+        for name, code in versions.items():
+            runs[name].append(score_ours(run_ours(code, work / "corpus", work / "ours", args.num_proc,
+                                                  args.batch_size), truth, n))
+            print(json.dumps({name: runs[name][-1]}, indent=1), flush=True)
+    for name, rs in runs.items():
+        best = max(rs, key=lambda r: r["docs_per_s"])
+        res[name] = {**best, "docs_per_s_all_runs": [r["docs_per_s"] for r in rs]}
     if not args.skip_datatrove:
         dt = run_datatrove(args.datatrove_python, work / "corpus", work / "datatrove", args.num_proc)
         kept = ids_to_mask(dt["kept_ids"], n)

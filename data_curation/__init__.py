@@ -24,13 +24,13 @@ def __getattr__(name: str) -> Any:
         from data_curation.cli import curate_standalone
         return curate_standalone
     if name in ("parse_steps", "default_steps"):
-        from data_curation import steps
-        return getattr(steps, name)
+        from data_curation import step_kinds
+        return getattr(step_kinds, name)
     if name == "CurationError":
         from data_curation._base import CurationError
         return CurationError
     if name == "FieldMap":
-        from data_curation.rows import FieldMap
+        from data_curation.row_schema import FieldMap
         return FieldMap
     if name == "NormalizeConfig":
         from data_curation.normalize import NormalizeConfig

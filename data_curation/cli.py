@@ -13,6 +13,7 @@ without `kind`/`data`:
       - step: decontaminate
         benchmarks: benchmarks.yaml   # or an inline list of {path, fields, name}
     fields: {messages: messages, response_roles: [assistant]}
+    row_policy: {duplicate_ids: report, response_only: quarantine}
     num_proc: 2
     batch_size: 10000
     output_format: jsonl      # or parquet
@@ -28,13 +29,14 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError
 
 from data_curation._base import CurationError, Strict
-from data_curation.rows import FieldMap
-from data_curation.steps import CurationStep, check_labels, default_steps, with_benchmarks
+from data_curation.row_schema import FieldMap, RowPolicy
+from data_curation.step_kinds import CurationStep, check_labels, default_steps, with_benchmarks
 
 
 class CurateFileConfig(Strict):
     steps: list[CurationStep] | None = None
     fields: FieldMap = FieldMap()
+    row_policy: RowPolicy = RowPolicy()
     num_proc: int = Field(2, ge=1)
     batch_size: int = Field(10_000, ge=1)
     output_format: Literal["jsonl", "parquet"] = "jsonl"
@@ -82,5 +84,6 @@ def curate_standalone(data_urls: list[str], out_url: str, config_path: str | Non
         steps = with_benchmarks(steps, benchmarks_path)
     return run_curation(data_urls, steps, out_url, storage_options=storage_options,
                         num_proc=num_proc or cfg.num_proc, batch_size=cfg.batch_size,
-                        fields=cfg.fields, only=only, reuse_from=cfg.reuse_from,
+                        fields=cfg.fields, row_policy=cfg.row_policy, only=only,
+                        reuse_from=cfg.reuse_from,
                         progress=progress, output_format=cfg.output_format)

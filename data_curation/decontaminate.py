@@ -1,84 +1,50 @@
 """Decontamination against benchmark sets, on prompt and response separately.
 
-A benchmark list names files / fsspec URLs / Hugging Face dataset directories and, for
-each, the fields that hold benchmark text (real files differ: `problem`, `question`,
-...). Every (benchmark row, field) is an item, normalised like the training text
-(normalize.py). A training field is contaminated by an item when
+Every (benchmark row, text field) is an item (benchmarks.py), normalised like the training
+text (normalize.py: Unicode, confusables, apostrophes, case, LaTeX). A training field is
+contaminated by an item when
 - exact: its normalised text equals the item's;
 - containment: the item's whole token sequence occurs inside it (a GSM8K question pasted
   into a longer prompt), for items of at least `min_containment_tokens` tokens;
-- ngram: at least `ngram_threshold` of the item's distinct word n-grams (13 by default)
-  occur in it (a lightly edited copy).
+- ngram: at least `ngram_threshold` of the item's distinct word n-grams occur in it (a
+  lightly edited copy);
+- partial: at least `partial_min_ngrams` of the item's *distinctive* n-grams occur in it
+  (one key sentence of a longer problem); an n-gram found in more than
+  `partial_max_items` benchmark items is boilerplate ("where m and n are relatively
+  prime positive integers") and is no evidence of a partial copy.
+Matching is number-aware: candidates are found with every number-bearing token masked,
+then checked again with the numbers. A match that holds only with the numbers masked is a
+"same template, new numbers" hit (`numbers_changed: true`): a new problem, reported on its
+own and kept (`new_numbers: keep`) or removed (`new_numbers: remove`), never counted as
+contamination. Templates are only matched for items of at least 8 words: a short item
+with new numbers ("Compute 3 + 4") is just another problem.
+
 N-gram hashes of all items go into one sorted array; a batch of training text is hashed
-in bulk and looked up with one `searchsorted`, so only rows with hits reach Python-level
-attribution (which item, which method, the matched span).
+in bulk and looked up with one `searchsorted` behind a bitmap prefilter, so only texts
+with hits reach Python-level attribution. Every hit of a row is kept (strongest first),
+naming benchmark, file, 1-based row, the benchmark's own id, field, method, overlap and
+the matched span; the step's report lists every benchmark item found (the contamination
+manifest).
 """
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field
 
-from data_curation._base import CurationError, Strict, bump
+from data_curation._base import CurationError, bump
+from data_curation.benchmarks import BenchmarkSpec, iter_benchmark_rows, resolve_benchmarks
 from data_curation.normalize import NormalizeConfig, Normalizer
-from data_curation.step import Decision, RunContext, StepConfig, StepRunner
+from data_curation.step_api import Decision, RunContext, StepConfig, StepRunner
 
-
-class BenchmarkSpec(Strict):
-    path: str = Field(description="file, fsspec URL, or Hugging Face dataset directory")
-    fields: list[str] = Field(min_length=1, description="fields holding benchmark text")
-    name: str | None = Field(None, description="label in reports (default: file stem)")
-    split: str | None = Field(None, description="split of a DatasetDict directory")
-
-    @property
-    def label(self) -> str:
-        return self.name or Path(self.path.rstrip("/")).name.split(".")[0]
-
-
-def load_benchmark_list(url: str, storage_options: dict | None = None) -> list[BenchmarkSpec]:
-    """A YAML/JSON list of `{path, fields, name}` (or `{benchmarks: [...]}`); relative paths
-    are relative to the list file."""
-    import yaml
-
-    from data_curation.io import fs_path, is_local, local_path, norm_url
-
-    full = norm_url(url)
-    fs, p = fs_path(full, storage_options)
-    if not fs.exists(p):
-        raise CurationError(f"benchmark list {url} does not exist")
-    with fs.open(p, "r", encoding="utf-8") as f:
-        try:
-            data = yaml.safe_load(f)
-        except yaml.YAMLError as e:
-            raise CurationError(f"benchmark list {url}: not valid YAML: {e}") from e
-    if isinstance(data, dict) and "benchmarks" in data:
-        data = data["benchmarks"]
-    if not isinstance(data, list) or not data:
-        raise CurationError(f"benchmark list {url}: expected a non-empty list of "
-                            "{path, fields, name} entries")
-    base = full.rsplit("/", 1)[0]
-    out = []
-    for i, entry in enumerate(data):
-        try:
-            spec = BenchmarkSpec.model_validate(entry)
-        except Exception as e:  # pydantic ValidationError: name the entry
-            raise CurationError(f"benchmark list {url}, entry {i + 1}: {e}") from e
-        if "://" not in spec.path and not spec.path.startswith("/"):
-            rel = f"{base}/{spec.path}"
-            spec = spec.model_copy(update={"path": str(Path(local_path(rel)).resolve())
-                                           if is_local(rel) else rel})
-        out.append(spec)
-    return out
-
-
-def resolve_benchmarks(benchmarks: list[BenchmarkSpec] | str, storage_options: dict | None
-                       ) -> list[BenchmarkSpec]:
-    if isinstance(benchmarks, str):
-        return load_benchmark_list(benchmarks, storage_options)
-    return list(benchmarks)
+# items with fewer words (non-number tokens) than this are never template-matched
+TEMPLATE_MIN_WORDS = 8
+# hits recorded per training row (the count of all of them is kept)
+MAX_HITS_PER_ROW = 20
+METHOD_RANK = {"exact": 4, "containment": 3, "ngram": 2, "partial": 1}
 
 
 class DecontaminateConfig(StepConfig):
@@ -88,11 +54,19 @@ class DecontaminateConfig(StepConfig):
     check: list[Literal["prompt", "response"]] = Field(["prompt", "response"], min_length=1)
     exact: bool = True
     containment: bool = True
-    min_containment_tokens: int = Field(8, ge=1, description="shorter items are only matched "
+    min_containment_tokens: int = Field(4, ge=1, description="shorter items are only matched "
                                                              "exactly")
-    ngram: int = Field(13, ge=2, le=32)
+    ngram: int = Field(8, ge=2, le=32)
     ngram_threshold: float = Field(0.5, gt=0, le=1, description="fraction of an item's distinct "
                                    "n-grams found in a training field that flags it")
+    partial: bool = True
+    partial_min_ngrams: int = Field(4, ge=1, description="distinctive n-grams of one item that "
+                                    "flag a training field as a partial copy")
+    partial_max_items: int = Field(1, ge=1, description="an n-gram in more benchmark items than "
+                                   "this is boilerplate, not evidence of a partial copy")
+    new_numbers: Literal["keep", "remove"] = Field(
+        "keep", description="rows matching an item only with their numbers changed: reported, "
+                            "and kept or removed")
     normalize: NormalizeConfig = NormalizeConfig()
     max_examples: int = Field(5, ge=0, description="example pairs per benchmark in the report")
 
@@ -101,6 +75,9 @@ class DecontaminateConfig(StepConfig):
         return {**self.model_dump(mode="json", exclude={"name", "benchmarks", "max_examples"}),
                 "benchmarks": [{**s.model_dump(mode="json"), "content": _content_identity(s, ctx)}
                                for s in specs]}
+
+    def modules(self) -> tuple[str, ...]:
+        return (type(self).__module__, "data_curation.benchmarks")
 
     def build(self, ctx: RunContext) -> "Decontaminate":
         specs = resolve_benchmarks(self.benchmarks, ctx.storage_options)
@@ -124,71 +101,64 @@ def _content_identity(spec: BenchmarkSpec, ctx: RunContext) -> list[Any]:
     return out
 
 
-def iter_benchmark_rows(spec: BenchmarkSpec, storage_options: dict | None):
-    """(source label, row index, row dict) of a benchmark; bad rows are errors (they are
-    reference data, not training data)."""
-    import json
+@dataclass
+class Item:
+    benchmark: str
+    file: str
+    row: int                  # 1-based
+    native_id: str | None
+    field: str
+    norm: str                 # normalised text
+    masked: str               # normalised text, numbers masked
+    n_tokens: int
+    n_words: int
 
-    import fsspec
-
-    from data_curation.io import discover, iter_batches
-
-    sources = discover([spec.path], storage_options)
-    if spec.split is not None:
-        sources = [s for s in sources if s.split in (None, spec.split)]
-        if not sources:
-            raise CurationError(f"benchmark {spec.label}: no split {spec.split!r} in {spec.path}")
-    for s in sources:
-        if s.fmt == "jsonl":
-            with fsspec.open(s.url, "rt", encoding="utf-8", compression=s.compression,
-                             **(storage_options or {})) as f:
-                head = f.read(1 << 16)
-                f.seek(0)
-                if head.lstrip().startswith("["):
-                    rows = json.load(f)
-                    for i, r in enumerate(rows):
-                        yield s.label, i, r
-                    continue
-                for i, line in enumerate(f):
-                    if not line.strip():
-                        continue
-                    try:
-                        yield s.label, i, json.loads(line)
-                    except json.JSONDecodeError as e:
-                        raise CurationError(f"benchmark {spec.label}: {s.url} line {i + 1}: "
-                                            f"invalid JSON ({e.msg})") from e
-        else:
-            i = 0
-            for batch in iter_batches(s, storage_options, 1000):
-                keys = list(batch)
-                for vals in zip(*(batch[k] for k in keys)):
-                    yield s.label, i, dict(zip(keys, vals))
-                    i += 1
+    @property
+    def row_key(self) -> str:
+        return f"{self.benchmark}\x1f{self.file}\x1f{self.row}"
 
 
 _FILTER_SIZE = 1 << 23
+_NUM = "\x00"   # a masked number in masked text (no token holds it)
+
+
+def _masked_text(tokens: list[str]) -> str:
+    from data_curation.hashing import is_number_token
+
+    return " ".join(_NUM if is_number_token(w) else w for w in tokens)
 
 
 class BenchmarkIndex:
-    """Normalised benchmark items and their hashes (built once, in the main process)."""
+    """Normalised benchmark items and their n-gram hashes (built once, in the main process).
+
+    Masked n-grams (numbers masked) find candidates; each item keeps its masked and raw
+    n-gram hashes by position, so a candidate is checked with its numbers cheaply."""
 
     def __init__(self) -> None:
-        self.items: list[dict[str, Any]] = []   # name, file, row, field, norm, n_tokens
-        self.exact: dict[bytes, list[int]] = {}
-        self.ng_hash = np.zeros(0, np.uint64)    # sorted unique n-gram hashes
-        self.ng_ptr = np.zeros(1, np.int64)      # CSR: items of ng_hash[k] = ng_items[ptr[k]:ptr[k+1]]
+        self.items: list[Item] = []
+        self.exact: dict[bytes, list[int]] = {}          # normalised text -> items
+        self.exact_masked: dict[int, list[int]] = {}     # masked whole-text hash -> items (>= 8 words)
+        self.ng_hash = np.zeros(0, np.uint64)     # sorted unique masked n-gram hashes
+        self.ng_ptr = np.zeros(1, np.int64)       # CSR: items of ng_hash[k] = ng_items[ptr[k]:ptr[k+1]]
         self.ng_items = np.zeros(0, np.int64)
-        self.item_ngrams: list[np.ndarray] = []  # distinct n-gram hashes per item
-        self.short: dict[int, dict[int, list[int]]] = {}  # L -> whole-item L-gram hash -> items
-        self.filter = np.zeros(0, dtype=bool)    # bitmap prefilter of ng_hash (low bits)
+        self.masked_pos: list[np.ndarray] = []    # per item: masked n-gram hash by position
+        self.raw_pos: list[np.ndarray] = []       # per item: raw n-gram hash by position
+        self.distinctive: list[np.ndarray] = []   # per item: masked n-gram in <= max items, by position
+        self.distinctive_raw: list[np.ndarray] = []   # the same for the raw n-gram
+        self.n_masked: np.ndarray = np.zeros(0, np.int64)   # distinct masked n-grams per item
+        self.n_raw: np.ndarray = np.zeros(0, np.int64)      # distinct raw n-grams per item
+        self.short: dict[int, dict[int, list[int]]] = {}    # L -> whole-item masked L-gram -> items
+        self.short_keys: dict[int, np.ndarray] = {}          # L -> the keys of short[L], sorted
+        self.filter = np.zeros(0, dtype=bool)     # bitmap prefilter of ng_hash (low bits)
         self.per_benchmark: dict[str, dict[str, Any]] = {}
+        self.rows: dict[str, Item] = {}           # row key -> its first item
 
     @classmethod
     def build(cls, specs: list[BenchmarkSpec], cfg: DecontaminateConfig,
               storage_options: dict | None) -> "BenchmarkIndex":
         import xxhash
 
-        from data_curation.hashing import ngram_hashes, word_hashes
+        from data_curation.hashing import NUMBER_TOKEN, TokenBatch, masked_word_hashes, ngram_hashes
 
         if not specs:
             raise CurationError("decontaminate: the benchmark list is empty")
@@ -205,19 +175,20 @@ class BenchmarkIndex:
             for file_label, i, row in iter_benchmark_rows(spec, storage_options):
                 n_rows += 1
                 if not isinstance(row, dict):
-                    raise CurationError(f"benchmark {spec.label}: {file_label} row {i + 1} is not an object")
+                    raise CurationError(f"benchmark {spec.label}: {file_label} row {i} is not an object")
                 seen_fields.update(row)
+                native = spec.native_id(row)
                 for fld in spec.fields:
                     v = row.get(fld)
                     if v is None:
                         continue
                     present.add(fld)
-                    text = v if isinstance(v, str) else str(v)
-                    toks = norm.tokens(text)
+                    toks = norm.tokens(v if isinstance(v, str) else str(v))
                     if not toks:
                         continue
-                    self.items.append({"benchmark": spec.label, "file": file_label, "row": i,
-                                       "field": fld, "norm": " ".join(toks), "n_tokens": len(toks)})
+                    masked = _masked_text(toks)
+                    self.items.append(Item(spec.label, file_label, i, native, fld, " ".join(toks), masked,
+                                           len(toks), sum(1 for w in masked.split(" ") if w != _NUM)))
                     token_lists.append(toks)
             missing = [f for f in spec.fields if f not in present]
             if n_rows == 0:
@@ -228,28 +199,49 @@ class BenchmarkIndex:
                     f"fields present: {sorted(seen_fields)}")
             self.per_benchmark[spec.label] = {"path": spec.path, "rows": n_rows,
                                               "fields": spec.fields, "missing_fields": missing}
+        digest = lambda s: xxhash.xxh3_128_digest(s.encode("utf-8", "surrogatepass"))  # noqa: E731
         for k, it in enumerate(self.items):
-            self.exact.setdefault(xxhash.xxh3_128_digest(it["norm"].encode("utf-8", "surrogatepass")),
-                                  []).append(k)
-        flat, lengths = word_hashes(token_lists)
-        h, doc, _ = ngram_hashes(flat, lengths, cfg.ngram)
-        pairs = np.unique(np.stack([h, doc.astype(np.uint64)], axis=1), axis=0)
+            self.rows.setdefault(it.row_key, it)
+            self.exact.setdefault(digest(it.norm), []).append(k)
+        n = cfg.ngram
+        raw_flat, masked_flat, lengths = masked_word_hashes(token_lists)
+        for k, whole in enumerate(TokenBatch(masked_flat, lengths).whole().tolist()):
+            if self.items[k].n_words >= TEMPLATE_MIN_WORDS:
+                self.exact_masked.setdefault(whole, []).append(k)
+        hm, doc, _ = ngram_hashes(masked_flat, lengths, n)
+        hr, _, _ = ngram_hashes(raw_flat, lengths, n)
+        # an n-gram of numbers only says nothing about a template: left out everywhere
+        all_numbers, _, _ = ngram_hashes(np.full(n, NUMBER_TOKEN, np.uint64), np.array([n]), n)
+        useful = hm != all_numbers[0]
+        hm, hr, doc = hm[useful], hr[useful], doc[useful]
+        pairs = np.unique(np.stack([hm, doc.astype(np.uint64)], axis=1), axis=0)
         self.ng_hash, first = np.unique(pairs[:, 0], return_index=True)
         self.ng_ptr = np.append(first, len(pairs)).astype(np.int64)
         self.ng_items = pairs[:, 1].astype(np.int64)
+        df = np.diff(self.ng_ptr)
+        raw_pairs = np.unique(np.stack([hr, doc.astype(np.uint64)], axis=1), axis=0)
+        raw_hash, raw_df = np.unique(raw_pairs[:, 0], return_counts=True)
         self.filter = np.zeros(_FILTER_SIZE, dtype=bool)
         self.filter[(self.ng_hash & np.uint64(_FILTER_SIZE - 1)).astype(np.int64)] = True
         bounds = np.searchsorted(doc, np.arange(len(self.items) + 1))
-        self.item_ngrams = [np.unique(h[bounds[k]:bounds[k + 1]]) for k in range(len(self.items))]
+        for k in range(len(self.items)):
+            m, r = hm[bounds[k]:bounds[k + 1]], hr[bounds[k]:bounds[k + 1]]
+            self.masked_pos.append(m)
+            self.raw_pos.append(r)
+            self.distinctive.append(df[np.searchsorted(self.ng_hash, m)] <= cfg.partial_max_items)
+            self.distinctive_raw.append(raw_df[np.searchsorted(raw_hash, r)] <= cfg.partial_max_items)
+        self.n_masked = np.array([len(np.unique(m)) for m in self.masked_pos], dtype=np.int64)
+        self.n_raw = np.array([len(np.unique(r)) for r in self.raw_pos], dtype=np.int64)
         if cfg.containment:
             starts = np.concatenate([[0], np.cumsum(lengths)])
             for k, it in enumerate(self.items):
-                L = it["n_tokens"]
-                if cfg.min_containment_tokens <= L < cfg.ngram:
-                    whole, _, _ = ngram_hashes(flat[starts[k]:starts[k + 1]], np.array([L]), L)
+                L = it.n_tokens
+                if cfg.min_containment_tokens <= L < n:
+                    whole, _, _ = ngram_hashes(masked_flat[starts[k]:starts[k + 1]], np.array([L]), L)
                     self.short.setdefault(L, {}).setdefault(int(whole[0]), []).append(k)
+        self.short_keys = {L: np.sort(np.fromiter(t, np.uint64, len(t))) for L, t in self.short.items()}
         for name in self.per_benchmark:
-            self.per_benchmark[name]["items"] = sum(1 for it in self.items if it["benchmark"] == name)
+            self.per_benchmark[name]["items"] = sum(1 for it in self.items if it.benchmark == name)
         return self
 
 
@@ -261,38 +253,54 @@ class Decontaminate(StepRunner):
         self.index = index
         self.norm = Normalizer(cfg.normalize)
 
-    def _hit(self, item: int, method: str, part: str, overlap: float, span: str) -> dict[str, Any]:
+    def _hit(self, item: int, method: str, part: str, overlap: float, span: str,
+             numbers_changed: bool) -> dict[str, Any]:
         it = self.index.items[item]
-        return {"benchmark": it["benchmark"], "benchmark_file": it["file"],
-                "benchmark_row": it["row"], "benchmark_field": it["field"], "method": method,
-                "train_field": part, "overlap": round(overlap, 4), "span": span[:300]}
+        return {"benchmark": it.benchmark, "benchmark_file": it.file, "benchmark_row": it.row,
+                "benchmark_id": it.native_id, "benchmark_field": it.field, "method": method,
+                "numbers_changed": numbers_changed, "train_field": part,
+                "overlap": round(float(overlap), 4), "span": span[:300]}
 
-    def check_texts(self, texts: list[str], parts: list[str]) -> list[dict | None]:
-        """The strongest contamination hit of each text (None if clean)."""
+    def check_texts(self, texts: list[str], parts: list[str]) -> list[list[dict]]:
+        """Every contamination hit of each text (at most one per item, the strongest),
+        strongest first; [] if clean."""
         import xxhash
 
-        from data_curation.hashing import TokenBatch, word_hashes
+        from data_curation.hashing import TokenBatch, masked_word_hashes, ngram_hashes
 
-        cfg, ix = self.cfg, self.index
+        cfg, ix, n = self.cfg, self.index, self.cfg.ngram
         toks = [self.norm.tokens(t) for t in texts]
         norms = [" ".join(t) for t in toks]
-        out: list[dict | None] = [None] * len(texts)
-        rank = {"exact": 3, "containment": 2, "ngram": 1}
+        found: list[dict[int, dict]] = [{} for _ in texts]
 
-        def offer(i: int, hit: dict) -> None:
-            cur = out[i]
-            if cur is None or (rank[hit["method"]], hit["overlap"]) > (rank[cur["method"]], cur["overlap"]):
-                out[i] = hit
+        def offer(i: int, item: int, hit: dict) -> None:
+            cur = found[i].get(item)
+            if cur is None or _strength(hit) > _strength(cur):
+                found[i][item] = hit
 
+        digest = lambda s: xxhash.xxh3_128_digest(s.encode("utf-8", "surrogatepass"))  # noqa: E731
+        masked_cache: dict[int, str] = {}
+
+        def masked(i: int) -> str:
+            if i not in masked_cache:
+                masked_cache[i] = _masked_text(toks[i])
+            return masked_cache[i]
+
+        raw_flat, masked_flat, lengths = masked_word_hashes(toks, norms)
+        batch = TokenBatch(masked_flat, lengths)
         if cfg.exact:
+            wholes = batch.whole().tolist() if ix.exact_masked else None
             for i, s in enumerate(norms):
-                if s:
-                    items = ix.exact.get(xxhash.xxh3_128_digest(s.encode("utf-8", "surrogatepass")))
-                    if items:
-                        offer(i, self._hit(items[0], "exact", parts[i], 1.0, s))
-        batch = TokenBatch(*word_hashes(toks))
+                if not s:
+                    continue
+                for item in ix.exact.get(digest(s), ()):
+                    offer(i, item, self._hit(item, "exact", parts[i], 1.0, s, False))
+                if not found[i] and wholes is not None:
+                    for item in ix.exact_masked.get(wholes[i], ()):
+                        if ix.items[item].masked == masked(i):
+                            offer(i, item, self._hit(item, "exact", parts[i], 1.0, s, True))
         if len(ix.ng_hash):
-            h, doc, pos = batch.ngrams(cfg.ngram)
+            h, doc, pos = batch.ngrams(n)
             # bitmap prefilter, then an exact lookup of the few candidates
             cand = np.nonzero(ix.filter[(h & np.uint64(_FILTER_SIZE - 1)).astype(np.int64)])[0]
             k = np.zeros(len(h), dtype=np.int64)
@@ -303,32 +311,81 @@ class Decontaminate(StepRunner):
             for i in np.unique(doc[hit]).tolist():
                 lo, hi = bounds[i], bounds[i + 1]
                 hk = np.unique(k[lo:hi][hit[lo:hi]])
-                cand = np.concatenate([ix.ng_items[ix.ng_ptr[j]:ix.ng_ptr[j + 1]] for j in hk])
-                items, counts = np.unique(cand, return_counts=True)
+                items = np.concatenate([ix.ng_items[ix.ng_ptr[j]:ix.ng_ptr[j + 1]] for j in hk])
+                items = np.unique(items)
+                raw_row = None
                 doc_h, doc_pos = h[lo:hi], pos[lo:hi]
-                for item, c in zip(items.tolist(), counts.tolist()):
-                    frac = c / len(ix.item_ngrams[item])
-                    method = None
-                    if frac >= 1.0 and cfg.containment and \
-                            f" {ix.items[item]['norm']} " in f" {norms[i]} ":
-                        method = "containment"
-                    elif frac >= cfg.ngram_threshold:
-                        method = "ngram"
-                    if method is None:
+                for item in items.tolist():
+                    if not self._candidate(item, doc_h):
                         continue
-                    m = np.isin(doc_h, ix.item_ngrams[item])
-                    a, b = int(doc_pos[m].min()), int(doc_pos[m].max()) + cfg.ngram
-                    offer(i, self._hit(item, method, parts[i], frac, " ".join(toks[i][a:b])))
+                    if raw_row is None:   # raw n-gram hashes by position, aligned with doc_h
+                        start = int(batch.starts[i])
+                        raw_row = ngram_hashes(raw_flat[start:start + lengths[i]], lengths[i:i + 1], n)[0]
+                    verdict = self._classify(item, doc_h, raw_row, norms[i], masked(i))
+                    if verdict is None:
+                        continue
+                    method, overlap, changed = verdict
+                    m = np.isin(doc_h, ix.masked_pos[item])
+                    a, b = int(doc_pos[m].min()), int(doc_pos[m].max()) + n
+                    offer(i, item, self._hit(item, method, parts[i], overlap, " ".join(toks[i][a:b]),
+                                             changed))
         for L, table in ix.short.items():
             h, doc, pos = batch.ngrams(L)
-            for j in np.nonzero(np.isin(h, np.fromiter(table, np.uint64, len(table))))[0].tolist():
+            for j in np.nonzero(np.isin(h, ix.short_keys[L]))[0].tolist():
                 i = int(doc[j])
                 for item in table[int(h[j])]:
-                    if f" {ix.items[item]['norm']} " in f" {norms[i]} ":
+                    if f" {ix.items[item].norm} " in f" {norms[i]} ":
                         p = int(pos[j])
-                        offer(i, self._hit(item, "containment", parts[i], 1.0,
-                                           " ".join(toks[i][p:p + L])))
-        return out
+                        offer(i, item, self._hit(item, "containment", parts[i], 1.0,
+                                                 " ".join(toks[i][p:p + L]), False))
+        return [sorted(f.values(), key=_strength, reverse=True) for f in found]
+
+    def _candidate(self, item: int, doc_h: np.ndarray) -> bool:
+        """Whether the masked n-grams of a text could support any method for the item."""
+        cfg, ix = self.cfg, self.index
+        present = np.isin(ix.masked_pos[item], doc_h)
+        if len(np.unique(ix.masked_pos[item][present])) >= cfg.ngram_threshold * ix.n_masked[item]:
+            return True
+        return cfg.partial and (
+            len(np.unique(ix.masked_pos[item][present & ix.distinctive[item]])) >= cfg.partial_min_ngrams
+            or len(np.unique(ix.raw_pos[item][present & ix.distinctive_raw[item]])) >= cfg.partial_min_ngrams)
+
+    def _classify(self, item: int, doc_h: np.ndarray, raw_row: np.ndarray, norm: str, masked: str
+                  ) -> tuple[str, float, bool] | None:
+        """(method, overlap, numbers changed) of a candidate item for one text, or None.
+
+        A copy: the raw n-grams support a method, and the text's n-grams that match the
+        item's template all match its numbers too (or the whole item is there). Same
+        template, new numbers: the masked n-grams support a method and some matched n-gram
+        of the text carries other numbers than the item."""
+        ix = self.index
+        it = ix.items[item]
+        copy, frac_raw = self._method(ix.raw_pos[item], np.isin(ix.raw_pos[item], raw_row), ix.n_raw[item],
+                                      ix.distinctive_raw[item], it.norm, norm)
+        template_rows = np.isin(doc_h, ix.masked_pos[item])
+        numbers_differ = not np.isin(raw_row[template_rows], ix.raw_pos[item]).all()
+        if copy is not None and (frac_raw >= 1.0 or not numbers_differ):
+            return copy, frac_raw, False
+        if numbers_differ and it.n_words >= TEMPLATE_MIN_WORDS:
+            template, frac = self._method(ix.masked_pos[item], np.isin(ix.masked_pos[item], doc_h),
+                                          ix.n_masked[item], ix.distinctive[item], it.masked, masked)
+            if template is not None:
+                return template, frac, True
+        return (copy, frac_raw, False) if copy is not None else None
+
+    def _method(self, hashes: np.ndarray, present: np.ndarray, total: int, distinctive: np.ndarray,
+                item_text: str, text: str) -> tuple[str | None, float]:
+        """The strongest method that an item's n-grams (`hashes` by position, `present` in
+        the text) support, and the share of its distinct n-grams present."""
+        cfg = self.cfg
+        frac = len(np.unique(hashes[present])) / max(1, total)
+        if cfg.containment and frac >= 1.0 and f" {item_text} " in f" {text} ":
+            return "containment", frac
+        if frac >= cfg.ngram_threshold:
+            return "ngram", frac
+        if cfg.partial and len(np.unique(hashes[present & distinctive])) >= cfg.partial_min_ngrams:
+            return "partial", frac
+        return None, frac
 
     def process(self, table) -> Decision:
         n = table.num_rows
@@ -341,42 +398,86 @@ class Decontaminate(StepRunner):
                     texts.append(t)
                     owners.append(i)
                     parts.append(part)
-        hits = self.check_texts(texts, parts)
-        best: dict[int, dict] = {}
-        rank = {"exact": 3, "containment": 2, "ngram": 1}
-        for i, h in zip(owners, hits):
-            if h is not None and (i not in best or
-                                  (rank[h["method"]], h["overlap"]) >
-                                  (rank[best[i]["method"]], best[i]["overlap"])):
-                best[i] = h
+        per_row: dict[int, list[dict]] = {}
+        for i, hits in zip(owners, self.check_texts(texts, parts)):
+            if hits:
+                per_row.setdefault(i, []).extend(hits)
         keep = np.ones(n, dtype=bool)
         reasons: list[str | None] = [None] * n
         details: list[dict | None] = [None] * n
         rows = table.column("_row").to_pylist()
-        stats: dict[str, Any] = {"benchmarks": {}}
-        for i, h in sorted(best.items()):
+        stats: dict[str, Any] = {"benchmarks": {}, "items": {}, "new_numbers_items": {}}
+        for i, hits in sorted(per_row.items()):
+            hits.sort(key=_strength, reverse=True)
+            copies = [h for h in hits if not h["numbers_changed"]]
+            if not copies and self.cfg.new_numbers == "keep" and hits:
+                self._count(stats, rows[i], hits, removed=False)
+                continue
             keep[i] = False
-            reasons[i] = "contamination"
-            details[i] = h
-            b = stats["benchmarks"].setdefault(h["benchmark"], {
-                "rows_flagged": 0, "by_method": {}, "by_train_field": {}, "benchmark_rows_hit": {},
-                "examples": []})
-            b["rows_flagged"] += 1
-            bump(b["by_method"], h["method"])
-            bump(b["by_train_field"], h["train_field"])
-            bump(b["benchmark_rows_hit"], f"{h['benchmark_file']}#{h['benchmark_row']}")
-            if len(b["examples"]) < self.cfg.max_examples:
-                b["examples"].append({"row": rows[i], **h})
+            reasons[i] = "contamination" if copies else "same_template_new_numbers"
+            details[i] = {"hits": hits[:MAX_HITS_PER_ROW], "hits_total": len(hits)}
+            self._count(stats, rows[i], hits, removed=True)
         return Decision(keep, reasons, details, stats=stats)
+
+    def _count(self, stats: dict[str, Any], row: int, hits: list[dict], removed: bool) -> None:
+        copies = [h for h in hits if not h["numbers_changed"]]
+        top = hits[0]
+        b = stats["benchmarks"].setdefault(top["benchmark"], {
+            "rows_flagged": 0, "rows_new_numbers": 0, "by_method": {}, "by_train_field": {},
+            "examples": [], "new_numbers_examples": []})
+        if copies:
+            b["rows_flagged"] += 1
+            bump(b["by_method"], top["method"])
+            bump(b["by_train_field"], top["train_field"])
+            if len(b["examples"]) < self.cfg.max_examples:
+                b["examples"].append({"row": row, **top})
+        else:
+            b["rows_new_numbers"] += 1
+            if len(b["new_numbers_examples"]) < self.cfg.max_examples:
+                b["new_numbers_examples"].append({"row": row, "removed": removed, **top})
+        per_item: dict[tuple[str, str], dict] = {}   # (kind, benchmark row) -> strongest hit
+        for h in hits:   # strongest first
+            kind = "new_numbers_items" if h["numbers_changed"] else "items"
+            per_item.setdefault((kind, f"{h['benchmark']}\x1f{h['benchmark_file']}\x1f{h['benchmark_row']}"), h)
+        for (kind, key), h in per_item.items():
+            entry = stats[kind].setdefault(key, {"rows": 0, "methods": {}})
+            entry["rows"] += 1
+            bump(entry["methods"], h["method"])
 
     def summarize(self, stats: dict[str, Any]) -> dict[str, Any]:
         per = {}
+        found = self._items(stats.get("items", {}))
+        changed = self._items(stats.get("new_numbers_items", {}))
         for name, info in self.index.per_benchmark.items():
             s = stats.get("benchmarks", {}).get(name, {})
             per[name] = {**info, "rows_flagged": s.get("rows_flagged", 0),
+                         "items_found": sum(1 for x in found if x["benchmark"] == name),
                          "by_method": s.get("by_method", {}),
                          "by_train_field": s.get("by_train_field", {}),
-                         "benchmark_rows_hit": len(s.get("benchmark_rows_hit", {})),
-                         "examples": s.get("examples", [])[: self.cfg.max_examples]}
+                         "rows_new_numbers": s.get("rows_new_numbers", 0),
+                         "items_new_numbers": sum(1 for x in changed if x["benchmark"] == name),
+                         "examples": s.get("examples", [])[: self.cfg.max_examples],
+                         "new_numbers_examples": s.get("new_numbers_examples", [])[: self.cfg.max_examples]}
+        c = self.cfg
         return {"benchmarks": per, "items_indexed": len(self.index.items),
-                "ngram": self.cfg.ngram, "ngram_threshold": self.cfg.ngram_threshold}
+                "contaminated_items": found, "new_numbers_items": changed,
+                "methods": {"exact": c.exact, "containment": c.containment and
+                            {"min_tokens": c.min_containment_tokens},
+                            "ngram": {"n": c.ngram, "threshold": c.ngram_threshold},
+                            "partial": c.partial and {"min_ngrams": c.partial_min_ngrams,
+                                                      "max_items": c.partial_max_items},
+                            "new_numbers": c.new_numbers,
+                            "normalize": c.normalize.model_dump(mode="json")}}
+
+    def _items(self, counts: dict[str, dict]) -> list[dict[str, Any]]:
+        out = []
+        for key, v in counts.items():
+            it = self.index.rows[key]
+            out.append({"benchmark": it.benchmark, "benchmark_file": it.file, "benchmark_row": it.row,
+                        "benchmark_id": it.native_id, "training_rows": v["rows"],
+                        "methods": dict(sorted(v["methods"].items()))})
+        return sorted(out, key=lambda x: (x["benchmark"], x["benchmark_file"], x["benchmark_row"]))
+
+
+def _strength(hit: dict) -> tuple:
+    return (not hit["numbers_changed"], METHOD_RANK[hit["method"]], hit["overlap"])

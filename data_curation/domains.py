@@ -18,8 +18,8 @@ import numpy as np
 from pydantic import Field
 
 from data_curation._base import bump
-from data_curation.rows import dump_row
-from data_curation.step import Decision, RunContext, StepConfig, StepRunner
+from data_curation.row_schema import dump_row
+from data_curation.step_api import Decision, RunContext, StepConfig, StepRunner
 
 Domain = Literal["math", "stem", "code", "other"]
 DOMAINS = ("math", "stem", "code", "other")

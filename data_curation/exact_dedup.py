@@ -14,8 +14,8 @@ import numpy as np
 from pydantic import Field
 
 from data_curation.normalize import NormalizeConfig, Normalizer
-from data_curation.rows import field_text
-from data_curation.step import Decision, RunContext, StepConfig, StepRunner
+from data_curation.row_schema import field_text
+from data_curation.step_api import Decision, RunContext, StepConfig, StepRunner
 
 
 class ExactDedupConfig(StepConfig):

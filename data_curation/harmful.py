@@ -27,7 +27,7 @@ from pydantic import Field
 
 from data_curation._base import CurationError, Strict, bump
 from data_curation.normalize import NormalizeConfig, Normalizer
-from data_curation.step import Decision, RunContext, StepConfig, StepRunner
+from data_curation.step_api import Decision, RunContext, StepConfig, StepRunner
 
 
 class HarmClassifier(Protocol):

@@ -14,6 +14,8 @@ document.
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import xxhash
 
@@ -50,6 +52,41 @@ def word_hashes(docs: list[list[str]]) -> tuple[np.ndarray, np.ndarray]:
     return flat, lengths
 
 
+# the hash every number-bearing token gets in masked hashing: no token hashes to it
+NUMBER_TOKEN = np.uint64(xxhash.xxh3_64_intdigest(b"\x00<number>"))
+_HAS_DIGIT = re.compile(r"\d").search
+
+
+def _has_digit(text: str) -> bool:
+    if text.isascii():   # ten substring searches beat one regex pass over a long text
+        return any(d in text for d in "0123456789")
+    return _HAS_DIGIT(text) is not None
+
+
+def is_number_token(w: str) -> bool:
+    return not w.isalpha() and _HAS_DIGIT(w) is not None
+
+
+def masked_word_hashes(docs: list[list[str]], texts: list[str] | None = None
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(raw, masked, lengths): `word_hashes`, and the same with every token that holds a
+    digit hashed as NUMBER_TOKEN, so that n-grams of the masked hashes match a text whatever
+    its numbers are (the same template with new numbers). `texts`: each document's tokens
+    joined by spaces, if the caller has them (documents without a digit are skipped whole)."""
+    raw, lengths = word_hashes(docs)
+    masked = raw.copy()
+    starts = np.zeros(len(docs), dtype=np.int64)
+    if len(docs) > 1:
+        np.cumsum(lengths[:-1], out=starts[1:])
+    numbers: list[int] = []
+    for d, toks in enumerate(docs):
+        if _has_digit(texts[d] if texts is not None else " ".join(toks)):
+            s = int(starts[d])
+            numbers.extend(s + j for j, w in enumerate(toks) if not w.isalpha() and _HAS_DIGIT(w))
+    masked[np.asarray(numbers, dtype=np.int64)] = NUMBER_TOKEN
+    return raw, masked, lengths
+
+
 class TokenBatch:
     """Word hashes of a batch of documents with prefix sums, so that the hash of every
     n-gram, for any n, is two vectorised operations: with W the word hashes and B an odd
@@ -74,6 +111,14 @@ class TokenBatch:
     def _hash(self, starts: np.ndarray, n: np.ndarray | int) -> np.ndarray:
         raw = (self.prefix[starts + n] - self.prefix[starts]) * self.inv[starts]
         return splitmix64(raw ^ _SEP)
+
+    def whole(self) -> np.ndarray:
+        """The hash of each document's whole token sequence (0 for an empty document)."""
+        out = np.zeros(len(self.lengths), dtype=np.uint64)
+        full = np.nonzero(self.lengths > 0)[0]
+        if len(full):
+            out[full] = self._hash(self.starts[full], self.lengths[full])
+        return out
 
     def ngrams(self, n: int, short: str = "skip") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Hashes of every word n-gram inside one document: (hashes, doc index, position in

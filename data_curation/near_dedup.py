@@ -23,8 +23,8 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from data_curation.normalize import NormalizeConfig, Normalizer
-from data_curation.rows import field_text
-from data_curation.step import Decision, RunContext, StepConfig, StepRunner
+from data_curation.row_schema import field_text
+from data_curation.step_api import Decision, RunContext, StepConfig, StepRunner
 
 
 class NearDedupConfig(StepConfig):

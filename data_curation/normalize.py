@@ -2,9 +2,12 @@
 
 A matching key is a token sequence: Unicode-normalised (NFKC: full-width digits become
 ASCII, NBSP becomes a space, ligatures split), invisible format characters removed
-(zero-width joiners inside words, bidi overrides, BOMs, private-use), case-folded, LaTeX
-presentation noise folded (`\\dfrac` = `\\frac`, `\\left(` = `(`, `\\,` = space), then
-split into runs of letters/digits. Punctuation is a separator ("remove", the default),
+(zero-width joiners inside words, bidi overrides, BOMs, private-use), confusable
+characters folded to the ASCII letter or digit they imitate (Unicode's confusables data,
+UTS #39, through `confusable_homoglyphs`: Cyrillic `а`/`е`/`і`, Greek `Ο`, ... become
+`a`/`e`/`i`/`O`), apostrophes inside words dropped (`brown's` = `browns`, so a copy that
+drops them keeps its tokens), case-folded, LaTeX presentation noise folded (`\\dfrac` =
+`\\frac`, `\\left(` = `(`, `\\,` = space), then split into runs of letters/digits. Punctuation is a separator ("remove", the default),
 or kept as single-character tokens after folding Unicode variants to ASCII ("fold") or
 as is ("keep"). Digits are kept, mapped to 0, or dropped. The normalised text is the
 tokens joined by single spaces. The rows written out are never touched by this module.
@@ -24,6 +27,8 @@ class NormalizeConfig(Strict):
     casefold: bool = True
     strip_invisible: bool = True
     latex: bool = True
+    confusables: bool = True
+    join_apostrophes: bool = True
     punctuation: Literal["remove", "fold", "keep"] = "remove"
     digits: Literal["keep", "zero", "remove"] = "keep"
 
@@ -61,6 +66,8 @@ _LATEX_SUBS = [
                 r"limits|nolimits|quad|qquad)(?![a-z])"), " "),
     (re.compile(r"\\[,;:! ]"), " "),
     (re.compile(r"\\(?:text|mathrm|mathbf|mathit|textbf|textit|operatorname|mbox)\s*\{"), "{"),
+    # a command name ends at its last letter: `\cdot3` is `\cdot 3`
+    (re.compile(r"(\\[a-z]+)(?=[0-9])"), r"\1 "),
 ]
 
 # Unicode punctuation variants -> ASCII (used by punctuation="fold"; NFKC does the full-width ones)
@@ -70,6 +77,29 @@ _PUNCT_FOLD = str.maketrans({
     **{c: "-" for c in "\u2010\u2011\u2012\u2013\u2014\u2015\u2212\u2043\ufe63"},
     "\u2026": "...", "\u00d7": "*", "\u00f7": "/", "\u2022": "*", "\u00b7": "*",
 })
+
+# an apostrophe (or a character used as one) between two letters/digits
+_APOSTROPHE = re.compile("(?<=\\w)['`\u00b4\u2018\u2019\u02bc\u2032](?=\\w)")
+_APOSTROPHE_CHARS = "'`\u00b4\u2018\u2019\u02bc\u2032"
+
+
+@functools.cache
+def confusables_table() -> dict[int, str]:
+    """Non-ASCII character -> the ASCII letter (else digit) it is confusable with, from
+    Unicode's confusables data; characters confusable with no single ASCII letter or digit
+    are left alone."""
+    from confusable_homoglyphs.confusables import confusables_data
+
+    out: dict[int, str] = {}
+    for ch, glyphs in confusables_data.items():
+        if len(ch) != 1 or ch.isascii():
+            continue
+        targets = [g["c"] for g in glyphs if len(g["c"]) == 1 and g["c"].isascii() and g["c"].isalnum()]
+        letters = [t for t in targets if t.isalpha()]
+        if targets:
+            out[ord(ch)] = (letters or targets)[0]
+    return out
+
 
 _DIGIT = re.compile(r"\d")
 _DIGITS = re.compile(r"\d+")
@@ -83,6 +113,8 @@ class Normalizer:
     def __init__(self, cfg: NormalizeConfig | None = None):
         self.cfg = cfg or NormalizeConfig()
         self._tok = _WORDS if self.cfg.punctuation == "remove" else _WORDS_AND_PUNCT
+        # built here, before a step's workers fork, so that they share it
+        self._confusables = confusables_table() if self.cfg.confusables else None
 
     def prepare(self, text: str) -> str:
         """The normalised string before tokenisation (punctuation still present)."""
@@ -93,6 +125,12 @@ class Normalizer:
                 text = invisible_re().sub("", text)
             if c.unicode_form != "none":
                 text = unicodedata.normalize(c.unicode_form, text)
+            if self._confusables is not None:
+                text = text.translate(self._confusables)
+        # substring tests first: a regex pass over every text costs more than these
+        if c.join_apostrophes and (("'" in text or "`" in text) if ascii_only
+                                   else any(ch in text for ch in _APOSTROPHE_CHARS)):
+            text = _APOSTROPHE.sub("", text)
         if c.punctuation != "remove":
             text = _C1_CONTROLS.sub(" ", text)
             if c.punctuation == "fold" and not ascii_only:

@@ -25,8 +25,8 @@ import numpy as np
 from pydantic import Field
 
 from data_curation._base import bump
-from data_curation.rows import FieldMap, dump_row, extract, map_texts
-from data_curation.step import Decision, RunContext, StepConfig, StepRunner
+from data_curation.row_schema import FieldMap, dump_row, extract, map_texts
+from data_curation.step_api import Decision, RunContext, StepConfig, StepRunner
 
 _INVISIBLE = re.compile(
     "[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b\u200e\u200f\u202a-\u202e"
@@ -238,7 +238,8 @@ class QualityFilter(StepRunner):
             if cleaned:
                 obj = json.loads(raws[i])
                 map_texts(obj, fm, lambda t, _part: self.clean(t, {}))
-                new_p[i], new_r[i], _ = extract(obj, fm)
+                text = extract(obj, fm)
+                new_p[i], new_r[i] = text.prompt, text.response
                 new_raw[i] = dump_row(obj)
                 changed = True
                 for k, v in cleaned.items():

@@ -10,12 +10,12 @@ Block = tuple  # ("h", level, text) | ("p", text) | ("table", headers, rows)
 
 
 def row_ref(row: Any, inputs: list[str]) -> str:
-    """`file:line` of an internal row id (source index << 40 | row index)."""
+    """`file:line` of a row id (source index << 40 | 1-based line)."""
     if not isinstance(row, int):
         return str(row)
-    src, idx = row >> ROW_SHIFT, row & ((1 << ROW_SHIFT) - 1)
+    src, line = row >> ROW_SHIFT, row & ((1 << ROW_SHIFT) - 1)
     name = inputs[src].rsplit("/", 1)[-1] if 0 <= src < len(inputs) else "?"
-    return f"{name}:{idx + 1}"
+    return f"{name}:{line}"
 
 
 def _top(d: dict[str, int], n: int = 4) -> str:
@@ -55,6 +55,18 @@ def blocks(report: dict[str, Any]) -> list[Block]:
         if q.get("examples"):
             out.append(("table", ["source", "reason", "raw"],
                         [[e["source"], e["reason"], _short(e["raw"], 80)] for e in q["examples"]]))
+    read = report["steps"][0]
+    dup = read.get("duplicate_ids") or {}
+    if dup.get("repeated_ids") or read.get("response_only_rows"):
+        policy = read.get("row_policy", {})
+        out.append(("h", 2, "Row checks"))
+        out.append(("table", ["check", "rows", "policy"],
+                    [["repeat an earlier row's id", dup.get("repeat_rows", 0), policy.get("duplicate_ids")],
+                     ["a response without a prompt", read.get("response_only_rows", 0),
+                      policy.get("response_only")]]))
+        if dup.get("examples"):
+            out.append(("table", ["id", "first row", "repeats"],
+                        [[_short(e["id"], 60), e["first"], e["repeats"]] for e in dup["examples"]]))
     for s in report["steps"][1:]:
         d = s.get("details") or {}
         kind = s.get("kind")
@@ -88,20 +100,7 @@ def blocks(report: dict[str, Any]) -> list[Block]:
                             [[cl["size"], ref(cl["kept_row"]), _short(", ".join(ref(r) for r in cl["rows"]))]
                              for cl in d["largest_clusters"]]))
         elif kind == "decontaminate":
-            bm = d.get("benchmarks", {})
-            out.append(("table", ["benchmark", "path", "rows", "items", "training rows flagged",
-                                  "benchmark rows hit", "by method", "by field"],
-                        [[n, b.get("path"), b.get("rows"), b.get("items"), b.get("rows_flagged", 0),
-                          b.get("benchmark_rows_hit", 0), _top(b.get("by_method", {})),
-                          _top(b.get("by_train_field", {}))] for n, b in bm.items()]))
-            ex = [(n, e) for n, b in bm.items() for e in b.get("examples", [])]
-            if ex:
-                out.append(("table", ["training row", "field", "benchmark", "benchmark row", "method",
-                                      "overlap", "matched span"],
-                            [[ref(e["row"]), e["train_field"], n,
-                              f"{e['benchmark_file'].rsplit('/', 1)[-1]}#{e['benchmark_row'] + 1} "
-                              f"({e['benchmark_field']})", e["method"], e["overlap"],
-                              _short(e["span"], 100)] for n, e in ex]))
+            out.extend(_decontamination_blocks(d, ref))
         elif kind == "harmful":
             if d.get("by_category"):
                 out.append(("table", ["category", "rows"], sorted(d["by_category"].items())))
@@ -121,6 +120,43 @@ def blocks(report: dict[str, Any]) -> list[Block]:
         out.append(("table", ["domain", "before", "share", "after", "share"],
                     [[d, mix["before"].get(d, 0), f"{100 * mix['before'].get(d, 0) / tb:.1f}%",
                       mix["after"].get(d, 0), f"{100 * mix['after'].get(d, 0) / ta:.1f}%"] for d in doms]))
+    return out
+
+
+def _item_ref(x: dict[str, Any]) -> str:
+    """`file#row (id)` of a benchmark item: 1-based row, the benchmark's own id if any."""
+    name = x["benchmark_file"].rsplit("/", 1)[-1]
+    return f"{name}#{x['benchmark_row']}" + (f" (id {x['benchmark_id']})" if x.get("benchmark_id") else "")
+
+
+def _decontamination_blocks(d: dict[str, Any], ref) -> list[Block]:
+    bm = d.get("benchmarks", {})
+    out: list[Block] = [("table", ["benchmark", "path", "rows", "items", "training rows flagged",
+                                   "benchmark rows found", "by method", "by field",
+                                   "rows with new numbers"],
+                         [[n, b.get("path"), b.get("rows"), b.get("items"), b.get("rows_flagged", 0),
+                           b.get("items_found", 0), _top(b.get("by_method", {})),
+                           _top(b.get("by_train_field", {})), b.get("rows_new_numbers", 0)]
+                          for n, b in bm.items()])]
+    ex = [(n, e) for n, b in bm.items() for e in b.get("examples", [])]
+    if ex:
+        out.append(("table", ["training row", "field", "benchmark", "benchmark item", "method",
+                               "overlap", "matched span"],
+                    [[ref(e["row"]), e["train_field"], n, f"{_item_ref(e)} ({e['benchmark_field']})",
+                      e["method"], e["overlap"], _short(e["span"], 100)] for n, e in ex]))
+    found = d.get("contaminated_items", [])
+    if found:
+        out.append(("p", f"Benchmark items found in the training data ({len(found)}): "
+                         "every item with at least one copy, however many rows hold it."))
+        out.append(("table", ["benchmark", "item", "training rows", "methods"],
+                    [[x["benchmark"], _item_ref(x), x["training_rows"], _top(x["methods"])] for x in found]))
+    changed = d.get("new_numbers_items", [])
+    if changed:
+        out.append(("p", f"Same template, new numbers ({len(changed)} benchmark items): rows that match "
+                         "an item only with other numbers, i.e. new problems (new_numbers: "
+                         f"{d.get('methods', {}).get('new_numbers', 'keep')})."))
+        out.append(("table", ["benchmark", "item", "training rows"],
+                    [[x["benchmark"], _item_ref(x), x["training_rows"]] for x in changed]))
     return out
 
 

@@ -33,6 +33,7 @@ from pipeline.plan import Plan, PlannedStage, hash_payload, input_fingerprints, 
 from pipeline.recipe import Defaults, StorageConfig
 from pipeline.stage_api import Launcher, Resources, StageJob
 from pipeline.tracking import PipelineTracker
+from stages.curate.gate import check_eval_suite
 from stages.registry import STAGE_KINDS, StageKind
 
 FAILED = "_FAILED"
@@ -175,6 +176,7 @@ def _execute_leased(target: StageTarget, store: ArtifactStore, work_root: Path, 
                             target.kind.distributed)
     started = time.time()
     try:
+        check_eval_suite(target.name, target.config, store.storage_options)
         run_job(command, target.name, log_path, target.resources,
                 must_stop=lambda: lease.lost and f"its {target.url}/_RUNNING lease was lost: {lease.lost}")
         if lease.lost:  # lost after the job's last poll: publishing could overwrite the new holder's

@@ -15,6 +15,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from data_curation.benchmarks import EvalSuite
+
+
 class StageError(RuntimeError):
     """A problem the user can fix (data, model, config, inputs), raised inside a stage job: the
     job prints its message once, without a traceback, and exits 2. Every stage raises this type
@@ -64,6 +67,9 @@ class StageConfig(Strict):
     resources: Resources | None = Field(None, description="overrides defaults.resources")
     launcher: Launcher | None = Field(None, description="overrides defaults.launcher")
     log_every: int = cosmetic(1, ge=1, description="metrics logging interval (steps)")
+    eval_suite: EvalSuite | None = cosmetic(None, description="the evaluation suite this stage is "
+                                            "judged on: the pipeline does not start the stage while "
+                                            "its `data` overlaps the suite (stages/curate/gate.py)")
 
 
 class StageJob(BaseModel):

@@ -5,8 +5,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from data_curation.rows import FieldMap
-from data_curation.steps import CurationStep, check_labels, default_steps
+from data_curation.row_schema import FieldMap, RowPolicy
+from data_curation.step_kinds import CurationStep, check_labels, default_steps
 from pipeline.stage_api import StageConfig, cosmetic
 from stages.registry import StageKind, register
 
@@ -19,7 +19,10 @@ class CurateConfig(StageConfig):
                                       "each `{step: quality|exact_dedup|near_dedup|decontaminate|"
                                       "harmful|domain_tag, ...}`")
     fields: FieldMap = FieldMap()
+    row_policy: RowPolicy = RowPolicy()
     output_format: Literal["jsonl", "parquet"] = "jsonl"
+    min_rows: int = Field(1, ge=0, description="fail the stage when fewer rows than this are "
+                          "kept (0: an empty result is accepted)")
     num_proc: int = cosmetic(2, ge=1, description="worker processes")
     batch_size: int = cosmetic(10_000, ge=1, description="rows per part (memory bound)")
     progress: bool = cosmetic(True, description="progress bars on long steps")
@@ -49,7 +52,7 @@ def rerun_config(config: dict[str, Any], only: list[str] | None = None,
     """A curate stage config for `ring-pipeline curate recipe.yaml --only S --benchmarks L`:
     every decontaminate step reads benchmark list L, and nothing before step S may be
     computed (the stage fails with a clear message if those steps are not cached)."""
-    from data_curation.steps import parse_steps, with_benchmarks
+    from data_curation.step_kinds import parse_steps, with_benchmarks
 
     cfg = CurateConfig.model_validate({**config, "kind": "curate"})
     steps = list(cfg.steps)
@@ -63,7 +66,7 @@ def rerun_config(config: dict[str, Any], only: list[str] | None = None,
 
 
 KIND = register(StageKind(
-    name="curate", config=CurateConfig, entry="stages.curate.run",
+    name="curate", config=CurateConfig, entry="stages.curate.job", version=1,
     sources=("stages.curate", "data_curation"), distributed=False,
     description="SFT data curation: quality filter, exact + near dedup, harmful filter, "
                 "decontamination, domain tags, reports"))

@@ -60,7 +60,7 @@ def test_exact_dedup_on_normalised_text_keeps_first(ctx):
             chat(3, "What\u200b is 2+2?", "It is 4.")]
     keep, details, stats = resolve(ExactDedupConfig(), rows, ctx, parts=2)
     assert keep.tolist() == [True, False, True, False]
-    assert details[1] == {"duplicate_of": 0} and details[3] == {"duplicate_of": 0}
+    assert details[1] == {"duplicate_of": 1} and details[3] == {"duplicate_of": 1}   # row ids: 1-based lines
     assert stats["group_size_histogram"] == {"3": 1}
     keep, _, _ = resolve(ExactDedupConfig(key="prompt"), rows, ctx)
     assert keep.tolist() == [True, False, False, False]
@@ -110,7 +110,7 @@ def test_clusters_keep_exactly_one_member(ctx):
     rows.insert(2, {"text": " ".join(words(rng))})                            # unrelated
     keep, details, stats = resolve(NearDedupConfig(), rows, ctx)
     assert keep.tolist() == [True, False, True, False, False, False]
-    assert {d["kept_row"] for d in details if d} == {0}
+    assert {d["kept_row"] for d in details if d} == {1}
     assert all(d["jaccard"] >= 0.8 and "matched_row" in d for d in details if d)
     assert stats["clusters"] == 1
 

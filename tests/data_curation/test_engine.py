@@ -66,8 +66,9 @@ def test_full_run_accounting_quarantine_and_reports(tmp_path, bench_dir):
     assert "blank line" in reasons.values()
     assert "row is a JSON list, not an object" in reasons.values()
     by_step = {r["step"]: r for r in removed}
-    assert by_step["exact_dedup"]["detail"]["duplicate_of"] == 3
-    assert by_step["decontaminate"]["detail"]["benchmark"] == "gsm8k"
+    assert by_step["exact_dedup"]["detail"]["duplicate_of"] == 4   # the row id of r3: line 4
+    assert by_step["exact_dedup"]["source"].endswith("in.jsonl:" + str(by_step["exact_dedup"]["line"]))
+    assert by_step["decontaminate"]["detail"]["hits"][0]["benchmark"] == "gsm8k"
     assert by_step["harmful"]["detail"]["category"] == "weapons"
     cleaned = next(k for k in kept if k.get("id") == f"r{len(rows) - 3}")
     assert "\u200b" not in json.dumps(cleaned, ensure_ascii=False) and "password" in cleaned["messages"][1]["content"]

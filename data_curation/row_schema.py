@@ -7,12 +7,14 @@ Three row shapes are understood, tried in this order:
 - pair: `{"prompt": str, "response": str}` (either may be missing, not both);
 - text: `{"text": str}`, matched as a response with an empty prompt.
 Field names are configurable (`FieldMap`). A row that fits none of them, or whose fields
-have the wrong types, is quarantined with the reason.
+have the wrong types, is quarantined with the reason. `RowPolicy` says what happens to
+rows that parse but are suspect: a chat or pair row with a response and no prompt, and
+rows that repeat an earlier row's id.
 """
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from typing import Any, Callable, Literal, NamedTuple
 
 from pydantic import Field
 
@@ -31,15 +33,36 @@ class FieldMap(Strict):
     domain: str = Field("domain", description="field holding a domain label, if rows have one")
 
 
+class RowPolicy(Strict):
+    duplicate_ids: Literal["report", "quarantine_repeats", "quarantine_all"] = Field(
+        "report", description="rows whose id an earlier row has: report them (all kept), "
+        "quarantine every repeat (the first stays), or quarantine every row of a repeated id")
+    response_only: Literal["keep", "quarantine"] = Field(
+        "quarantine", description="chat/pair rows with a response but no prompt (always "
+        "counted in the report); `text` rows are response-only by design and always kept")
+
+
 class RowError(ValueError):
     """A row that cannot be used: the message is the quarantine reason."""
+
+
+class RowText(NamedTuple):
+    prompt: str
+    response: str
+    id: str | None
+    shape: Literal["chat", "pair", "text"]
+
+    @property
+    def response_only(self) -> bool:
+        """A chat/pair row that answers no prompt."""
+        return self.shape != "text" and not self.prompt.strip() and bool(self.response.strip())
 
 
 TURN_SEP = "\n\n"
 
 
-def extract(row: Any, fm: FieldMap) -> tuple[str, str, str | None]:
-    """(prompt, response, id) of a row, or RowError with the reason."""
+def extract(row: Any, fm: FieldMap) -> RowText:
+    """The matching texts, id and shape of a row, or RowError with the reason."""
     if not isinstance(row, dict):
         raise RowError(f"row is a JSON {type(row).__name__}, not an object")
     rid = row.get(fm.id) if fm.id else None
@@ -65,7 +88,7 @@ def extract(row: Any, fm: FieldMap) -> tuple[str, str, str | None]:
                 raise RowError(f"{fm.messages}[{i}].{fm.content_key} is {type(content).__name__}, "
                                "expected a string")
             (response if role in fm.response_roles else prompt).append(content)
-        return TURN_SEP.join(prompt), TURN_SEP.join(response), rid
+        return RowText(TURN_SEP.join(prompt), TURN_SEP.join(response), rid, "chat")
     has_p = row.get(fm.prompt) is not None
     has_r = row.get(fm.response) is not None
     if has_p or has_r:
@@ -73,12 +96,12 @@ def extract(row: Any, fm: FieldMap) -> tuple[str, str, str | None]:
             v = row.get(key)
             if v is not None and not isinstance(v, str):
                 raise RowError(f"field {key!r} is {type(v).__name__}, expected a string")
-        return row.get(fm.prompt) or "", row.get(fm.response) or "", rid
+        return RowText(row.get(fm.prompt) or "", row.get(fm.response) or "", rid, "pair")
     if row.get(fm.text) is not None:
         v = row[fm.text]
         if not isinstance(v, str):
             raise RowError(f"field {fm.text!r} is {type(v).__name__}, expected a string")
-        return "", v, rid
+        return RowText("", v, rid, "text")
     keys = ", ".join(sorted(map(str, row))[:12]) or "none"
     raise RowError(f"row has none of the fields {fm.messages!r}, {fm.prompt!r}/{fm.response!r}, "
                    f"{fm.text!r} (its keys: {keys})")
@@ -112,13 +135,14 @@ def map_texts(row: dict, fm: FieldMap, fn: Callable[[str, str], str]) -> bool:
 
 def dump_row(obj: Any) -> str:
     """A row as one JSON line: UTF-8 text, or \\u escapes where the text holds lone
-    surrogates (which UTF-8 cannot carry)."""
-    s = json.dumps(obj, ensure_ascii=False)
+    surrogates (which UTF-8 cannot carry). NaN and infinities raise ValueError: they are
+    not JSON, and a file holding them is not valid JSON lines."""
+    s = json.dumps(obj, ensure_ascii=False, allow_nan=False)
     if not s.isascii():
         try:
             s.encode("utf-8")
         except UnicodeEncodeError:
-            return json.dumps(obj)
+            return json.dumps(obj, allow_nan=False)
     return s
 
 

@@ -6,13 +6,14 @@ from typing import Annotated, Any, Union
 from pydantic import Field, TypeAdapter, ValidationError
 
 from data_curation._base import CurationError
-from data_curation.decontaminate import BenchmarkSpec, DecontaminateConfig
+from data_curation.benchmarks import BenchmarkSpec
+from data_curation.decontaminate import DecontaminateConfig
 from data_curation.domains import DomainTagConfig
 from data_curation.exact_dedup import ExactDedupConfig
 from data_curation.harmful import HarmfulConfig
 from data_curation.near_dedup import NearDedupConfig
 from data_curation.quality import QualityConfig
-from data_curation.step import StepConfig
+from data_curation.step_api import StepConfig
 
 CurationStep = Annotated[
     Union[QualityConfig, ExactDedupConfig, NearDedupConfig, DecontaminateConfig, HarmfulConfig,

@@ -39,20 +39,20 @@ def read_jsonl(path) -> list[dict]:
 def table(rows: list[dict]):
     """An internal parquet-part table for calling a step runner directly."""
     from data_curation.io import batch_table
-    from data_curation.rows import FieldMap, extract
+    from data_curation.row_schema import FieldMap, extract
 
     fm = FieldMap()
     cols = {c: [] for c in ("_row", "_src", "_line", "_id", "_raw", "_prompt", "_response")}
     for i, r in enumerate(rows):
-        p, resp, rid = extract(r, fm)
-        for k, v in zip(cols, (i, 0, i + 1, rid, json.dumps(r, ensure_ascii=False), p, resp)):
+        t = extract(r, fm)
+        for k, v in zip(cols, (i + 1, 0, i + 1, t.id, json.dumps(r, ensure_ascii=False), t.prompt, t.response)):
             cols[k].append(v)
     return batch_table(cols)
 
 
 @pytest.fixture
 def ctx(tmp_path):
-    from data_curation.rows import FieldMap
-    from data_curation.step import RunContext
+    from data_curation.row_schema import FieldMap
+    from data_curation.step_api import RunContext
 
     return RunContext(FieldMap(), {}, tmp_path / "work", 1, 1000, False)

@@ -25,11 +25,11 @@ from data_curation._base import Strict
 if TYPE_CHECKING:
     import numpy as np
 
-    from data_curation.rows import FieldMap
+    from data_curation.row_schema import FieldMap
 
 # modules whose source enters every step's cache key (besides the step's own module)
 CORE_MODULES = ("data_curation._base", "data_curation.normalize", "data_curation.hashing",
-                "data_curation.rows", "data_curation.step", "data_curation.io")
+                "data_curation.row_schema", "data_curation.step_api", "data_curation.io")
 
 
 def code_version(*modules: str) -> str:
@@ -82,8 +82,9 @@ class StepConfig(Strict):
         """What determines this step's output besides its input (enters the step's hash)."""
         return self.model_dump(mode="json", exclude={"name", "max_examples"})
 
-    def module(self) -> str:
-        return type(self).__module__
+    def modules(self) -> tuple[str, ...]:
+        """The modules whose code enters this step's hash (besides the core modules)."""
+        return (type(self).__module__,)
 
     def build(self, ctx: RunContext) -> "StepRunner":
         raise NotImplementedError

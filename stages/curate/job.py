@@ -1,6 +1,6 @@
 """The `curate` stage's job: fetch inputs, run data_curation, publish outputs and reports.
 
-    python -m stages.curate.run --job job.json
+    python -m stages.curate.job --job job.json
 """
 from __future__ import annotations
 
@@ -12,9 +12,14 @@ from typing import Any
 from data_curation import io
 from data_curation._base import CurationError
 from data_curation.engine import run_curation
-from pipeline.stage_api import StageJob
+from pipeline.stage_api import StageError, StageJob
 from pipeline.tracking import StageLogger, info
+from stages.common.entry import run_job
 from stages.curate.config import CurateConfig
+
+
+class CurateError(StageError):
+    """A curation problem the user can fix (data, config, benchmark list, missing step cache)."""
 
 
 def cache_url(stage_url: str, stage: str, override: str | None = None) -> str:
@@ -55,6 +60,9 @@ def _summary(report: dict[str, Any]) -> dict[str, Any]:
             "cache": report.get("cache_url"),
             "steps": [{"step": s["step"], "dir": s["dir"], "reused": s["reused"]}
                       for s in report["steps"]],
+            "contamination_items_found": {f"{s['step']}.{name}": b["items_found"]
+                                          for s in report["steps"] if s.get("kind") == "decontaminate"
+                                          for name, b in s["details"]["benchmarks"].items()},
             **({"domain_mix_after": report["domain_mix"]["after"]} if report.get("domain_mix") else {})}
 
 
@@ -72,48 +80,56 @@ def main(job: StageJob) -> dict[str, Any]:
         names[path] = url
     cache = cache_url(job.stage_url, job.stage, cfg.cache)
     info(f"curate: {len(cfg.data)} input(s), {len(cfg.steps)} step(s), step cache {cache}")
-    report = run_curation(
-        local, list(cfg.steps), str(out), storage_options=job.storage_options,
-        num_proc=cfg.num_proc, batch_size=cfg.batch_size, fields=cfg.fields, only=cfg.only,
-        cache_url=cache, progress=cfg.progress, output_format=cfg.output_format,
-        work_dir=Path(job.work_dir) / "curate", input_identity=input_identity(cfg.data, job.storage_options),
-        input_names=names, log=info)
+    try:
+        report = run_curation(
+            local, list(cfg.steps), str(out), storage_options=job.storage_options,
+            num_proc=cfg.num_proc, batch_size=cfg.batch_size, fields=cfg.fields,
+            row_policy=cfg.row_policy, only=cfg.only, cache_url=cache, progress=cfg.progress,
+            output_format=cfg.output_format, work_dir=Path(job.work_dir) / "curate",
+            input_identity=input_identity(cfg.data, job.storage_options), input_names=names, log=info)
+    except CurationError as e:
+        raise CurateError(str(e)) from e
     summary = _summary(report)
     (out / "stage_summary.json").write_text(json.dumps(summary, indent=2))
     log = StageLogger.for_job(job)
     c = report["counts"]
     log.metrics(0, {"input_rows": c["input_rows"], "kept": c["kept"], "removed": c["removed"],
                     "quarantined": c["quarantined"],
-                    **{f"removed.{k}": v for k, v in c["removed_by_step"].items()}})
-    for name in ("report.json", "report.md", "report.html"):
-        log.artifact(out / name, "curation")
+                    **{f"removed.{k}": v for k, v in c["removed_by_step"].items()},
+                    **contamination_metrics(out / "contamination.json")})
+    for name in ("report.json", "report.md", "report.html", "contamination.json"):
+        if (out / name).exists():
+            log.artifact(out / name, "curation")
+    check_kept(report, cfg.min_rows)
     return summary
 
 
-def rerun_stage(config: dict[str, Any], stage_url: str, stage: str, out_url: str, *,
-                only: list[str] | None = None, benchmarks_path: str | None = None,
-                storage_options: dict[str, Any] | None = None, num_proc: int | None = None,
-                progress: bool = True) -> dict[str, Any]:
-    """Rerun steps of a curate stage outside the pipeline, against its step cache.
+def contamination_metrics(manifest_path: Path) -> dict[str, float]:
+    """Per benchmark: benchmark items found in the input, training rows flagged, rows that
+    are the same template with new numbers (MLflow metrics; the manifest is an artifact)."""
+    if not manifest_path.exists():
+        return {}
+    out: dict[str, float] = {}
+    for step in json.loads(manifest_path.read_text())["steps"]:
+        for name, b in step["benchmarks"].items():
+            for key in ("items_found", "rows_flagged", "rows_new_numbers"):
+                out[f"contamination.{step['step']}.{name}.{key}"] = b[key]
+    return out
 
-    `config`: the stage's resolved config (data refs already URLs); `stage_url`: the
-    stage's artifact URL (any hash of it: the cache is shared); outputs go to `out_url`.
-    With `only`, every step before the named ones must be cached, else CurationError."""
-    from stages.curate.config import rerun_config
 
-    so = storage_options or {}
-    cfg = CurateConfig.model_validate(rerun_config(config, only, benchmarks_path))
-    return run_curation(
-        list(cfg.data), list(cfg.steps), out_url, storage_options=so,
-        num_proc=num_proc or cfg.num_proc, batch_size=cfg.batch_size, fields=cfg.fields,
-        only=cfg.only, cache_url=cache_url(stage_url, stage, cfg.cache), progress=progress,
-        output_format=cfg.output_format, input_identity=input_identity(cfg.data, so))
+def check_kept(report: dict[str, Any], min_rows: int) -> None:
+    """A curation that keeps fewer than `min_rows` rows fails the stage (its reports are
+    already in MLflow), naming where the rows went."""
+    c = report["counts"]
+    if c["kept"] >= min_rows:
+        return
+    removed = ", ".join(f"{k} {v}" for k, v in c["removed_by_step"].items() if v) or "none"
+    reasons = ", ".join(f"{k!r} {v}" for k, v in report["quarantine"]["reasons"].items()) or "none"
+    raise CurateError(
+        f"kept {c['kept']} of {c['input_rows']} input rows, fewer than min_rows = {min_rows}: "
+        f"removed by step: {removed}; quarantined {c['quarantined']} (reasons: {reasons}); "
+        "see report.md in the stage's MLflow run (artifacts/curation)")
 
 
 if __name__ == "__main__":
-    try:
-        main(StageJob.from_argv())
-    except CurationError as e:
-        print(f"curate: {e}", file=sys.stderr, flush=True)
-        sys.exit(2)
-    sys.exit(0)
+    sys.exit(run_job(main, "curate", (StageError,)))
