@@ -2,8 +2,9 @@
 
 Distributed kinds go through the `deepspeed` launcher (or `torchrun`) with the world
 size from the stage's resources: CPU = N local ranks on gloo, GPU = one rank per GPU,
-many nodes = a hostfile. Data stages run as one plain process. Output is streamed to
-the console with the stage name prefixed and saved to the stage's log file.
+many nodes = a hostfile. Data stages run as one plain process. Output is saved to the
+stage's log file and read as it comes (pipeline.job_output): progress and warnings reach the
+console (pipeline.console), and a failure is explained by what the job reported.
 
 A job runs in its own session under `pipeline.job_guard`, which takes the job's process
 group down if this process dies; this process stops the group itself when the run is told
@@ -18,13 +19,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from pipeline import interrupt
+from pipeline import console, interrupt
 from pipeline.interrupt import StageInterrupted
+from pipeline.job_output import JobOutput
 from pipeline.stage_api import Launcher, Resources
 
 # Keep NVLink multicast off in every process we start (see the device notes); harmless on CPU.
@@ -35,13 +36,24 @@ _CHILD_ENV = {
     "NVSHMEM_DISABLE_NVLS": "1",
     "TOKENIZERS_PARALLELISM": "false",
 }
-_TAIL_LINES = 40
 _POLL_S = 0.5
 _GRACE_S = 5.0  # per step of SIGINT -> SIGTERM -> SIGKILL
 
 
 class StageFailed(RuntimeError):
-    """A stage's job exited non-zero; the message carries its log tail."""
+    """A stage did not finish: its job exited non-zero, or a check refused to start it.
+
+    `str()` is one line (Prefect shows it as the task's state message); `reason` is the
+    whole explanation (a user error's message may span lines), `excerpt` the log lines that
+    explain a crash, `user_error` whether the user can fix it (nothing to retry)."""
+
+    def __init__(self, reason: str, *, stage: str | None = None, exit_code: int | None = None,
+                 excerpt: list[str] | None = None, user_error: bool = True, log_path: Path | None = None):
+        self.reason, self.stage, self.exit_code = reason, stage, exit_code
+        self.excerpt, self.user_error, self.log_path = list(excerpt or []), user_error, log_path
+        lines = [ln.strip() for ln in reason.splitlines() if ln.strip()]
+        one_line = " / ".join(lines)
+        super().__init__(f"stage {stage!r} failed: {one_line}" if stage else one_line)
 
 
 def free_port() -> int:
@@ -81,15 +93,17 @@ def build_command(entry: str, job_path: Path, resources: Resources, launcher: La
 class LaunchResult:
     returncode: int
     log_path: Path
+    output: JobOutput  # what the job reported: progress, first and last metric values
 
 
 def run_job(command: list[str], stage: str, log_path: Path, resources: Resources,
             extra_env: dict[str, str] | None = None, cwd: str | None = None,
-            must_stop: Callable[[], str | None] | None = None) -> LaunchResult:
-    """Run the job, stream its output prefixed with `[stage]`, save it to `log_path`.
+            must_stop: Callable[[], str | None] | None = None, kind: str | None = None) -> LaunchResult:
+    """Run the job, save its output to `log_path`, show its progress on the console.
 
-    A non-zero exit raises StageFailed with the log tail. A stop request of the run, or a
-    reason returned by `must_stop` (polled), stops the job's process group and raises
+    A non-zero exit raises StageFailed with what the job reported (a user error's message,
+    else the crash and the log lines around it). A stop request of the run, or a reason
+    returned by `must_stop` (polled), stops the job's process group and raises
     StageInterrupted; so does any exception here (Ctrl-C on the main thread) after stopping.
     """
     env = {**os.environ, **_CHILD_ENV, **(extra_env or {})}
@@ -101,7 +115,8 @@ def run_job(command: list[str], stage: str, log_path: Path, resources: Resources
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    tail: deque[str] = deque(maxlen=_TAIL_LINES)
+    output = JobOutput(stage, kind)
+    show = console.current()
     interrupt.raise_if_stopping(f"stage {stage!r}")
     guarded = [sys.executable, "-m", "pipeline.job_guard", str(os.getpid()), "--", *command]
     proc = subprocess.Popen(guarded, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
@@ -112,9 +127,7 @@ def run_job(command: list[str], stage: str, log_path: Path, resources: Resources
             for line in proc.stdout:  # type: ignore[union-attr]
                 log.write(line)
                 log.flush()
-                tail.append(line.rstrip("\n"))
-                sys.stdout.write(f"[{stage}] {line}")
-                sys.stdout.flush()
+                show.stage_output(stage, kind, output.feed(line), output)
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
@@ -128,9 +141,10 @@ def run_job(command: list[str], stage: str, log_path: Path, resources: Resources
     if stopped_because:
         raise StageInterrupted(f"stage {stage!r} was stopped: {stopped_because}. Log: {log_path}")
     if proc.returncode != 0:
-        raise StageFailed(f"stage {stage!r} failed: its job exited with code {proc.returncode}. "
-                          f"Log: {log_path}\n--- last lines ---\n" + "\n".join(tail))
-    return LaunchResult(proc.returncode, log_path)
+        failure = output.failure(proc.returncode)
+        raise StageFailed(failure.reason, stage=stage, exit_code=proc.returncode, excerpt=failure.excerpt,
+                          user_error=failure.user_error, log_path=log_path)
+    return LaunchResult(proc.returncode, log_path, output)
 
 
 def _wait(proc: subprocess.Popen, must_stop: Callable[[], str | None] | None) -> str | None:

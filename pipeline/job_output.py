@@ -1,0 +1,175 @@
+"""What the lines a stage job prints mean to the pipeline: progress, metrics, a user error,
+a warning, launcher chatter or plain text.
+
+Every line goes to the stage's log unchanged; the console (pipeline.console) shows only what
+the operator needs, and a failed job is explained from what this module kept. The protocol a
+stage job speaks (the stage side of it is `pipeline.tracking.StageLogger`):
+
+- `[metrics] {"step": N, "name": value, ...}`: one step's metrics (rank 0). The step also
+  counts as progress: N steps done.
+- `[progress] {"done": N, "total": T, "unit": "step"}`: how far the job is. A job declares its
+  total once at its start (`done` may be the step it resumed from); every key is optional, so
+  a stage that logs no metrics per unit of work (curation steps, generated files) reports
+  `done` alone as it goes.
+- `<stage> (<kind>) failed: <message>` (also `<name> failed: <message>`), printed by rank 0
+  before the job exits 2: a problem the user can fix (`stages.common.entry.run_job`). The
+  message continues on the following plain lines.
+- `<name>: warning: <text>`: something the operator should see even on a quiet console.
+
+Anything else is text: launcher chatter (DeepSpeed's timestamped log lines, deprecation
+warnings, library progress bars) is recognised so that a failure report leaves it out.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")  # torchrun's per-rank prefix
+_WARNING = re.compile(r"^(?:[\w.-]+: )?warning: ", re.IGNORECASE)
+_TRACEBACK = "Traceback (most recent call last):"
+# Lines that explain nothing about a failure (the launcher and libraries talking)
+_CHATTER = tuple(re.compile(p) for p in (
+    r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\] \[(?:INFO|WARNING|DEBUG|ERROR)\] \[[\w.]+:\d+:\w+\]",  # DeepSpeed
+    r"^DeepSpeed .* built successfully$",
+    r"^\S+\.py:\d+: (?:Future|Deprecation|User)Warning: ",
+    r"^\s+(?:return func\(|warnings\.warn\()",  # the source line Python prints under a warning
+    r"^[^|]{0,80}:\s+\d+%\|",  # a tqdm bar
+    r"^\S*(?:W|I)\d{4} \d\d:\d\d:\d\d",  # glog / torch elastic
+))
+FAILURE_LINES = 10  # lines of context shown for a job that crashed
+
+
+@dataclass
+class Line:
+    """One line of a job's output, as the pipeline reads it."""
+
+    kind: str  # metrics | progress | error | warning | chatter | text | blank
+    text: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def classify(raw: str, user_error_prefixes: tuple[str, ...] = ()) -> Line:
+    text = _RANK_PREFIX.sub("", raw.rstrip("\r\n"))
+    if not text.strip():
+        return Line("blank", text)
+    for marker, kind in (("[metrics] ", "metrics"), ("[progress] ", "progress")):
+        if text.startswith(marker):
+            try:
+                data = json.loads(text[len(marker):])
+            except ValueError:
+                return Line("text", text)
+            return Line(kind, text, data) if isinstance(data, dict) else Line("text", text)
+    for prefix in user_error_prefixes:
+        if text.startswith(prefix):
+            return Line("error", text, {"message": text[len(prefix):]})
+    if _WARNING.match(text):
+        return Line("warning", text)
+    if any(p.search(text) for p in _CHATTER):
+        return Line("chatter", text)
+    return Line("text", text)
+
+
+@dataclass
+class Progress:
+    done: int = 0
+    total: int | None = None
+    unit: str = "step"
+    first_seen: float | None = None  # when work was first reported (launch time excluded from rates)
+    first_done: int = 0
+
+    def update(self, done: int | None = None, total: int | None = None, unit: str | None = None) -> None:
+        if total is not None:
+            self.total = int(total)
+        if unit:
+            self.unit = str(unit)
+        if done is not None:
+            if self.first_seen is None:
+                self.first_seen, self.first_done = time.monotonic(), int(done)
+            self.done = max(self.done, int(done))
+
+    def rate(self) -> float | None:
+        """Units per second since work was first reported; None until there is one to say."""
+        if self.first_seen is None or self.done <= self.first_done:
+            return None
+        elapsed = time.monotonic() - self.first_seen
+        return (self.done - self.first_done) / elapsed if elapsed > 0 else None
+
+    def eta_s(self) -> float | None:
+        rate = self.rate()
+        if rate is None or self.total is None:
+            return None
+        return max(0.0, (self.total - self.done) / rate)
+
+
+@dataclass
+class JobFailure:
+    """Why a job failed, from its output: `reason` is what the operator reads first;
+    `excerpt` the log lines that explain a crash (empty for a user error)."""
+
+    reason: str
+    excerpt: list[str]
+    user_error: bool
+
+
+class JobOutput:
+    """Follows one job's output: its progress, each metric's first and last value, the user
+    error it reported, and the recent lines that could explain a crash."""
+
+    _KEEP = 400  # recent relevant lines (a traceback of each of several ranks fits)
+    _MAX_ERROR_LINES = 50
+
+    def __init__(self, stage: str, kind: str | None = None):
+        self.user_error_prefixes = tuple(f"{p} failed: " for p in
+                                         ([f"{stage} ({kind})", kind] if kind else []) + [stage])
+        self.progress = Progress()
+        self.first: dict[str, float] = {}
+        self.last: dict[str, float] = {}
+        self.error_lines: list[str] = []
+        self._in_error = False
+        self.relevant: deque[str] = deque(maxlen=self._KEEP)
+
+    def feed(self, raw: str) -> Line:
+        line = classify(raw, self.user_error_prefixes)
+        if self._in_error:  # a user error's message continues until something else speaks
+            if line.kind == "text" and not line.text.startswith(_TRACEBACK) \
+                    and len(self.error_lines) < self._MAX_ERROR_LINES:
+                self.error_lines.append(line.text)
+                return Line("error", line.text)
+            self._in_error = False
+        if line.kind == "metrics":
+            step = line.data.get("step")
+            for k, v in line.data.items():
+                if k != "step" and isinstance(v, (int, float)):
+                    self.first.setdefault(k, float(v))
+                    self.last[k] = float(v)
+            if isinstance(step, int) and step > 0:
+                self.progress.update(done=step)
+        elif line.kind == "progress":
+            d = line.data
+            self.progress.update(d.get("done") if isinstance(d.get("done"), int) else None,
+                                 d.get("total") if isinstance(d.get("total"), int) else None, d.get("unit"))
+        elif line.kind == "error":
+            self.error_lines, self._in_error = [line.data["message"]], True
+        elif line.kind in ("text", "warning"):
+            self.relevant.append(line.text)
+        return line
+
+    def failure(self, exit_code: int) -> JobFailure:
+        """What to tell the operator about a job that exited with `exit_code`. A user error
+        that rank 0 reported explains the failure whatever the code: the launcher may pass on
+        the code of a peer rank that died of rank 0's exit."""
+        if self.error_lines:
+            return JobFailure("\n".join(self.error_lines).strip(), [], True)
+        lines = list(self.relevant)
+        start = max((i for i, t in enumerate(lines) if t.startswith(_TRACEBACK)), default=None)
+        if start is not None:
+            block = lines[start:]
+            end = next((i for i, t in enumerate(block) if i > 0 and not t.startswith((" ", "\t"))
+                        and t != _TRACEBACK), len(block) - 1)
+            block = block[:end + 1]  # up to the exception line
+            return JobFailure(f"{block[-1]} (exit code {exit_code})", block[-FAILURE_LINES - 1:-1] or block, False)
+        return JobFailure(f"its job exited with code {exit_code}", lines[-FAILURE_LINES:], False)
