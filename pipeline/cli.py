@@ -132,14 +132,23 @@ def run(recipe: Path = RecipeArg, set_: list[str] = SetOpt,
         from_: Optional[str] = typer.Option(None, "--from", help="rerun this stage and everything after it"),
         force: list[str] = typer.Option([], "--force", help="rerun this stage (and its dependents)"),
         no_wait: bool = typer.Option(False, "--no-wait", help="fail instead of waiting when another "
-                                     "run is executing a stage")) -> None:
+                                     "run is executing a stage"),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="only each stage's start and finish, and errors"),
+        verbose: bool = typer.Option(False, "--verbose", "-v", help="also every line of every stage job "
+                                     "and Prefect's own logs")) -> None:
     """Run the recipe as a Prefect flow; published stages are skipped.
 
-    Ctrl-C or SIGTERM stops every running stage job (exit 130 / 143); nothing is published."""
+    Per stage: a start line, a progress line, a finish line; a failed stage is reported once,
+    and every failed stage is listed at the end (exit 1). Stage output is in each stage's
+    log. Ctrl-C or SIGTERM stops every running stage job (exit 130 / 143); nothing is published."""
     from pipeline.artifacts import ArtifactError
+    from pipeline.console import RunConsole, Verbosity, installed
+    from pipeline.flow import PipelineFailed
     from pipeline.launch import StageFailed
     from pipeline.orchestrate import run_recipe
 
+    if quiet and verbose:
+        _fail("run: --quiet and --verbose exclude each other", 2)
     r = _load(recipe, set_)
     p = _plan(r)
     try:
@@ -148,18 +157,34 @@ def run(recipe: Path = RecipeArg, set_: list[str] = SetOpt,
         _fail(str(e.args[0]), 2)
     params = {"recipe_path": str(recipe.resolve()), "overrides": list(set_), "only": only or None,
               "from_stage": from_, "force": force or None, "wait_if_running": not no_wait}
-    outcome = run_recipe(params, r.name, Path(r.defaults.work_dir))
+    verbosity = Verbosity.QUIET if quiet else Verbosity.VERBOSE if verbose else Verbosity.NORMAL
+    with installed(RunConsole(verbosity)):
+        outcome = run_recipe(params, r.name, Path(r.defaults.work_dir), verbosity)
     if outcome.interrupted:
         _fail(f"interrupted ({outcome.interrupted}): running stage jobs were stopped and nothing "
               f"unfinished was published\n{_resume_hint(recipe, set_, outcome)}", outcome.exit_code)
     error = outcome.error
+    if isinstance(error, PipelineFailed):
+        _list_results(error.results)
+        for name, failure in error.failures.items():
+            typer.secho(f"{name}: FAILED, {failure.summary()}" + (f"  (log: {failure.log})" if failure.log else ""),
+                        err=True, fg=typer.colors.RED)
+        for name in error.not_started:
+            typer.secho(f"{name}: not started (an upstream stage failed)", err=True, fg=typer.colors.RED)
+        # only store errors (outage, permissions): the user's to fix, like a recipe error
+        store_only = all(f.category == "store error" for f in error.failures.values())
+        _fail(f"{error}\n{_resume_hint(recipe, set_, outcome)}", 2 if store_only else 1)
     if isinstance(error, StageFailed):
         _fail(f"{error}\n{_resume_hint(recipe, set_, outcome)}", 1)
     if isinstance(error, ArtifactError):
         _fail(f"{error}\n{_resume_hint(recipe, set_, outcome)}", 2)
     if error is not None:
         raise error
-    for name, res in (outcome.results or {}).items():
+    _list_results(outcome.results or {})
+
+
+def _list_results(results: dict) -> None:
+    for name, res in results.items():
         extra = f" in {res['seconds']:.1f}s" if res["status"] == "ran" else ""
         typer.echo(f"{name}: {res['status']}{extra} -> {res['url']}")
 
@@ -173,8 +198,8 @@ def status(recipe: Path = RecipeArg, set_: list[str] = SetOpt) -> None:
     for s in p.stages:
         st = stage_state(p.store, s)
         typer.echo(f"{s.name:<16} {st.state:<11} {s.url}  mlflow run: {st.run_id or '-'}")
-        if st.detail:
-            typer.echo(f"    {st.detail}")
+        for line in (st.detail or "").splitlines():
+            typer.echo(f"    {line}")
         for w in st.warnings:
             typer.secho(f"    warning: {w}", fg=typer.colors.YELLOW)
 
@@ -272,7 +297,7 @@ def _curate_recipe_stage(recipe: Path, overrides: list[str], stage: str | None, 
     from pipeline.execute import ExecutionPolicy, StageTarget, execute
     from pipeline.launch import StageFailed
     from pipeline.plan import hash_payload, input_fingerprints, resolve_references, stage_hash
-    from pipeline.tracking import PipelineTracker
+    from pipeline.tracking import PipelineTracker, timestamped
     from stages.curate.config import CurateConfig, rerun_config
 
     r = _load(recipe, overrides)
@@ -295,8 +320,10 @@ def _curate_recipe_stage(recipe: Path, overrides: list[str], stage: str | None, 
                          h, p.store.stage_url(s.name, h), {d: (p[d].url, p[d].hash) for d in s.deps},
                          s.resources, s.launcher, r.defaults.seed, hash_payload(s.kind, cfg, upstream, inputs),
                          inputs)
-    tracker = PipelineTracker(r.tracking.uri, r.tracking.experiment or r.name, r.name,
-                              {"command": "curate", "stage": s.name, "only": only, "benchmarks": benchmarks})
+    tracker = PipelineTracker(r.tracking.uri, r.tracking.experiment or r.name, timestamped(f"{r.name} curate"),
+                              {"command": "curate", "stage": s.name, "only": only, "benchmarks": benchmarks},
+                              tags={"ring.recipe": r.name}, artifact_location=r.tracking.artifact_location,
+                              ui_url=r.tracking.ui_url)
     try:
         result = execute(target, p.store, Path(r.defaults.work_dir), ExecutionPolicy.of(r.storage), tracker)
     except StageFailed as e:

@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 import time
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-from pipeline import interrupt
+from pipeline import console, interrupt
 from pipeline.artifacts import (CHECKPOINTS, ArtifactError, ArtifactStore, StorageError, join,
                                 normalise_url, read_manifest)
 from pipeline.changes import code_record
+from pipeline.failures import StageFailure
 from pipeline.fingerprints import Fingerprint
 from pipeline.interrupt import StageInterrupted
 from pipeline.launch import build_command, run_job
@@ -32,7 +31,8 @@ from pipeline.lease import Lease, LeaseHeld, describe_holder, try_acquire
 from pipeline.plan import Plan, PlannedStage, hash_payload, input_fingerprints, resolve_references, stage_hash
 from pipeline.recipe import Defaults, StorageConfig
 from pipeline.stage_api import Launcher, Resources, StageJob
-from pipeline.tracking import PipelineTracker
+from pipeline.stage_metrics import describe, headline
+from pipeline.tracking import InputRef, PipelineTracker, timestamped
 from stages.curate.gate import check_eval_suite
 from stages.registry import STAGE_KINDS, StageKind
 
@@ -55,6 +55,8 @@ class StageRun:
     seconds: float = 0.0
     run_id: str | None = None
     summary: dict | None = None
+    headline: dict[str, list[float]] = field(default_factory=dict)  # pipeline.stage_metrics.headline
+    run_link: str | None = None  # the stage's MLflow run: its UI URL, or how to open it
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -101,18 +103,23 @@ class ExecutionPolicy:
 def execute(target: StageTarget, store: ArtifactStore, work_root: Path, policy: ExecutionPolicy,
             tracker: PipelineTracker | None = None, force: bool = False) -> StageRun:
     if store.is_done(target.url) and not force:
-        return StageRun(target.name, "skipped", target.url, target.hash)
+        return _skipped(target)
     for dep, (url, _) in target.upstream.items():
         if not store.is_done(url):
             raise ArtifactError(f"stage {target.name!r} needs the output of {dep!r} ({url}), which is "
                                 f"not published: run {dep!r} first (drop --only)")
     lease = _acquire(target, store, policy, tracker, force)
     if lease is None:  # another run published it while we waited
-        return StageRun(target.name, "skipped", target.url, target.hash)
+        return _skipped(target)
     try:
         return _execute_leased(target, store, Path(work_root), policy, tracker, force, lease)
     finally:
         lease.release()
+
+
+def _skipped(target: StageTarget) -> StageRun:
+    console.current().stage_finished(target.name, f"cached    -> {target.url}")
+    return StageRun(target.name, "skipped", target.url, target.hash)
 
 
 def _acquire(target: StageTarget, store: ArtifactStore, policy: ExecutionPolicy,
@@ -134,8 +141,8 @@ def _acquire(target: StageTarget, store: ArtifactStore, policy: ExecutionPolicy,
                                    f"({target.url}); wait for it, or rerun without --no-wait") from None
             if waiting_since is None:
                 waiting_since = time.time()
-                print(f"stage {target.name}: already running since {describe_holder(e.holder)}; "
-                      "waiting for it", flush=True)
+                console.current().stage_note(target.name, f"already running since {describe_holder(e.holder)}; "
+                                             "waiting for it")
         deadline = time.time() + _WAIT_POLL_S
         while time.time() < deadline:
             interrupt.raise_if_stopping(f"stage {target.name!r}")
@@ -143,8 +150,8 @@ def _acquire(target: StageTarget, store: ArtifactStore, policy: ExecutionPolicy,
         if store.is_done(target.url) and not force:
             return None
     if lease.taken_over:
-        print(f"stage {target.name}: taking over from a run that stopped heartbeating "
-              f"({describe_holder(lease.taken_over)}); it resumes from its last checkpoint", flush=True)
+        console.current().stage_note(target.name, "taking over from a run that stopped heartbeating "
+                                     f"({describe_holder(lease.taken_over)}); it resumes from its last checkpoint")
         if tracker:
             tracker.mark_killed(lease.taken_over)
     if store.is_done(target.url) and not force:
@@ -163,7 +170,9 @@ def _execute_leased(target: StageTarget, store: ArtifactStore, work_root: Path, 
         store.unpublish(target.url)
         store.remove(target.url, CHECKPOINTS)
 
-    run_id = tracker.start_stage(target.name, target.kind.name, target.hash, target.config) if tracker else None
+    run_id = tracker.start_stage(target.name, target.kind.name, target.hash, target.config, input_refs(target),
+                                 f"{target.kind.name} stage `{target.name}` -> {target.url}") if tracker else None
+    run_link = tracker.run_link(run_id) if tracker and run_id else None
     lease.update(run_id=run_id, work_dir=str(work))
     job = StageJob(recipe=target.recipe, stage=target.name, kind=target.kind.name, hash=target.hash,
                    config=target.config, stage_url=target.url, storage_options=store.storage_options,
@@ -174,11 +183,14 @@ def _execute_leased(target: StageTarget, store: ArtifactStore, work_root: Path, 
     job.write(job_path)
     command = build_command(target.kind.entry, job_path, target.resources, target.launcher,
                             target.kind.distributed)
+    show = console.current()
+    show.stage_started(target.name, f"{target.kind.name}, {target.launcher} on {target.resources.world_size} "
+                                    "ranks" if target.kind.distributed else target.kind.name)
     started = time.time()
     try:
         check_eval_suite(target.name, target.config, store.storage_options)
-        run_job(command, target.name, log_path, target.resources,
-                must_stop=lambda: lease.lost and f"its {target.url}/_RUNNING lease was lost: {lease.lost}")
+        launched = run_job(command, target.name, log_path, target.resources, kind=target.kind.name,
+                           must_stop=lambda: lease.lost and f"its {target.url}/_RUNNING lease was lost: {lease.lost}")
         if lease.lost:  # lost after the job's last poll: publishing could overwrite the new holder's
             raise StageInterrupted(f"stage {target.name!r} was stopped before publishing: its lease "
                                    f"was lost: {lease.lost}")
@@ -198,31 +210,71 @@ def _execute_leased(target: StageTarget, store: ArtifactStore, work_root: Path, 
         }
         store.publish(output_dir, target.url, manifest)
     except BaseException as e:
-        _record_failure(store, target, e, log_path, run_id, lease.owner)
+        failure = StageFailure.of(target.name, e, log=str(log_path), run_id=run_id, run_link=run_link,
+                                  attempt=lease.owner)
+        e.failure = failure  # type: ignore[attr-defined] - read by pipeline.flow, pickled along with e
+        _record_failure(store, target, failure)
+        show.stage_failed(target.name, f"after {time.time() - started:.1f}s, " + failure.report())
         if tracker and run_id:
-            stopped = isinstance(e, (StageInterrupted, KeyboardInterrupt))
-            tracker.end_stage_quietly(run_id, "KILLED" if stopped else "FAILED", [log_path])
+            tracker.end_stage_quietly(run_id, "KILLED" if failure.interrupted else "FAILED", [log_path])
         raise
     try:
         store.prune_checkpoints(target.url, policy.keep_checkpoints)
         store.remove(target.url, FAILED)
     except StorageError as e:  # the artifact is published; leftovers are for `gc`
-        print(f"stage {target.name}: warning: {e}", file=sys.stderr, flush=True)
+        show.stage_note(target.name, f"warning: {e}")
+    numbers = headline(target.kind.name, launched.output.first, launched.output.last)
     if tracker and run_id:
+        _plot(tracker, run_id, target)
         tracker.end_stage(run_id, "FINISHED", [log_path, *([summary_path] if summary else [])])
-    return StageRun(target.name, "ran", target.url, target.hash, finished - started, run_id, summary)
+    show.stage_finished(target.name, "  ".join(p for p in (f"done in {finished - started:.1f}s", describe(numbers),
+                                                            f"-> {target.url}") if p))
+    return StageRun(target.name, "ran", target.url, target.hash, finished - started, run_id, summary, numbers,
+                    run_link)
 
 
-def _record_failure(store: ArtifactStore, target: StageTarget, error: BaseException,
-                    log_path: Path, run_id: str | None, attempt: str) -> None:
-    """A `_FAILED` note next to the stage's outputs, for `ring-pipeline status`."""
-    message = str(error) or traceback.format_exception_only(type(error), error)[-1]
-    interrupted = isinstance(error, (StageInterrupted, KeyboardInterrupt))
+def _plot(tracker: PipelineTracker, run_id: str, target: StageTarget) -> None:
+    """The stage's main curves as PNGs in its MLflow run; a plot that fails is not the
+    stage's failure (its artifact is published)."""
     try:
-        store.write_note(target.url, FAILED, {"time": time.time(), "error": message[-4000:],
-                                              "run_id": run_id, "type": type(error).__name__,
-                                              "interrupted": interrupted, "attempt": attempt,
-                                              "log": str(log_path)})
+        tracker.plot_main_curves(run_id, target.kind.name, target.name)
+    except Exception as e:  # noqa: BLE001 - matplotlib or the tracking store; the stage is done
+        console.current().stage_note(target.name, f"warning: no plots of its curves: {type(e).__name__}: {e}")
+
+
+def _strings(value: Any, path: str = "") -> Iterator[tuple[str, str]]:
+    """(key path, value) of every string in a config, e.g. (`tokenizer.corpus[0]`, url)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _strings(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _strings(v, f"{path}[{i}]")
+    elif isinstance(value, str):
+        yield path, value
+
+
+def input_refs(target: StageTarget) -> list[InputRef]:
+    """The stage's inputs for MLflow: what it reads of upstream artifacts (with their hash)
+    and its external inputs (with their content fingerprint)."""
+    refs = []
+    for key, value in _strings(target.config):
+        if value in target.inputs:
+            fp = target.inputs[value]
+            refs.append(InputRef(value.rstrip("/").rsplit("/", 1)[-1], value, fp.digest, "external", key, fp.summary))
+            continue
+        for dep, (url, h) in target.upstream.items():
+            if value == url or value.startswith(url.rstrip("/") + "/"):
+                name = dep + value[len(url.rstrip("/")):]
+                refs.append(InputRef(name, value, h, "upstream", key, f"output of stage {dep}"))
+                break
+    return refs
+
+
+def _record_failure(store: ArtifactStore, target: StageTarget, failure: StageFailure) -> None:
+    """A `_FAILED` note next to the stage's outputs, for `ring-pipeline status`."""
+    try:
+        store.write_note(target.url, FAILED, failure.as_note())
     except StorageError:  # the original error matters more than the note
         pass
 
@@ -267,7 +319,8 @@ def run_stage(kind: str, config: dict[str, Any], *, stage: str, storage: str,
                           resources=resources, launcher=launcher, recipe=recipe,
                           storage_options=opts, seed=seed)
     store = ArtifactStore(join(storage, recipe), opts)
-    tracker = PipelineTracker(tracking_uri, experiment, recipe, {}) if tracking_uri else None
+    tracker = PipelineTracker(tracking_uri, experiment, timestamped(recipe), {},
+                              tags={"ring.recipe": recipe}) if tracking_uri else None
     policy = ExecutionPolicy.of(StorageConfig(url=storage, options=opts))
     try:
         result = execute(target, store, work_root, policy, tracker, force)

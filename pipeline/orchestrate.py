@@ -9,6 +9,8 @@
 - Against a Prefect server the run is a flow run of the recipe's deployment
   (`ring-pipeline/<recipe name>`, the one `ring-pipeline serve` serves), so a failed run
   can be retried from the Prefect UI: the retry runs wherever that deployment is served.
+- The console is pipeline.console's: Prefect's own console log lines of flow and task runs
+  (and MLflow's set-up chatter) are shown only when verbose; they still reach the Prefect UI.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import interrupt
+from pipeline.console import Verbosity
 
 _AFTER_STOP_WAIT_S = 60.0  # the flow thread's time to record a stop before we exit anyway
 
@@ -33,11 +36,13 @@ class RunOutcome:
     exit_code: int = 0  # when interrupted: 130 (SIGINT) or 143 (SIGTERM)
     flow_run_id: str | None = None
     deployment: str | None = None  # "flow/deployment" when the run belongs to one
+    verbosity: Verbosity = Verbosity.NORMAL
 
 
-def run_recipe(params: dict[str, Any], deployment_name: str, work_dir: Path) -> RunOutcome:
+def run_recipe(params: dict[str, Any], deployment_name: str, work_dir: Path,
+               verbosity: Verbosity = Verbosity.NORMAL) -> RunOutcome:
     """Run `pipeline_flow(**params)` to its end or until a signal stops it."""
-    outcome = RunOutcome()
+    outcome = RunOutcome(verbosity=verbosity)
     user_api = os.environ.get("PREFECT_API_URL")
     with interrupt.signals_stop_the_run():
         if user_api:
@@ -74,30 +79,48 @@ def _wait_for(worker: threading.Thread) -> None:
     worker.join(_AFTER_STOP_WAIT_S)
 
 
-class _NoTracebackForUserErrors(logging.Filter):
-    """Prefect logs a failed task and flow with the traceback; for a failed stage job, a
-    store error or a stop, the message is the whole story (the CLI prints it once more)."""
+class _PrefectConsoleFilter(logging.Filter):
+    """Prefect's console lines. Verbose: all, but a failed task or flow without the traceback
+    when the message is the whole story (a failed stage job, a store error, a stop). Otherwise
+    none of the flow and task run lines: pipeline.console says what happened to each stage."""
+
+    def __init__(self, verbosity: Verbosity):
+        super().__init__()
+        self.verbosity = verbosity
 
     def filter(self, record: logging.LogRecord) -> bool:
         from pipeline.artifacts import ArtifactError
+        from pipeline.flow import PipelineFailed
         from pipeline.launch import StageFailed
 
-        if record.exc_info and isinstance(record.exc_info[1], (StageFailed, ArtifactError,
+        if self.verbosity < Verbosity.VERBOSE and record.name.startswith(("prefect.flow_runs", "prefect.task_runs")):
+            return False
+        if record.exc_info and isinstance(record.exc_info[1], (StageFailed, ArtifactError, PipelineFailed,
                                                               interrupt.StageInterrupted)):
             record.exc_info, record.exc_text = None, None
         return True
 
 
 @contextlib.contextmanager
-def _quiet_user_error_tracebacks() -> Any:
+def _console_logging(verbosity: Verbosity) -> Any:
+    from prefect.logging.handlers import APILogHandler
+
     names = [n for n in logging.root.manager.loggerDict if n.startswith("prefect")]
-    handlers = {h for n in (None, *names) for h in logging.getLogger(n).handlers}
-    quiet = _NoTracebackForUserErrors()
+    handlers = {h for n in (None, *names) for h in logging.getLogger(n).handlers
+                if not isinstance(h, APILogHandler)}  # the Prefect UI gets every line
+    quiet = _PrefectConsoleFilter(verbosity)
     for h in handlers:
         h.addFilter(quiet)
+    import mlflow  # noqa: F401 - configures its loggers on import: before ours is set below
+
+    mlflow_logger = logging.getLogger("mlflow")
+    mlflow_level = mlflow_logger.level
+    if verbosity < Verbosity.VERBOSE:
+        mlflow_logger.setLevel(logging.WARNING)  # "Creating initial MLflow database tables..."
     try:
         yield
     finally:
+        mlflow_logger.setLevel(mlflow_level)
         for h in handlers:
             h.removeFilter(quiet)
 
@@ -108,7 +131,7 @@ def _run_flow(params: dict[str, Any], api: str, deployment_name: str | None, out
     from pipeline.flow import pipeline_flow
 
     try:
-        with temporary_settings(updates={PREFECT_API_URL: api}), _quiet_user_error_tracebacks():
+        with temporary_settings(updates={PREFECT_API_URL: api}), _console_logging(outcome.verbosity):
             if deployment_name:
                 outcome.results = _run_as_deployment(pipeline_flow, params, deployment_name, outcome)
             else:

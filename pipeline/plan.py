@@ -2,7 +2,7 @@
 
 Stage hash = sha256(kind, the config keys that affect results, upstream stage hashes, the
 content fingerprints of external inputs, the stage kind's declared `version`). Cosmetic keys
-(log intervals, resources, launcher) stay out, so moving a run to other hardware or changing
+(log intervals, resources, launcher, retries) stay out, so moving a run to other hardware or changing
 a log interval reuses artifacts. The kind's source code stays out too: a comment or a
 refactor must not rerun days of training; a change that alters results bumps `version`
 (the source digest is recorded in the manifest, and `plan` warns when it drifts).
@@ -23,7 +23,7 @@ from pipeline.stage_api import Launcher, Resources, StageConfig
 from stages.registry import STAGE_KINDS, StageKind
 
 # StageConfig keys that never change results
-_EXECUTION_KEYS = {"resources", "launcher"}
+_EXECUTION_KEYS = {"resources", "launcher", "retry"}
 
 
 def result_config(model: BaseModel) -> Any:

@@ -5,7 +5,7 @@ from typing import Annotated, Any, Iterator, Union
 
 from pydantic import Field, field_validator, model_validator
 
-from pipeline.stage_api import REFERENCE_RE, Launcher, Resources, StageConfig, Strict
+from pipeline.stage_api import REFERENCE_RE, Launcher, Resources, RetryPolicy, StageConfig, Strict
 from stages.registry import STAGE_KINDS
 
 
@@ -21,11 +21,17 @@ class StorageConfig(Strict):
 class TrackingConfig(Strict):
     uri: str = Field("sqlite:///.ring/mlflow.db", description="MLflow tracking URI")
     experiment: str | None = Field(None, description="MLflow experiment (default: the recipe name)")
+    artifact_location: str | None = Field(
+        None, description="where a new experiment keeps its artifacts (default: `mlartifacts` beside a "
+        "SQLite tracking DB; the tracking server's choice otherwise)")
+    ui_url: str | None = Field(None, description="the MLflow UI's address, for links to runs (default: the "
+                               "tracking URI when it is a server; e.g. http://127.0.0.1:5000 for `mlflow ui`)")
 
 
 class Defaults(Strict):
     resources: Resources = Resources()
     launcher: Launcher = "deepspeed"
+    retry: RetryPolicy = RetryPolicy()
     seed: int = 0
     work_dir: str = Field(".ring/work", description="local scratch for stage jobs")
     input_hash_max_bytes: int = Field(
@@ -119,6 +125,17 @@ class Recipe(Strict):
 
     def stage_launcher(self, name: str) -> Launcher:
         return self.stages[name].launcher or self.defaults.launcher
+
+    def stage_retry(self, name: str) -> tuple[int, float]:
+        """(retries, delay in seconds) of a stage: its own `retry`, else `defaults.retry`;
+        retries unset anywhere: 1 for a data stage, 0 for a training (distributed) one."""
+        own, default = self.stages[name].retry, self.defaults.retry
+        retries = next((p.retries for p in (own, default) if p is not None and p.retries is not None), None)
+        if retries is None:
+            retries = 0 if STAGE_KINDS[self.stages[name].kind].distributed else 1
+        delay = own.retry_delay_s if own is not None and "retry_delay_s" in own.model_fields_set \
+            else default.retry_delay_s
+        return retries, delay
 
 
 def _check_acyclic(deps: dict[str, list[str]]) -> None:

@@ -60,12 +60,22 @@ class Resources(Strict):
 Launcher = Literal["deepspeed", "torchrun", "local"]
 
 
+class RetryPolicy(Strict):
+    """Prefect task retries of a stage (pipeline.flow); user errors are never retried."""
+
+    retries: int | None = Field(None, ge=0, description="attempts after a failure that is not the user's "
+                                "to fix (a crash, a store outage); unset: 1 for data stages, 0 for "
+                                "distributed (training) stages")
+    retry_delay_s: float = Field(10.0, ge=0, description="wait before each retry")
+
+
 class StageConfig(Strict):
     """Base of every stage kind's config. Subclasses add `kind: Literal[...]`."""
 
     kind: str
     resources: Resources | None = Field(None, description="overrides defaults.resources")
     launcher: Launcher | None = Field(None, description="overrides defaults.launcher")
+    retry: RetryPolicy | None = Field(None, description="overrides defaults.retry")
     log_every: int = cosmetic(1, ge=1, description="metrics logging interval (steps)")
     eval_suite: EvalSuite | None = cosmetic(None, description="the evaluation suite this stage is "
                                             "judged on: the pipeline does not start the stage while "

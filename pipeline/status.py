@@ -2,8 +2,9 @@
 
 - running: a live `_RUNNING` lease (a stage being forced to rerun shows running too);
 - done: `_SUCCESS` (with a warning when the code that made it drifted);
-- failed / interrupted: the `_FAILED` note of the latest attempt, or a lease whose
-  heartbeat stopped (its run was killed: a later run takes it over and resumes);
+- failed / interrupted: the `_FAILED` note of the latest attempt (what failed, the stage log,
+  the MLflow run: pipeline.failures), or a lease whose heartbeat stopped (its run was
+  killed: a later run takes it over and resumes);
 - pending: nothing yet;
 - error: the store could not answer (outage, permissions, a corrupt manifest): never a crash.
 """
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from pipeline.artifacts import ArtifactError, ArtifactStore
 from pipeline.changes import code_drift
 from pipeline.execute import read_failure
+from pipeline.failures import StageFailure
 from pipeline.lease import describe_holder, is_live, read_lease
 from pipeline.plan import PlannedStage
 
@@ -47,9 +49,8 @@ def stage_state(store: ArtifactStore, stage: PlannedStage) -> StageState:
                               f"(started {describe_holder(lease)}); a new run takes over and resumes")
         if failure is not None:
             state = "interrupted" if failure.get("interrupted") else "failed"
-            first_line = str(failure.get("error", "")).strip().splitlines()[:1]
-            return StageState(state, failure.get("run_id"),
-                              f"{_when(float(failure.get('time', 0)))}: {first_line[0] if first_line else '?'}")
+            report = StageFailure.from_note(stage.name, failure).report()
+            return StageState(state, failure.get("run_id"), f"{_when(float(failure.get('time', 0)))}: {report}")
         return StageState("pending")
     except ArtifactError as e:
         return StageState("error", None, str(e))

@@ -3,6 +3,13 @@
 The pipeline process opens the runs; a stage's own processes log into their stage run
 by id (`StageLogger`), rank 0 only, so no process needs an active-run context.
 
+A parent run is named `{recipe} {time}` (the Prefect flow run has the same name), carries
+the recipe's description, the git commit and the recipe as given and as resolved, and
+links to its Prefect flow run. A stage run records its input datasets with their URLs and,
+when it ends, plots of its main curves (pipeline.plots). An experiment this module creates
+keeps its artifacts next to a SQLite tracking DB (`.ring/mlartifacts`), not in `./mlruns`
+of whatever directory a run started in, and opens on its runs in the MLflow UI.
+
 Two runs may share one SQLite tracking DB: creating its tables and the experiment is done
 under a lock file next to the DB (two runs starting at once raced there).
 """
@@ -13,10 +20,15 @@ import json
 import math
 import os
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 _MAX_PARAM = 500  # MLflow's limit on a param value's length
+_MAX_TAG = 5000  # and a tag value's (mlflow.note.content included)
+# MLflow 3's UI opens an experiment without this tag on its GenAI overview
+_EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 
 
 def _client(uri: str):
@@ -43,6 +55,19 @@ def _setup_lock(uri: str) -> Iterator[None]:
         yield
 
 
+def default_artifact_location(uri: str) -> str | None:
+    """Where a new experiment keeps its artifacts: beside a SQLite DB; elsewhere (a tracking
+    server, a file store) where the store puts them."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri[len("sqlite:///"):]).resolve().parent / "mlartifacts").as_uri()
+    return None
+
+
+def timestamped(name: str, when: float | None = None) -> str:
+    """`tiny 2026-11-26 10:35:55`: how runs of a recipe are told apart (Prefect and MLflow)."""
+    return f"{name} {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(when))}"
+
+
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
     out: dict[str, str] = {}
     for k, v in d.items():
@@ -55,32 +80,78 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
+@dataclass(frozen=True)
+class InputRef:
+    """A stage input to record as an MLflow dataset input."""
+
+    name: str  # `data/sft.jsonl` (an upstream stage's output) or the file's name: with the
+    # digest, what MLflow tells datasets apart by
+    url: str
+    digest: str  # its upstream artifact's hash or its content fingerprint
+    context: str  # "upstream" (another stage's artifact) or "external"
+    key: str  # where the stage config names it, e.g. `tokenizer.corpus[0]`
+    summary: str = ""
+
+
+def _dataset_input(ref: InputRef):
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    scheme = ref.url.split("://", 1)[0] if "://" in ref.url else "local"
+    source = json.dumps({"uri": ref.url if "://" in ref.url else Path(ref.url).resolve().as_uri()})
+    profile = json.dumps({"summary": ref.summary}) if ref.summary else None
+    return DatasetInput(Dataset(ref.name, ref.digest[:12], "local" if scheme == "file" else scheme, source,
+                                profile=profile),
+                        [InputTag("mlflow.data.context", ref.context), InputTag("ring.config_key", ref.key)])
+
+
 class PipelineTracker:
     """Opened by the pipeline process: the parent run and the per-stage nested runs.
 
     Prefect tasks may run in other threads or processes: they `attach` by handle.
     """
 
-    def __init__(self, uri: str, experiment: str, recipe_name: str, params: dict[str, Any]):
-        self.uri = uri
+    def __init__(self, uri: str, experiment: str, run_name: str, params: dict[str, Any], *,
+                 description: str = "", tags: dict[str, str] | None = None,
+                 artifact_location: str | None = None, ui_url: str | None = None):
+        self.uri, self.ui_url = uri, _ui_url(uri, ui_url)
         with _setup_lock(uri):
             self.client = _client(uri)
             exp = self.client.get_experiment_by_name(experiment)
-            self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(experiment)
-        run = self.client.create_run(self.experiment_id, run_name=recipe_name,
-                                     tags={"ring.recipe": recipe_name, "ring.kind": "pipeline"})
+            self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(
+                experiment, artifact_location=artifact_location or default_artifact_location(uri),
+                tags=_EXPERIMENT_KIND)
+        from pipeline.changes import git_commit
+
+        all_tags = {"ring.kind": "pipeline", **(tags or {})}
+        if description:
+            all_tags["mlflow.note.content"] = description[:_MAX_TAG]
+        commit = git_commit()
+        if commit:
+            all_tags["mlflow.source.git.commit"] = commit
+        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=all_tags)
         self.parent_id = run.info.run_id
         self._log_params(self.parent_id, params)
 
-    def handle(self) -> dict[str, str]:
-        return {"uri": self.uri, "experiment_id": self.experiment_id, "parent_id": self.parent_id}
+    def handle(self) -> dict[str, str | None]:
+        return {"uri": self.uri, "experiment_id": self.experiment_id, "parent_id": self.parent_id,
+                "ui_url": self.ui_url}
 
     @classmethod
-    def attach(cls, uri: str, experiment_id: str, parent_id: str) -> "PipelineTracker":
+    def attach(cls, uri: str, experiment_id: str, parent_id: str, ui_url: str | None = None) -> "PipelineTracker":
         self = cls.__new__(cls)
-        self.uri, self.experiment_id, self.parent_id = uri, experiment_id, parent_id
+        self.uri, self.experiment_id, self.parent_id, self.ui_url = uri, experiment_id, parent_id, ui_url
         self.client = _client(uri)
         return self
+
+    def run_url(self, run_id: str) -> str | None:
+        """The run's page in the MLflow UI, when the UI's address is known."""
+        if not self.ui_url:
+            return None
+        return f"{self.ui_url}/#/experiments/{self.experiment_id}/runs/{run_id}"
+
+    def run_link(self, run_id: str) -> str:
+        """The run's page, or how to open it (`mlflow ui` on a local tracking store)."""
+        return self.run_url(run_id) or f"{run_id} (open with: mlflow ui --backend-store-uri {self.uri})"
 
     def _log_params(self, run_id: str, params: dict[str, Any]) -> None:
         from mlflow.entities import Param
@@ -89,13 +160,39 @@ class PipelineTracker:
         for i in range(0, len(items), 100):
             self.client.log_batch(run_id, params=items[i:i + 100])
 
-    def start_stage(self, stage: str, kind: str, stage_hash: str, config: dict[str, Any]) -> str:
-        run = self.client.create_run(
-            self.experiment_id, run_name=stage,
-            tags={"mlflow.parentRunId": self.parent_id, "ring.stage": stage,
-                  "ring.kind": kind, "ring.hash": stage_hash})
+    def set_tags(self, tags: dict[str, str], run_id: str | None = None) -> None:
+        for k, v in tags.items():
+            self.client.set_tag(run_id or self.parent_id, k, str(v)[:_MAX_TAG])
+
+    def attach_text(self, text: str, name: str, run_id: str | None = None) -> None:
+        """A text file among the run's artifacts (the recipe, as given and as resolved)."""
+        self.client.log_text(run_id or self.parent_id, text, name)
+
+    def start_stage(self, stage: str, kind: str, stage_hash: str, config: dict[str, Any],
+                    inputs: list[InputRef] = (), description: str = "") -> str:
+        from pipeline.changes import git_commit
+
+        tags = {"mlflow.parentRunId": self.parent_id, "ring.stage": stage, "ring.kind": kind, "ring.hash": stage_hash}
+        if description:
+            tags["mlflow.note.content"] = description[:_MAX_TAG]
+        commit = git_commit()
+        if commit:
+            tags["mlflow.source.git.commit"] = commit
+        run = self.client.create_run(self.experiment_id, run_name=stage, tags=tags)
         self._log_params(run.info.run_id, config)
+        if inputs:
+            self._log_inputs(run.info.run_id, inputs)
         return run.info.run_id
+
+    def _log_inputs(self, run_id: str, inputs: list[InputRef]) -> None:
+        """Dataset inputs: bookkeeping, never a reason for the stage to fail. Serialised: two
+        stages recording one dataset at once collide in MLflow's get-or-create."""
+        try:
+            with _setup_lock(self.uri):
+                self.client.log_inputs(run_id, datasets=[_dataset_input(r) for r in inputs])
+        except Exception as e:  # noqa: BLE001
+            print(f"warning: could not record the input datasets of MLflow run {run_id}: {e}",
+                  file=sys.stderr, flush=True)
 
     def end_stage(self, run_id: str, status: str, artifacts: list[Path] = ()) -> None:
         for p in artifacts:
@@ -109,6 +206,12 @@ class PipelineTracker:
             self.end_stage(run_id, status, artifacts)
         except Exception as e:  # noqa: BLE001
             print(f"warning: could not mark MLflow run {run_id} {status}: {e}", file=sys.stderr, flush=True)
+
+    def plot_main_curves(self, run_id: str, kind: str, stage: str) -> str | None:
+        """PNG plots of the stage's main curves among its run's artifacts (pipeline.plots)."""
+        from pipeline.plots import log_main_curves
+
+        return log_main_curves(self.client, run_id, kind, stage)
 
     def mark_killed(self, holder: dict[str, Any]) -> None:
         """The MLflow runs of a dead executor whose stage lease was taken over: KILLED, not
@@ -130,12 +233,29 @@ class PipelineTracker:
     def end(self, status: str) -> None:
         self.client.set_terminated(self.parent_id, status)
 
+    def discard(self) -> None:
+        """A run in which nothing ran (every stage published already) leaves no parent run
+        behind: deleted (MLflow keeps it in its trash until `mlflow gc`)."""
+        self.client.set_terminated(self.parent_id, "FINISHED")
+        self.client.delete_run(self.parent_id)
+
+
+def _ui_url(uri: str, ui_url: str | None) -> str | None:
+    """The MLflow UI's address: given, or the tracking server's own."""
+    if ui_url:
+        return ui_url.rstrip("/")
+    return uri.rstrip("/") if uri.startswith(("http://", "https://")) else None
+
 
 class StageLogger:
-    """Used inside a stage's processes: metrics per step and artifacts, from rank 0.
+    """Used inside a stage's processes: metrics per step, progress and artifacts, from rank 0.
 
-    Metrics also go to stdout as one JSON line each (`[metrics] {...}`), which the
-    launcher streams to the console and saves in the stage's log.
+    Metrics and progress also go to stdout, one line each (`[metrics] {...}`, `[progress]
+    {...}`: the protocol of pipeline.job_output), which the pipeline saves in the stage's
+    log and turns into the console's progress line. A stage declares its total once at its
+    start, `log.progress(start_step, total=steps)`; each `metrics(step, ...)` then moves the
+    progress to `step`. A stage without per-step metrics (curation steps, generated files)
+    calls `progress(done)` as it goes.
     """
 
     def __init__(self, tracking_uri: str | None, run_id: str | None, rank: int = 0):
@@ -155,10 +275,18 @@ class StageLogger:
         print("[metrics] " + json.dumps({"step": step, **clean}), flush=True)
         if self.client:
             from mlflow.entities import Metric
-            import time
 
             ts = int(time.time() * 1000)
             self.client.log_batch(self.run_id, metrics=[Metric(k, v, ts, step) for k, v in clean.items()])
+
+    def progress(self, done: int, total: int | None = None, unit: str | None = None) -> None:
+        """How far the stage is: `done` units of `total` (say the total once, at the start;
+        `unit` names what is counted, "step" unless said)."""
+        if not self.enabled:
+            return
+        line = {"done": int(done), **({"total": int(total)} if total is not None else {}),
+                **({"unit": unit} if unit else {})}
+        print("[progress] " + json.dumps(line), flush=True)
 
     def params(self, values: dict[str, Any]) -> None:
         if self.enabled and self.client:
