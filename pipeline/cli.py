@@ -171,8 +171,9 @@ def run(recipe: Path = RecipeArg, set_: list[str] = SetOpt,
                         err=True, fg=typer.colors.RED)
         for name in error.not_started:
             typer.secho(f"{name}: not started (an upstream stage failed)", err=True, fg=typer.colors.RED)
-        # only store errors (outage, permissions): the user's to fix, like a recipe error
-        store_only = all(f.category == "store error" for f in error.failures.values())
+        # only store errors (outage, permissions) or stages busy elsewhere (--no-wait): the
+        # user's to fix outside any stage, like a recipe error
+        store_only = all(f.category in ("store error", "busy") for f in error.failures.values())
         _fail(f"{error}\n{_resume_hint(recipe, set_, outcome)}", 2 if store_only else 1)
     if isinstance(error, StageFailed):
         _fail(f"{error}\n{_resume_hint(recipe, set_, outcome)}", 1)

@@ -44,6 +44,13 @@ def _duration(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
+def rate_text(rate: float, unit: str) -> str:
+    """`2.5 step/s`, or for slow work `12 s/step`."""
+    if rate >= 1:
+        return f"{rate:,.0f} {unit}/s" if rate >= 100 else f"{rate:.3g} {unit}/s"
+    return f"{1 / rate:.3g} s/{unit}" if rate > 0 else ""
+
+
 def _current_number(kind: str | None, output: JobOutput) -> str:
     """The latest value of the kind's first headline metric, e.g. `loss 1.013`."""
     for curve in KIND_METRICS.get(kind or "", KindMetrics()).headline[:1]:
@@ -120,10 +127,11 @@ class RunConsole:
         self._end_progress(stage)
         self._stage_line(stage, text)
 
-    def stage_failed(self, stage: str, report: str) -> None:
+    def stage_failed(self, stage: str, report: str, verdict: str = "FAILED") -> None:
+        """`report` (pipeline.failures) under the stage's name; `verdict` says what happened."""
         self._end_progress(stage)
         first, *rest = report.splitlines() or [""]
-        self._stage_line(stage, f"FAILED    {first}", error=True)
+        self._stage_line(stage, f"{verdict:<9} {first}", error=True)
         for line in rest:
             self.say(" " * (_NAME_WIDTH + 1) + line, error=True)
 
@@ -160,7 +168,7 @@ class RunConsole:
                  else f"{p.done} {p.unit}s"]
         rate, eta = p.rate(), p.eta_s()
         if rate is not None:
-            parts.append(f"{rate:.3g} {p.unit}/s")
+            parts.append(rate_text(rate, p.unit))
         if eta is not None:
             parts.append(f"ETA {_duration(eta)}")
         if number:
@@ -177,17 +185,28 @@ class RunConsole:
 
 def _progress_bars(out: IO[str]):
     from rich.console import Console
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn,
-                               TimeRemainingColumn)
+    from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
     from rich.text import Text
+
+    class Count(ProgressColumn):
+        def render(self, task) -> Text:
+            done, unit = int(task.completed), task.fields["unit"]
+            if task.total is not None:
+                return Text(f"{done}/{int(task.total)} {unit}s", style="progress.download")
+            return Text(f"{done} {unit}s" if done else "", style="progress.download")
 
     class Rate(ProgressColumn):
         def render(self, task) -> Text:
             speed = task.finished_speed or task.speed
-            return Text(f"{speed:.3g} {task.fields['unit']}/s" if speed else "", style="progress.data.speed")
+            return Text(rate_text(speed, task.fields["unit"]) if speed else "", style="progress.data.speed")
 
-    return Progress(TextColumn(f"{{task.description:<{_NAME_WIDTH}}}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("{task.fields[unit]}s"), Rate(), TimeRemainingColumn(), TextColumn("{task.fields[number]}"),
+    class Remaining(ProgressColumn):
+        def render(self, task) -> Text:
+            left = task.time_remaining
+            return Text(f"ETA {_duration(left)}" if left is not None else "", style="progress.remaining")
+
+    return Progress(TextColumn(f"{{task.description:<{_NAME_WIDTH}}}"), BarColumn(bar_width=30), Count(),
+                    Rate(), TimeElapsedColumn(), Remaining(), TextColumn("{task.fields[number]}"),
                     console=Console(file=out), redirect_stdout=True, redirect_stderr=True)
 
 

@@ -43,6 +43,8 @@ _WAIT_POLL_S = 2.0
 class StageRunning(ArtifactError):
     """Another live run executes the stage and this run was told not to wait."""
 
+    failure_category = "busy"  # pipeline.failures: not retried
+
 
 @dataclass
 class StageRun:
@@ -214,7 +216,7 @@ def _execute_leased(target: StageTarget, store: ArtifactStore, work_root: Path, 
                                   attempt=lease.owner)
         e.failure = failure  # type: ignore[attr-defined] - read by pipeline.flow, pickled along with e
         _record_failure(store, target, failure)
-        show.stage_failed(target.name, f"after {time.time() - started:.1f}s, " + failure.report())
+        show.stage_failed(target.name, f"after {time.time() - started:.1f}s, " + failure.report(), failure.verdict)
         if tracker and run_id:
             tracker.end_stage_quietly(run_id, "KILLED" if failure.interrupted else "FAILED", [log_path])
         raise

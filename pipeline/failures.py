@@ -22,14 +22,14 @@ _CATEGORIES: tuple[tuple[type[BaseException], str], ...] = (
     (KeyboardInterrupt, "interrupted"),
     (ArtifactError, "store error"),
 )
-_NOT_RETRIED = {"user error", "interrupted"}
+_NOT_RETRIED = {"user error", "interrupted", "busy"}
 _BUG_LINES = 10
 
 
 @dataclass
 class StageFailure:
     stage: str
-    category: str  # user error | crash | interrupted | store error | bug
+    category: str  # user error | crash | interrupted | store error | busy | bug
     reason: str  # may span lines (a user error listing bad rows)
     excerpt: list[str] = field(default_factory=list)  # log lines around a crash
     error_type: str = ""
@@ -49,8 +49,9 @@ class StageFailure:
             category = "user error" if error.user_error else "crash"
             reason, excerpt, exit_code = error.reason, error.excerpt, error.exit_code
             log = log or (str(error.log_path) if error.log_path else None)
-        else:
-            category = next((c for t, c in _CATEGORIES if isinstance(error, t)), "bug")
+        else:  # an exception type may say what it means (execute.StageRunning: "busy")
+            category = getattr(error, "failure_category", None) or \
+                next((c for t, c in _CATEGORIES if isinstance(error, t)), "bug")
             reason = str(error) or type(error).__name__
             if category == "bug":  # ours: the exception and where it was raised
                 reason = f"{type(error).__name__}: {error}"
@@ -66,6 +67,11 @@ class StageFailure:
     @property
     def interrupted(self) -> bool:
         return self.category == "interrupted"
+
+    @property
+    def verdict(self) -> str:
+        """What the console calls it: a stop is not a failure."""
+        return "STOPPED" if self.interrupted else "FAILED"
 
     def summary(self) -> str:
         """One line: `user error: data.jsonl:3: not JSON`."""

@@ -105,7 +105,7 @@ def run_stage_task(target: dict[str, Any], recipe_path: str, overrides: list[str
     except BaseException as e:
         if not isinstance(getattr(e, "failure", None), StageFailure):  # failed before its job: not reported yet
             e.failure = StageFailure.of(name, e)  # type: ignore[attr-defined]
-            console.current().stage_failed(name, e.failure.report())
+            console.current().stage_failed(name, e.failure.report(), e.failure.verdict)
         failure = e.failure
         logger.error("%s failed: %s", name, failure.report())
         create_markdown_artifact(_stage_markdown(name, target["kind"], None, failure),
@@ -213,8 +213,8 @@ def pipeline_flow(recipe_path: str, overrides: list[str] | None = None, only: li
     _link_flow_run_to(tracker)
     to_run = [n for n in selected if n in forced or not plan[n].done]
     console.current().say(f"{run_name}: {len(to_run)} of {len(selected)} stages to run"
-                          + (f"  (Prefect: {prefect_ui})" if prefect_ui else "")
-                          + f"\nMLflow run: {tracker.run_link(tracker.parent_id)}")
+                          + (f"\n  Prefect flow run: {prefect_ui}" if prefect_ui else "")
+                          + f"\n  MLflow run: {tracker.run_link(tracker.parent_id)}")
     futures: dict[str, Any] = {}
     started = time.time()
     try:

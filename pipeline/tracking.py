@@ -139,7 +139,8 @@ class PipelineTracker:
     @classmethod
     def attach(cls, uri: str, experiment_id: str, parent_id: str, ui_url: str | None = None) -> "PipelineTracker":
         self = cls.__new__(cls)
-        self.uri, self.experiment_id, self.parent_id, self.ui_url = uri, experiment_id, parent_id, ui_url
+        self.uri, self.experiment_id, self.parent_id = uri, experiment_id, parent_id
+        self.ui_url = _ui_url(uri, ui_url)
         self.client = _client(uri)
         return self
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import glob
 import json
+import re
 import subprocess
 import sys
 
@@ -44,7 +45,6 @@ def test_whole_recipe_runs_and_each_stage_does_its_job(tiny_run):
     tmp_path, out = tiny_run
     for stage in STAGES:
         assert f"{stage}: ran" in out, out[-3000:]
-        assert "[sft] " in out  # stage output streamed with its name
     sft = _manifest(tmp_path, "sft")["summary"]
     assert sft["world_size"] == 2 and sft["steps"] == 100
     # the stage kept its last two checkpoints while training; the published artifact keeps one
@@ -69,6 +69,23 @@ def test_whole_recipe_runs_and_each_stage_does_its_job(tiny_run):
         [{"role": "user", "content": "1+1?"}], tokenize=False, add_generation_prompt=True)
 
 
+def test_the_console_fits_on_one_screen(tiny_run):
+    tmp_path, out = tiny_run
+    lines = out.splitlines()
+    # per stage a start line, a finish line and a few progress lines; the stage jobs' own
+    # output (metric JSON, launcher chatter, tqdm bars) is in their logs
+    assert len(lines) <= 50, out
+    assert not any(marker in out for marker in ("[metrics]", "[INFO]", "[WARNING]", "Loading weights", "Task run")), out
+    for stage in STAGES:
+        assert sum(ln.startswith(f"{stage} ") and " started " in ln for ln in lines) == 1, (stage, out)
+        (done,) = [ln for ln in lines if ln.startswith(f"{stage} ") and " done in " in ln]
+        assert f"-> file://{tmp_path}/store/tiny/{stage}-" in done, done
+    headline = {ln.split()[0]: ln for ln in lines if " done in " in ln}
+    assert re.search(r"loss [\d.]+ -> [\d.]+", headline["sft"])
+    assert "reward/mean" in headline["reasoning_rl"] and "eval/accuracy" in headline["reward_model"]
+    assert "kept 200" in headline["curate"]
+
+
 def test_tracking_has_a_parent_run_and_a_nested_run_per_stage(tiny_run):
     from mlflow.tracking import MlflowClient
 
@@ -78,8 +95,15 @@ def test_tracking_has_a_parent_run_and_a_nested_run_per_stage(tiny_run):
     runs = client.search_runs([exp.experiment_id])
     parents = [r for r in runs if r.data.tags.get("ring.kind") == "pipeline"]
     assert len(parents) == 1
+    parent = parents[0]
+    assert re.fullmatch(r"tiny \d{4}-\d\d-\d\d \d\d:\d\d:\d\d", parent.info.run_name)
+    assert parent.data.tags["mlflow.note.content"].startswith("Ring-1T pipeline smoke on CPU")
+    assert len(parent.data.tags["mlflow.source.git.commit"]) == 40 and parent.data.tags["prefect.flow_run_id"]
+    assert {a.path for a in client.list_artifacts(parent.info.run_id, "recipe")} == \
+        {"recipe/tiny.yaml", "recipe/resolved.yaml"}
+    assert exp.artifact_location == (tmp_path / "mlartifacts").as_uri()  # beside the DB, not ./mlruns
     stage_runs = {r.data.tags["ring.stage"]: r for r in runs
-                  if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id}
+                  if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
     assert set(stage_runs) == set(STAGES)
     assert all(r.info.status == "FINISHED" for r in stage_runs.values())
     sft = stage_runs["sft"]
@@ -87,14 +111,27 @@ def test_tracking_has_a_parent_run_and_a_nested_run_per_stage(tiny_run):
     losses = client.get_metric_history(sft.info.run_id, "loss")
     assert [m.step for m in losses] == list(range(1, 101))
     assert "stage.log" in {a.path for a in client.list_artifacts(sft.info.run_id)}
+    # the main curves of each training stage, plotted when it ended
+    for stage in ("sft", "reasoning_rl", "reward_model", "general_rl"):
+        assert [a.path for a in client.list_artifacts(stage_runs[stage].info.run_id, "plots")] == \
+            [f"plots/{stage}.png"], stage
+    inputs = {d.dataset.name: d.dataset for d in sft.inputs.dataset_inputs}
+    assert set(inputs) == {"base", "curate/curated.jsonl"}
+    assert _manifest(tmp_path, "curate")["hash"][:12] == inputs["curate/curated.jsonl"].digest
 
 
 def test_second_run_skips_every_stage_and_status_says_done(tiny_run):
+    from mlflow.tracking import MlflowClient
+
     tmp_path, _ = tiny_run
     rc, out = _cli("run", "recipes/tiny.yaml", tmp_path=tmp_path)
     assert rc == 0, out[-3000:]
     for stage in STAGES:
         assert f"{stage}: skipped" in out
+    # a run in which nothing ran leaves no (empty) parent run in MLflow
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
+    assert len([r for r in runs if r.data.tags.get("ring.kind") == "pipeline"]) == 1
     rc, out = _cli("status", "recipes/tiny.yaml", tmp_path=tmp_path)
     assert rc == 0
     assert sum(1 for line in out.splitlines() if " done " in line) == len(STAGES), out

@@ -161,3 +161,22 @@ def test_set_addresses_keys_that_contain_dots(tmp_path):
                          ('stages..n=1', "empty key"), ('stages."a"b.n=1', "text after the closing quote")):
         res = _validate(path, "--set", bad)
         assert res.exit_code == 2 and f"--set {bad}: {problem}" in res.output, res.output
+
+
+def test_retries_per_stage(tmp_path):
+    from pipeline.plan import make_plan
+
+    def retry(*overrides):
+        r = load_recipe(_write(tmp_path, GOOD), list(overrides))
+        return {n: r.stage_retry(n) for n in r.stages}
+
+    # unset: a data stage retries a crash once, a training stage never
+    assert retry() == {"data": (1, 10.0), "base": (1, 10.0), "sft": (0, 10.0)}
+    assert retry("defaults.retry.retries=2", "stages.sft.retry.retry_delay_s=60") == \
+        {"data": (2, 10.0), "base": (2, 10.0), "sft": (2, 60.0)}
+    assert retry("defaults.retry.retries=3", "stages.sft.retry.retries=0")["sft"] == (0, 10.0)
+    res = _validate(_write(tmp_path, GOOD), "--set", "stages.sft.retry.retries=-1")
+    assert res.exit_code == 2 and "stages.sft.retry.retries: Input should be greater than or equal to 0" in res.output
+    # how often a stage is tried does not change what it computes
+    hashes = lambda *o: [s.hash for s in make_plan(load_recipe(_write(tmp_path, GOOD), list(o)), check_store=False).stages]
+    assert hashes() == hashes("stages.sft.retry.retries=4", "defaults.retry.retry_delay_s=1")
