@@ -12,13 +12,14 @@ from stages.rl.learner import (Learner, LearnerConfig, PolicyHead, TorchBackend,
                                          plan_micro_batches)
 
 
-def tiny_lm(seed=0, vocab=64):
+def tiny_lm(seed=0, vocab=64, attention_dropout=0.0):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
     cfg = Qwen2Config(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128,
-                      tie_word_embeddings=True, pad_token_id=0, eos_token_id=1)
+                      tie_word_embeddings=True, pad_token_id=0, eos_token_id=1,
+                      attention_dropout=attention_dropout)
     return Qwen2ForCausalLM(cfg)
 
 
@@ -83,16 +84,17 @@ def test_plan_micro_batches_covers_balances_and_pads():
     assert abs(loads[0] - loads[1]) <= 100
 
 
-def _train_once(micro_batch_tokens, updates=1, correction="icepop"):
-    model = tiny_lm(seed=3)
+def _train_once(micro_batch_tokens, updates=1, correction="icepop", attention_dropout=0.0, clip_eps=0.2):
+    model = tiny_lm(seed=3, attention_dropout=attention_dropout)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     learner = Learner(TorchBackend(model, opt, grad_clip=None),
-                      LearnerConfig(loss=LossConfig(correction=correction), pad_id=0, temperature=1.0,
-                                    micro_batch_tokens=micro_batch_tokens, updates_per_batch=updates))
+                      LearnerConfig(loss=LossConfig(correction=correction, clip_eps_low=clip_eps, clip_eps_high=clip_eps),
+                                    pad_id=0, temperature=1.0, micro_batch_tokens=micro_batch_tokens,
+                                    updates_per_batch=updates))
     samples = batch_samples()
     with torch.no_grad():  # pi_infer = pi_train(theta_old) perturbed a little
         for s in samples:
-            s.infer_logprobs = (naive_logprobs(model, s, 1.0) + 0.05).tolist()
+            s.infer_logprobs = (naive_logprobs(model.eval(), s, 1.0) + 0.05).tolist()
     stats = learner.train(samples, version=0)
     return model, stats
 
@@ -124,6 +126,17 @@ def test_micro_batching_does_not_change_the_update():
     assert s1["masked_fraction"] == 0.0
     assert s1["abs_log_k_mean"] == pytest.approx(0.05, rel=1e-3)
     assert s1["mismatch_kl"] == pytest.approx(torch.exp(torch.tensor(-0.05)).item() - 1 + 0.05, rel=1e-2)
+
+
+def test_a_policy_with_dropout_has_ratio_one_at_the_first_update():
+    """theta_old and the update are one function (both passes in train mode, dropout off): with
+    a clip range of 1e-6 no token is clipped, and the update is the dropout-free one."""
+    dropped, stats = _train_once(micro_batch_tokens=10_000, attention_dropout=0.5, clip_eps=1e-6)
+    assert stats["clip_fraction"] == 0.0
+    plain, _ = _train_once(micro_batch_tokens=10_000, clip_eps=1e-6)
+    for a, b in zip(dropped.parameters(), plain.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    assert dropped.config.attention_dropout == 0.5  # the model's own settings are kept (and saved)
 
 
 def test_several_updates_per_batch():

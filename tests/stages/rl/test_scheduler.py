@@ -79,6 +79,24 @@ def test_budget_accounting_and_refill_to_capacity():
         sum(1 for u in call.updates if u.finished) for call in engine.calls)
 
 
+def test_the_reward_sees_each_response_with_its_grpo_group():
+    """Rewards normalised within a group (general RL's RM score) need the group of each
+    response: a prompt drawn twice in one step is two groups, not one."""
+    seen = []
+
+    def reward(rows, texts, groups):
+        seen.append((list(rows), list(groups)))
+        return parity_reward(rows, texts, groups)
+
+    engine = ScriptedEngine(default_length)
+    conf = SchedulerConfig(rollouts_per_prompt=2, max_new_tokens=1000, prompts_per_step=6)
+    sampler = PromptSampler({"math": [0]}, None, 0)  # one prompt: every group draws row 0
+    batch = SyncScheduler(engine, conf, ROWS, PROMPT_IDS, sampler, SamplingParams(), decode, reward).next_batch(0)
+    (rows, groups), = seen
+    assert rows == [ROWS[0]] * 12
+    assert groups == [s.group_id for s in batch.samples] == [f"g{i}" for i in range(6) for _ in range(2)]
+
+
 def test_carry_over_keeps_tokens_logprobs_and_versions_across_updates():
     sched, engine = make(lengths={"g0/3": 20}, pool_capacity=4, token_budget=6)
     seen_prefixes = []
