@@ -52,6 +52,16 @@ def use_bf16(precision: str, on_gpu: bool) -> bool:
     return precision == "bf16" or (precision == "auto" and on_gpu)
 
 
+def resolve_device(setting: str, key: str, own: torch.device) -> str:
+    """A config's device (`key` = its name, e.g. "rollout.device") for this rank: auto = the
+    rank's own device, cuda = cuda:0; a CUDA device on a machine without one is the user's error."""
+    if setting == "auto":
+        return str(own)
+    if setting.startswith("cuda") and not torch.cuda.is_available():
+        raise StageError(f"{key} is {setting!r} but this machine has no CUDA device")
+    return "cuda:0" if setting == "cuda" else setting
+
+
 def seed_all(seed: int) -> None:
     """Seed python's, numpy's and torch's global generators."""
     random.seed(seed)

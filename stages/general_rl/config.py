@@ -22,9 +22,7 @@ from pydantic import Field, field_validator, model_validator
 
 from pipeline.stage_api import Strict
 from stages.registry import StageKind, register
-from stages.rl.settings import RLConfig
-
-_DEVICE_RE = re.compile(r"^(cpu|auto|cuda(:\d+)?)$")
+from stages.rl.settings import Device, RLConfig
 
 
 class PromptSource(Strict):
@@ -45,7 +43,7 @@ class RewardSettings(Strict):
 
     rm_weight: float = Field(1.0, ge=0)
     rm_normalization: Literal["group", "none"] = "group"
-    rm_device: str = Field("auto", description="cpu | cuda:N | auto (rank 0's device: CPU without CUDA)")
+    rm_device: Device = Field("auto", description="cpu | cuda:N | auto (rank 0's device: CPU without CUDA)")
     rm_batch_size: int = Field(16, ge=1, description="sequences per reward-model forward")
     rule_weight: float = Field(1.0, ge=0)
     format_penalty: float = Field(0.5, ge=0)
@@ -53,13 +51,6 @@ class RewardSettings(Strict):
     truncation_penalty: float = Field(1.0, ge=0)
     overlong_buffer: int = Field(0, ge=0, description="tokens before max_len where the soft penalty ramps up")
     overlong_penalty: float = Field(0.0, ge=0)
-
-    @field_validator("rm_device")
-    @classmethod
-    def _device(cls, v: str) -> str:
-        if not _DEVICE_RE.match(v):
-            raise ValueError(f"reward.rm_device must be cpu, auto, cuda or cuda:N, not {v!r}")
-        return v
 
 
 class ReasoningEvalSettings(Strict):

@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 from pipeline.stage_api import StageError, StageJob
+from stages.common.distributed import resolve_device
 from stages.common.entry import run_job
 from stages.general_rl.config import GeneralRLConfig
 from stages.general_rl.prompts import load_sources
@@ -51,8 +52,6 @@ def load_prompts(ctx: RLContext) -> PromptSet:
 
 
 def build_reward(ctx: RLContext) -> GeneralReward:
-    import torch
-
     from verifiers import verify_batch
 
     cfg: GeneralRLConfig = ctx.cfg  # type: ignore[assignment]
@@ -60,11 +59,7 @@ def build_reward(ctx: RLContext) -> GeneralReward:
     if cfg.reward.rm_weight > 0:
         from stages.reward_model.scoring import RewardScorer
 
-        rm_device = cfg.reward.rm_device
-        if rm_device == "auto":
-            rm_device = str(ctx.ranks.device) if ctx.ranks.device.type == "cuda" else "cpu"
-        elif rm_device.startswith("cuda") and not torch.cuda.is_available():
-            raise StageError(f"reward.rm_device is {rm_device!r} but this machine has no CUDA device")
+        rm_device = resolve_device(cfg.reward.rm_device, "reward.rm_device", ctx.ranks.device)
         try:
             scorer = RewardScorer(ctx.job.fetch(cfg.reward_model), device=rm_device, batch_size=cfg.reward.rm_batch_size)
         except FileNotFoundError as e:

@@ -35,15 +35,14 @@ import torch
 import torch.distributed as dist
 
 from pipeline.stage_api import StageError, StageJob
-from pipeline.tracking import StageLogger, info
-from stages.common.chat import require_chat_template
+from pipeline.tracking import info
 from stages.common.checkpoint import Checkpointer, StatefulDataclass
 from stages.common.data_plan import DataPlan
-from stages.common.deepspeed_setup import ds_config, hf_zero3_context, initialize, lr_factor, param_groups
-from stages.common.distributed import init_distributed, local_first, seed_all, use_bf16
+from stages.common.distributed import local_first
 from stages.common.entry import run_job
-from stages.common.hf_io import choose_attn, save_hf_model
+from stages.common.hf_io import save_hf_model
 from stages.common.rows import data_files, read_rows
+from stages.common.training_job import start_training_job, supervised_engine
 from stages.reward_model.bt import PairwiseCounts, bradley_terry_loss
 from stages.reward_model.config import RewardModelConfig
 from stages.reward_model.data import EncodedPair, PairStats, encode_pairs, split_heldout
@@ -123,23 +122,16 @@ def evaluate(engine, pairs: list[EncodedPair], batch: int, pad_id: int, device: 
 
 # -- the stage -------------------------------------------------------------------------------
 def main(job: StageJob) -> dict[str, Any] | None:
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()  # the new head's "newly initialized weights" warning is expected
     cfg = RewardModelConfig.model_validate(job.config)
-    ranks = init_distributed(job.local_rank)
-    rank, world, local_rank, device, on_gpu = ranks.rank, ranks.world, ranks.local_rank, ranks.device, ranks.on_gpu
-    bf16 = use_bf16(cfg.precision, on_gpu)
-    log = StageLogger.for_job(job)
-    seed_all(cfg.seed)
+    t = start_training_job(job, cfg)
+    hf_logging.set_verbosity_error()  # the new head's "newly initialized weights" warning is expected
+    ranks, log, model_dir, tokenizer, pad_id = t.ranks, t.log, t.model_dir, t.tokenizer, t.pad_id
+    rank, world, local_rank, device = ranks.rank, ranks.world, ranks.local_rank, ranks.device
 
     # 1. data
-    model_dir = job.fetch(cfg.model)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    require_chat_template(tokenizer, cfg.model)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if pad_id is None:
         raise StageError(f"model {cfg.model}: its tokenizer has neither a pad nor an eos token; "
                          "the classification head needs one to find each sequence's last token")
@@ -170,16 +162,13 @@ def main(job: StageJob) -> dict[str, Any] | None:
                     "data.quarantined": bad, "train.total_steps": total_steps, "train.world_size": world})
 
     # 2. model, optimizer, schedule, engine
-    ds_cfg = ds_config(cfg.zero_stage, cfg.grad_clip, bf16, micro_batch=cfg.micro_batch_size,
-                       grad_accum=cfg.grad_accum, world=world)
-    zero3_ctx = hf_zero3_context(ds_cfg)  # noqa: F841 - kept alive while from_pretrained partitions
-    attn = choose_attn(cfg.attn_implementation, on_gpu)
-    model = AutoModelForSequenceClassification.from_pretrained(
-        model_dir, num_labels=1, dtype=torch.float32, attn_implementation=attn)
-    model.config.pad_token_id = pad_id
-    model.config.use_cache = False
-    engine, scheduler = initialize(model, param_groups(model, cfg.weight_decay), ds_cfg, lr=cfg.lr,
-                                   betas=cfg.adam_betas, factor=lr_factor(cfg, total_steps))
+    def load_model(attn: str):
+        model = AutoModelForSequenceClassification.from_pretrained(
+            model_dir, num_labels=1, dtype=torch.float32, attn_implementation=attn)
+        model.config.pad_token_id = pad_id
+        return model
+
+    engine, scheduler, _ = supervised_engine(cfg, t, total_steps, load_model)
 
     # 3. resume
     p = Progress()
@@ -257,7 +246,7 @@ def main(job: StageJob) -> dict[str, Any] | None:
                "eval_accuracy": final_eval["accuracy"], "eval_loss": final_eval["loss"],
                "eval_margin": final_eval["margin"], "train_loss": train_metrics.get("loss"),
                "train_accuracy": train_metrics.get("accuracy"),
-               "precision": "bf16" if bf16 else "fp32", "zero_stage": cfg.zero_stage,
+               "precision": "bf16" if t.bf16 else "fp32", "zero_stage": cfg.zero_stage,
                "data": stats.as_dict(), "eval_data": eval_stats.as_dict() if eval_stats else None}
     (out / "stage_summary.json").write_text(json.dumps(summary, indent=2))
     info(f"reward_model: done, {p.step} steps; held-out accuracy {initial_eval['accuracy']:.3f} -> "

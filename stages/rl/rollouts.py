@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Protocol
 
-from pipeline.stage_api import StageError
 from stages.common.checkpoint import Stateful
-from stages.common.distributed import broadcast, rank0_do
+from stages.common.distributed import broadcast, rank0_do, resolve_device
 from stages.rl.engines.protocol import RolloutEngine, SamplingParams
 from stages.rl.prompt_sampler import PromptSampler
 from stages.rl.prompts import PromptSet
@@ -37,17 +36,6 @@ class Rollouts(Protocol):
         ...
 
 
-def rollout_device(cfg: RLConfig, train_device) -> str:
-    import torch
-
-    d = cfg.rollout.device
-    if d == "auto":
-        return str(train_device)
-    if d.startswith("cuda") and not torch.cuda.is_available():
-        raise StageError(f"rollout.device is {d!r} but this machine has no CUDA device")
-    return "cuda:0" if d == "cuda" else d
-
-
 def scheduler_config(cfg: RLConfig) -> SchedulerConfig:
     return SchedulerConfig(rollouts_per_prompt=cfg.rollouts_per_prompt, max_new_tokens=cfg.max_len,
                            prompts_per_step=cfg.prompts_per_step, pool_capacity=cfg.pool_capacity,
@@ -67,7 +55,8 @@ class Rank0Rollouts:
         from stages.rl.engines import create_engine
 
         def start():
-            engine = create_engine(cfg.rollout.engine, str(model_dir), device=rollout_device(cfg, train_device),
+            engine = create_engine(cfg.rollout.engine, str(model_dir),
+                                   device=resolve_device(cfg.rollout.device, "rollout.device", train_device),
                                    dtype=cfg.rollout.dtype, max_batch=cfg.rollout.max_batch,
                                    max_len=cfg.prompt_max_len + cfg.max_len, seed=cfg.seed, **cfg.rollout.options)
             reward_fn = build_reward()

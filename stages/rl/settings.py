@@ -11,9 +11,9 @@ No torch import here: validating a recipe stays fast.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from pipeline.stage_api import StageConfig, Strict, cosmetic
 
@@ -25,20 +25,24 @@ UNTRUNCATED_LOGPROB_ENGINES = ("torch",)
 _DEVICE_RE = re.compile(r"^(cpu|auto|cuda(:\d+)?)$")
 
 
+def _device_name(v: str) -> str:
+    if not _DEVICE_RE.match(v):
+        raise ValueError(f"a device is cpu, auto, cuda or cuda:N, not {v!r}")
+    return v
+
+
+# where a model of the stage runs (rollout engine, reward model); auto = rank 0's own device
+# (stages.common.distributed.resolve_device)
+Device = Annotated[str, AfterValidator(_device_name)]
+
+
 class RolloutSettings(Strict):
     engine: str = Field("torch", description="rollout engine name (stages.rl.engines.ENGINES)")
-    device: str = Field("auto", description="cpu | cuda:N | auto (the trainer's rank-0 device: "
-                                              "colocated on GPU, cpu otherwise)")
+    device: Device = Field("auto", description="cpu | cuda:N | auto (the trainer's rank-0 device: "
+                                                 "colocated on GPU, cpu otherwise)")
     dtype: str = Field("auto", description="engine weights dtype (auto = bf16 on GPU, fp32 on CPU)")
     max_batch: int = Field(64, ge=1, description="sequences the engine decodes at once")
     options: dict[str, Any] = Field({}, description="engine-specific keyword options")
-
-    @field_validator("device")
-    @classmethod
-    def _device(cls, v: str) -> str:
-        if not _DEVICE_RE.match(v):
-            raise ValueError(f"rollout.device must be cpu, auto, cuda or cuda:N, not {v!r}")
-        return v
 
 
 class C3POSettings(Strict):

@@ -36,14 +36,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from pipeline.stage_api import StageError, StageJob
-from pipeline.tracking import StageLogger, info
-from stages.common.chat import require_chat_template
+from pipeline.stage_api import StageJob
+from pipeline.tracking import info
 from stages.common.checkpoint import Checkpointer, StatefulDataclass
-from stages.common.distributed import init_distributed, rank0_do, seed_all, use_bf16
+from stages.common.distributed import rank0_do
 from stages.common.hf_io import eos_token_ids_of, save_hf_model
+from stages.common.training_job import start_training_job
 from stages.rl.decoding import make_decoder
 from stages.rl.metrics import batch_metrics, sample_text, summarize
 from stages.rl.policy import build_policy
@@ -61,29 +59,20 @@ class Progress(StatefulDataclass):
 
 class RLTrainer:
     def __init__(self, job: StageJob, cfg: RLConfig, spec: RLSpec):
-        from transformers import AutoTokenizer
-
-        if cfg.precision == "bf16" and not torch.cuda.is_available():
-            raise StageError("precision bf16 needs a GPU; use auto or fp32 on CPU")
         self.cfg, self.spec = cfg, spec
-        self.ranks = ranks = init_distributed(world_of_one_without_launcher=True)
+        t = start_training_job(job, cfg)
+        self.ranks = ranks = t.ranks
         self.rank = ranks.rank
-        seed_all(cfg.seed)
-        model_dir = Path(job.fetch(cfg.model))
-        if not (model_dir / "config.json").is_file():
-            raise StageError(f"model {cfg.model}: {model_dir} is not a Hugging Face model dir (no config.json)")
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        require_chat_template(tokenizer, cfg.model)
-        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        eos = set(eos_token_ids_of(model_dir)) | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
-        self.ctx = ctx = RLContext(job, cfg, ranks, model_dir, tokenizer, make_decoder(tokenizer, sorted(eos)),
-                                   StageLogger.for_job(job))
+        eos = set(eos_token_ids_of(t.model_dir)) | ({t.tokenizer.eos_token_id} if t.tokenizer.eos_token_id is not None
+                                                     else set())
+        self.ctx = ctx = RLContext(job, cfg, ranks, t.model_dir, t.tokenizer, make_decoder(t.tokenizer, sorted(eos)),
+                                   t.log)
         self.log = ctx.log
 
         self.prompts = rank0_do(self.rank, lambda: spec.load_prompts(ctx), "loading the prompts")
         self.hooks = spec.build_hooks(ctx)
-        self.policy = build_policy(cfg, model_dir, ranks, use_bf16(cfg.precision, ranks.on_gpu), pad_id)
-        self.rollouts = Rank0Rollouts.start(cfg, self.rank, model_dir, ranks.device, self.prompts,
+        self.policy = build_policy(cfg, t.model_dir, ranks, t.bf16, t.pad_id)
+        self.rollouts = Rank0Rollouts.start(cfg, self.rank, t.model_dir, ranks.device, self.prompts,
                                             lambda: spec.build_reward(ctx), ctx.decode)
         self.weight_sync = GatherToRank0(self.policy.module, self.rollouts.engine, self.rank, cfg.zero_stage == 3)
         self.progress = Progress()

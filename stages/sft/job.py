@@ -35,15 +35,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from pipeline.stage_api import StageError, StageJob
-from pipeline.tracking import StageLogger, info
-from stages.common.chat import require_chat_template
+from pipeline.tracking import info
 from stages.common.checkpoint import Checkpointer, StatefulDataclass
 from stages.common.data_plan import DataPlan
-from stages.common.deepspeed_setup import ds_config, hf_zero3_context, initialize, lr_factor, param_groups
-from stages.common.distributed import init_distributed, local_first, seed_all, use_bf16
+from stages.common.distributed import local_first
 from stages.common.entry import run_job
-from stages.common.hf_io import choose_attn, load_causal_lm, save_hf_model
+from stages.common.hf_io import load_causal_lm, save_hf_model
 from stages.common.rows import data_files, read_rows
+from stages.common.training_job import start_training_job, supervised_engine
 from stages.sft.config import SFTConfig
 from stages.sft.data import build_samples, collate, pack_samples
 
@@ -88,24 +87,14 @@ def packed_loss_sum(model, batch: dict[str, torch.Tensor], device: torch.device,
 
 # -- the stage -------------------------------------------------------------------------------
 def main(job: StageJob) -> dict[str, Any] | None:
-    from transformers import AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
     cfg = SFTConfig.model_validate(job.config)
-    ranks = init_distributed(job.local_rank)
-    rank, world, local_rank, device, on_gpu = ranks.rank, ranks.world, ranks.local_rank, ranks.device, ranks.on_gpu
-    bf16 = use_bf16(cfg.precision, on_gpu)
-    log = StageLogger.for_job(job)
-    seed_all(cfg.seed)
+    t = start_training_job(job, cfg)
+    ranks, log, model_dir, tokenizer, pad_id = t.ranks, t.log, t.model_dir, t.tokenizer, t.pad_id
+    rank, world, local_rank, device = ranks.rank, ranks.world, ranks.local_rank, ranks.device
 
     # 1. data
-    model_dir = job.fetch(cfg.model)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    require_chat_template(tokenizer, cfg.model)
     if tokenizer.eos_token is None:
         raise StageError(f"model {cfg.model}: its tokenizer has no eos token")
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
     def load_data():
         files = data_files(job.fetch(cfg.data), cfg.data, "sft data")
@@ -137,14 +126,8 @@ def main(job: StageJob) -> dict[str, Any] | None:
                     "train.world_size": world})
 
     # 2. model, optimizer, schedule, engine
-    ds_cfg = ds_config(cfg.zero_stage, cfg.grad_clip, bf16, micro_batch=cfg.micro_batch_size,
-                       grad_accum=cfg.grad_accum, world=world)
-    zero3_ctx = hf_zero3_context(ds_cfg)  # noqa: F841 - kept alive while from_pretrained partitions
-    attn = choose_attn(cfg.attn_implementation, on_gpu)
-    model = load_causal_lm(model_dir, torch.float32, attn_implementation=attn)
-    model.config.use_cache = False
-    engine, scheduler = initialize(model, param_groups(model, cfg.weight_decay), ds_cfg, lr=cfg.lr,
-                                   betas=cfg.adam_betas, factor=lr_factor(cfg, total_steps))
+    engine, scheduler, attn = supervised_engine(
+        cfg, t, total_steps, lambda attn: load_causal_lm(model_dir, torch.float32, attn_implementation=attn))
 
     # 3. resume
     p = Progress()
@@ -177,7 +160,7 @@ def main(job: StageJob) -> dict[str, Any] | None:
             # DeepSpeed divides by grad_accum and averages over ranks: this makes the step's
             # gradient that of the mean over every trained token of the global batch
             engine.backward(ce * (cfg.grad_accum * world / max(step_targets, 1)))
-            if cfg.zero_stage == 0 and not bf16 and j == len(batches) - 1:
+            if cfg.zero_stage == 0 and not t.bf16 and j == len(batches) - 1:
                 # plain DeepSpeed clips without reporting the norm: take it from the
                 # (already all-reduced) gradients before the step clips them
                 grad_norm = torch.nn.utils.get_total_norm(
@@ -216,7 +199,7 @@ def main(job: StageJob) -> dict[str, Any] | None:
                "tokens_trained": p.tokens, "target_tokens_trained": p.target_tokens,
                "epochs": round(p.epoch + p.step_in_epoch / plan.steps_per_epoch, 4),
                "resumed_from_step": resumed_from, "world_size": world, "packs": len(packs),
-               "precision": "bf16" if bf16 else "fp32", "zero_stage": cfg.zero_stage,
+               "precision": "bf16" if t.bf16 else "fp32", "zero_stage": cfg.zero_stage,
                "attn_implementation": attn, "data": stats.as_dict()}
     (out / "stage_summary.json").write_text(json.dumps(summary, indent=2))
     info(f"sft: done, {p.step} steps, loss {p.first_loss:.4f} -> {loss if loss is not None else float('nan'):.4f}; "

@@ -7,10 +7,17 @@ train-inference mismatch IcePop corrects.
 """
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Literal, Protocol
 
 import torch
+
+log = logging.getLogger(__name__)
+
+# wrappers whose prefix a trainer's parameter names may carry: DeepSpeed engine, torch.compile
+IGNORED_PREFIXES = ("module.", "_orig_mod.")
 
 
 @dataclass
@@ -71,6 +78,22 @@ class RolloutEngine(Protocol):
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load new policy weights in place (after every trainer update)."""
         ...
+
+
+class SyncTiming:
+    """The weight-sync bookkeeping every engine keeps: `last_sync_seconds` (the protocol's),
+    their total and count. An engine's update_weights ends with `self._record_sync(t0)`."""
+
+    name: str
+    last_sync_seconds: float | None = None
+    sync_seconds_total: float = 0.0
+    syncs: int = 0
+
+    def _record_sync(self, started: float) -> None:
+        self.last_sync_seconds = time.perf_counter() - started
+        self.sync_seconds_total += self.last_sync_seconds
+        self.syncs += 1
+        log.info("%s engine: weight sync %d took %.3f s", self.name, self.syncs, self.last_sync_seconds)
 
 
 # Every factory has the signature

@@ -48,8 +48,8 @@ from typing import Iterable
 
 import torch
 
-from .protocol import (UNAVAILABLE, RolloutRequest, RolloutUpdate, SamplingParams,
-                   register_engine)
+from .protocol import (IGNORED_PREFIXES, UNAVAILABLE, RolloutRequest, RolloutUpdate, SamplingParams,
+                       SyncTiming, register_engine)
 from stages.common.hf_io import eos_token_ids_of
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,6 @@ except Exception as e:  # ImportError, or a broken CUDA/vLLM install raising any
     vllm = None
     VLLM_IMPORT_ERROR = f"{type(e).__name__}: {e}"
 
-_IGNORED_PREFIXES = ("module.", "_orig_mod.")
 _MODEL_PATHS = (  # where the in-process model object sits, newest vLLM first
     "llm_engine.model_executor.driver_worker.worker.model_runner.model",
     "llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner.model",
@@ -74,7 +73,7 @@ _MODEL_PATHS = (  # where the in-process model object sits, newest vLLM first
 
 
 def _strip(name: str) -> str:
-    while name.startswith(_IGNORED_PREFIXES):
+    while name.startswith(IGNORED_PREFIXES):
         name = name.split(".", 1)[1]
     return name
 
@@ -84,7 +83,7 @@ def _request_seed(seed: int, uid: str, offset: int) -> int:
     return int.from_bytes(h, "little") & 0x7FFF_FFFF
 
 
-class VllmEngine:
+class VllmEngine(SyncTiming):
     name = "vllm"
     # with logprobs_mode="processed_logprobs" the reported log-prob is that of the distribution
     # after top-k/top-p renormalisation (module docstring)
@@ -124,9 +123,6 @@ class VllmEngine:
             self.llm = LLM(**kwargs)
             self.raw_logprobs = True
         self._calls = 0
-        self.last_sync_seconds: float | None = None
-        self.sync_seconds_total = 0.0
-        self.syncs = 0
         self.last_stats: dict[str, float] = {}
 
     # ---------------------------------------------------------------- generate
@@ -246,10 +242,7 @@ class VllmEngine:
         if hasattr(self.llm, "reset_prefix_cache"):
             self.llm.reset_prefix_cache()
         torch.cuda.synchronize()
-        self.last_sync_seconds = time.perf_counter() - t0
-        self.sync_seconds_total += self.last_sync_seconds
-        self.syncs += 1
-        log.info("vllm engine: weight sync %d took %.3f s", self.syncs, self.last_sync_seconds)
+        self._record_sync(t0)
 
 
 def make_vllm_engine(model_dir: str, *, device: str = "cuda", dtype: str = "auto",

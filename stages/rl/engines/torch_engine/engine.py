@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from stages.common.hf_io import eos_token_ids_of, load_causal_lm
-from stages.rl.engines.protocol import RolloutRequest, RolloutUpdate, SamplingParams
+from stages.rl.engines.protocol import IGNORED_PREFIXES, RolloutRequest, RolloutUpdate, SamplingParams, SyncTiming
 
 from .attention import DecodeAttention, rotate_half
 from .cuda_graphs import DecodeGraphs
@@ -59,7 +59,6 @@ from .sampling import SamplingMode, sample
 log = logging.getLogger(__name__)
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "qwen3")
-_IGNORED_PREFIXES = ("module.", "_orig_mod.")  # DeepSpeed engine / torch.compile wrappers
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
@@ -124,7 +123,7 @@ class _CallLog:
                 for i, r in enumerate(requests)]
 
 
-class TorchEngine:
+class TorchEngine(SyncTiming):
     """See the module docstring. Construct through `create_engine("torch", model_dir, ...)`."""
 
     name = "torch"
@@ -206,9 +205,6 @@ class TorchEngine:
 
         self._calls = 0
         self._gen = torch.Generator(device=self.device)
-        self.last_sync_seconds: float | None = None
-        self.sync_seconds_total = 0.0
-        self.syncs = 0
         self.last_stats: dict[str, float] = {}
 
     @property
@@ -445,7 +441,7 @@ class TorchEngine:
         unknown: list[str] = []
         for name, tensor in named_tensors:
             key = name
-            while key not in self._params and key.startswith(_IGNORED_PREFIXES):
+            while key not in self._params and key.startswith(IGNORED_PREFIXES):
                 key = key.split(".", 1)[1]
             param = self._params.get(key)
             if param is None:
@@ -468,10 +464,7 @@ class TorchEngine:
                              f"were not sent, e.g. {missing[:5]}")
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        self.last_sync_seconds = time.perf_counter() - t0
-        self.sync_seconds_total += self.last_sync_seconds
-        self.syncs += 1
-        log.info("torch engine: weight sync %d took %.3f s", self.syncs, self.last_sync_seconds)
+        self._record_sync(t0)
 
 
 def make_torch_engine(model_dir: str, *, device: str = "cpu", dtype: str = "auto",
