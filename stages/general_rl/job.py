@@ -47,7 +47,7 @@ def load_prompts(ctx: RLContext) -> PromptSet:
     weights = {s: cfg.data[s].weight for s in by_source}
     return PromptSet(kept, prompt_ids, by_source, weights,
                      summary={"prompts": len(kept), "prompts_skipped": skipped, "prompts_per_source": sizes,
-                              "source_weights": weights, "reward_model": cfg.reward_model},
+                              "source_weights": weights},
                      description=f"{len(kept)} prompts from sources {sizes} (skipped {skipped})")
 
 
