@@ -56,8 +56,6 @@ def save_hf_model(engine, module, model_dir: Path, out: Path, zero_stage: int, r
                 and not p.name.endswith(_WEIGHT_SUFFIXES) and not p.name.endswith(".index.json") \
                 and p.suffix != ".lock":
             shutil.copy2(p, out / p.name)
-    if getattr(module, "supports_gradient_checkpointing", False):  # a training-time setting
-        module.gradient_checkpointing_disable()
     module.config.use_cache = True  # training ran without a cache; inference wants one
     module.save_pretrained(out, state_dict=state_dict)
 

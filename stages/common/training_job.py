@@ -48,16 +48,16 @@ def start_training_job(job: StageJob, cfg) -> TrainingJob:
                        tokenizer, pad_id)
 
 
-def supervised_engine(cfg, t: TrainingJob, total_steps: int, load_model: Callable[[str], torch.nn.Module]):
+def supervised_engine(cfg, setup: TrainingJob, total_steps: int, load_model: Callable[[str], torch.nn.Module]):
     """The model `load_model(attn_implementation)` under DeepSpeed (ZeRO-3 partitions it while it
     loads), with a torch AdamW (no decay on 1-D params) and the warmup + cosine schedule of
     `cfg` (zero_stage, grad_clip, micro_batch_size, grad_accum, lr, adam_betas, weight_decay,
     lr_schedule, warmup_steps, min_lr_ratio, attn_implementation). Returns (engine,
     lr scheduler, the attention implementation used)."""
-    ds_cfg = ds_config(cfg.zero_stage, cfg.grad_clip, t.bf16, micro_batch=cfg.micro_batch_size,
-                       grad_accum=cfg.grad_accum, world=t.ranks.world)
+    ds_cfg = ds_config(cfg.zero_stage, cfg.grad_clip, setup.bf16, micro_batch=cfg.micro_batch_size,
+                       grad_accum=cfg.grad_accum, world=setup.ranks.world)
     zero3_ctx = hf_zero3_context(ds_cfg)  # noqa: F841 - kept alive while from_pretrained partitions
-    attn = choose_attn(cfg.attn_implementation, t.ranks.on_gpu)
+    attn = choose_attn(cfg.attn_implementation, setup.ranks.on_gpu)
     model = load_model(attn)
     model.config.use_cache = False
     engine, scheduler = initialize(model, param_groups(model, cfg.weight_decay), ds_cfg, lr=cfg.lr,

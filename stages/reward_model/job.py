@@ -126,9 +126,9 @@ def main(job: StageJob) -> dict[str, Any] | None:
     from transformers.utils import logging as hf_logging
 
     cfg = RewardModelConfig.model_validate(job.config)
-    t = start_training_job(job, cfg)
+    setup = start_training_job(job, cfg)
     hf_logging.set_verbosity_error()  # the new head's "newly initialized weights" warning is expected
-    ranks, log, model_dir, tokenizer, pad_id = t.ranks, t.log, t.model_dir, t.tokenizer, t.pad_id
+    ranks, log, model_dir, tokenizer, pad_id = setup.ranks, setup.log, setup.model_dir, setup.tokenizer, setup.pad_id
     rank, world, local_rank, device = ranks.rank, ranks.world, ranks.local_rank, ranks.device
 
     # 1. data
@@ -168,7 +168,7 @@ def main(job: StageJob) -> dict[str, Any] | None:
         model.config.pad_token_id = pad_id
         return model
 
-    engine, scheduler, _ = supervised_engine(cfg, t, total_steps, load_model)
+    engine, scheduler, _ = supervised_engine(cfg, setup, total_steps, load_model)
 
     # 3. resume
     p = Progress()
@@ -246,7 +246,7 @@ def main(job: StageJob) -> dict[str, Any] | None:
                "eval_accuracy": final_eval["accuracy"], "eval_loss": final_eval["loss"],
                "eval_margin": final_eval["margin"], "train_loss": train_metrics.get("loss"),
                "train_accuracy": train_metrics.get("accuracy"),
-               "precision": "bf16" if t.bf16 else "fp32", "zero_stage": cfg.zero_stage,
+               "precision": "bf16" if setup.bf16 else "fp32", "zero_stage": cfg.zero_stage,
                "data": stats.as_dict(), "eval_data": eval_stats.as_dict() if eval_stats else None}
     (out / "stage_summary.json").write_text(json.dumps(summary, indent=2))
     info(f"reward_model: done, {p.step} steps; held-out accuracy {initial_eval['accuracy']:.3f} -> "

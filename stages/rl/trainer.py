@@ -60,19 +60,20 @@ class Progress(StatefulDataclass):
 class RLTrainer:
     def __init__(self, job: StageJob, cfg: RLConfig, spec: RLSpec):
         self.cfg, self.spec = cfg, spec
-        t = start_training_job(job, cfg)
-        self.ranks = ranks = t.ranks
+        setup = start_training_job(job, cfg)
+        self.ranks = ranks = setup.ranks
         self.rank = ranks.rank
-        eos = set(eos_token_ids_of(t.model_dir)) | ({t.tokenizer.eos_token_id} if t.tokenizer.eos_token_id is not None
-                                                     else set())
-        self.ctx = ctx = RLContext(job, cfg, ranks, t.model_dir, t.tokenizer, make_decoder(t.tokenizer, sorted(eos)),
-                                   t.log)
+        tokenizer = setup.tokenizer
+        eos = set(eos_token_ids_of(setup.model_dir)) | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None
+                                                        else set())
+        self.ctx = ctx = RLContext(job, cfg, ranks, setup.model_dir, tokenizer, make_decoder(tokenizer, sorted(eos)),
+                                   setup.log)
         self.log = ctx.log
 
         self.prompts = rank0_do(self.rank, lambda: spec.load_prompts(ctx), "loading the prompts")
         self.hooks = spec.build_hooks(ctx)
-        self.policy = build_policy(cfg, t.model_dir, ranks, t.bf16, t.pad_id)
-        self.rollouts = Rank0Rollouts.start(cfg, self.rank, t.model_dir, ranks.device, self.prompts,
+        self.policy = build_policy(cfg, setup.model_dir, ranks, setup.bf16, setup.pad_id)
+        self.rollouts = Rank0Rollouts.start(cfg, self.rank, setup.model_dir, ranks.device, self.prompts,
                                             lambda: spec.build_reward(ctx), ctx.decode)
         self.weight_sync = GatherToRank0(self.policy.module, self.rollouts.engine, self.rank, cfg.zero_stage == 3)
         self.progress = Progress()

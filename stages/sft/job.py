@@ -88,8 +88,8 @@ def packed_loss_sum(model, batch: dict[str, torch.Tensor], device: torch.device,
 # -- the stage -------------------------------------------------------------------------------
 def main(job: StageJob) -> dict[str, Any] | None:
     cfg = SFTConfig.model_validate(job.config)
-    t = start_training_job(job, cfg)
-    ranks, log, model_dir, tokenizer, pad_id = t.ranks, t.log, t.model_dir, t.tokenizer, t.pad_id
+    setup = start_training_job(job, cfg)
+    ranks, log, model_dir, tokenizer, pad_id = setup.ranks, setup.log, setup.model_dir, setup.tokenizer, setup.pad_id
     rank, world, local_rank, device = ranks.rank, ranks.world, ranks.local_rank, ranks.device
 
     # 1. data
@@ -127,7 +127,7 @@ def main(job: StageJob) -> dict[str, Any] | None:
 
     # 2. model, optimizer, schedule, engine
     engine, scheduler, attn = supervised_engine(
-        cfg, t, total_steps, lambda attn: load_causal_lm(model_dir, torch.float32, attn_implementation=attn))
+        cfg, setup, total_steps, lambda attn: load_causal_lm(model_dir, torch.float32, attn_implementation=attn))
 
     # 3. resume
     p = Progress()
@@ -160,7 +160,7 @@ def main(job: StageJob) -> dict[str, Any] | None:
             # DeepSpeed divides by grad_accum and averages over ranks: this makes the step's
             # gradient that of the mean over every trained token of the global batch
             engine.backward(ce * (cfg.grad_accum * world / max(step_targets, 1)))
-            if cfg.zero_stage == 0 and not t.bf16 and j == len(batches) - 1:
+            if cfg.zero_stage == 0 and not setup.bf16 and j == len(batches) - 1:
                 # plain DeepSpeed clips without reporting the norm: take it from the
                 # (already all-reduced) gradients before the step clips them
                 grad_norm = torch.nn.utils.get_total_norm(
@@ -199,7 +199,7 @@ def main(job: StageJob) -> dict[str, Any] | None:
                "tokens_trained": p.tokens, "target_tokens_trained": p.target_tokens,
                "epochs": round(p.epoch + p.step_in_epoch / plan.steps_per_epoch, 4),
                "resumed_from_step": resumed_from, "world_size": world, "packs": len(packs),
-               "precision": "bf16" if t.bf16 else "fp32", "zero_stage": cfg.zero_stage,
+               "precision": "bf16" if setup.bf16 else "fp32", "zero_stage": cfg.zero_stage,
                "attn_implementation": attn, "data": stats.as_dict()}
     (out / "stage_summary.json").write_text(json.dumps(summary, indent=2))
     info(f"sft: done, {p.step} steps, loss {p.first_loss:.4f} -> {loss if loss is not None else float('nan'):.4f}; "
