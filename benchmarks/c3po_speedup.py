@@ -1,7 +1,7 @@
 """C3PO++ vs synchronous rollouts in one run, and IcePop's loss-step overhead vs plain GRPO.
 
 Both schedulers drive the same rollout engine (torch engine by default) and the same policy
-update (stages/reasoning_rl/learner.py with a plain torch AdamW: no DeepSpeed, MLflow or
+update (stages/rl/learner.py with a plain torch AdamW: no DeepSpeed, MLflow or
 Prefect needed), starting from the same random-init weights, on the same prompts.
 
 Fairness of the comparison (what is held equal, and why):
@@ -52,11 +52,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere
 
-from stages.reasoning_rl.c3po import PromptSampler, SchedulerConfig, make_scheduler  # noqa: E402
-from stages.reasoning_rl.engines import ENGINES  # noqa: E402
-from stages.reasoning_rl.engines.base import SamplingParams  # noqa: E402
-from stages.reasoning_rl.icepop import LossConfig, policy_loss  # noqa: E402
-from stages.reasoning_rl.learner import Learner, LearnerConfig, TorchBackend  # noqa: E402
+from stages.rl.engines import ENGINES, SamplingParams  # noqa: E402
+from stages.rl.learner import Learner, LearnerConfig, TorchBackend  # noqa: E402
+from stages.rl.loss import LossConfig, policy_loss  # noqa: E402
+from stages.rl.prompt_sampler import PromptSampler  # noqa: E402
+from stages.rl.scheduler import SchedulerConfig, make_scheduler  # noqa: E402
 
 PRESETS = {
     # ~170M-parameter Qwen2 shape, 2k-token cap: a few minutes on one H200
@@ -111,7 +111,7 @@ def expected_length(a) -> float:
     return statistics.fmean(length_of(a.seed + 1, n, a.median_len, a.len_sigma, a.max_len) for n in range(20000))
 
 
-def token_reward(rows, texts):
+def token_reward(rows, texts, groups):
     """Share of response tokens whose id is a multiple of 4 (texts are space-joined ids)."""
     out = []
     for t in texts:

@@ -96,12 +96,12 @@ def main() -> None:
     a = parse()
     if a.threads:
         torch.set_num_threads(a.threads)
-    from stages.reasoning_rl.engines import RolloutRequest, SamplingParams, create_engine
-    from stages.reasoning_rl.engines.torch_engine import _resolve_dtype
+    from stages.rl.engines import RolloutRequest, SamplingParams, create_engine
+    from stages.rl.engines.torch_engine import resolve_dtype
     import transformers
 
     device = torch.device(a.device)
-    dtype = _resolve_dtype(a.dtype, device)
+    dtype = resolve_dtype(a.dtype, device)
     model = build_model(a, dtype, device)
     g = torch.Generator().manual_seed(a.seed + 1)
     prompts = torch.randint(1, a.vocab, (a.batch, a.prompt_len), generator=g)
@@ -128,7 +128,7 @@ def main() -> None:
     n_new = a.batch * a.new_tokens
     row = {"engine tok/s": n_new / e_full,
            "engine decode tok/s": a.batch * (a.new_tokens - 1) / max(e_full - e_one, 1e-9),
-           "engine warm-up s": warm, "graphs": len(engine._graphs) if engine.use_graphs else "off"}
+           "engine warm-up s": warm, "graphs": len(engine.graphs) if engine.use_graphs else "off"}
 
     if not a.skip_generate:
         ids = prompts.to(device)

@@ -1,9 +1,11 @@
 """The contract between the pipeline and a stage kind.
 
-A stage kind is a pydantic config model (subclass of `StageConfig`) plus an entry
-module run as the stage's job: `python -m <entry> --job job.json`. The job file is a
-`StageJob`: the resolved config, where the stage's artifact lives, where to write the
-outputs that the pipeline publishes, and which MLflow run to log to.
+A stage kind is a pydantic config model (subclass of `StageConfig`) plus its job module
+`stages/<kind>/job.py`, run as `python -m stages.<kind>.job --job job.json` (see
+stages/registry.py and stages/common/entry.py). The job file is a `StageJob`: the resolved
+config, where the stage's artifact lives, where to write the outputs that the pipeline
+publishes, and which MLflow run to log to. A job reports a problem the user can fix by
+raising `StageError`.
 """
 from __future__ import annotations
 
@@ -126,8 +128,12 @@ class StageJob(BaseModel):
 
     def fetch(self, url: str) -> Path:
         """Local path of an input: an upstream artifact (or a file inside one), verified
-        against its manifest's sha256, or an external fsspec URL / local path."""
-        from pipeline.artifacts import fetch_input
+        against its manifest's sha256, or an external fsspec URL / local path. A missing or
+        corrupt input is the user's to fix: StageError."""
+        from pipeline.artifacts import ArtifactError, fetch_input
 
-        return fetch_input(url, Path(self.work_dir) / "inputs", self.storage_options,
-                           artifact_urls=list(self.upstream.values()))
+        try:
+            return fetch_input(url, Path(self.work_dir) / "inputs", self.storage_options,
+                               artifact_urls=list(self.upstream.values()))
+        except ArtifactError as e:
+            raise StageError(str(e)) from e

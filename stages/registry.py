@@ -1,33 +1,59 @@
 """The registry of stage kinds: the only door through which `pipeline` sees stages.
 
-A kind = a config model (pydantic, `kind` literal) + the module its job runs
-(`python -m <entry> --job job.json`). Config modules import nothing heavy, so
-validating a recipe does not import torch.
+A kind = a package `stages/<kind>/` with
+- `config.py`: the config model (pydantic, a `kind` literal) and the kind's registration,
+  `KIND = register(StageKind(name=..., config=..., version=1, ...))`; it imports nothing
+  heavy (no torch), so validating a recipe stays fast;
+- `job.py`: `main(job: StageJob)`, run as `python -m stages.<kind>.job --job job.json`
+  through `stages.common.entry.run_job` (the stage contract; CONTRIBUTING.md).
+
+The registry is lazy: `STAGE_KINDS[name]` imports `stages.<name>.config` the first time the
+kind is asked for, and iterating `STAGE_KINDS` imports every kind package's config. Nothing
+depends on import order: a config module may import another kind's config (or shared
+settings) at its top.
 """
 from __future__ import annotations
 
 import hashlib
 import importlib
 import importlib.util
-from dataclasses import dataclass
+import pkgutil
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
 from pipeline.stage_api import StageConfig
+
+_KIND_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def job_module(kind: str) -> str:
+    """The entry module of a kind by the stage contract."""
+    return f"stages.{kind}.job"
 
 
 @dataclass(frozen=True)
 class StageKind:
     name: str
     config: type[StageConfig]
-    entry: str
-    # packages/modules whose source is this kind's code version (enters the stage hash)
-    sources: tuple[str, ...] = ()
     # the kind's declared results version: bumped by hand when a code change changes results
     version: int = 1
+    # packages/modules whose source is this kind's code (its digest; see code_version)
+    sources: tuple[str, ...] = ()
     # False: one process, no rendezvous (data stages); True: world size from resources
     distributed: bool = True
     description: str = ""
+    # the job module; by the stage contract `stages.<name>.job` (left unset). Only a kind that
+    # lives outside `stages/` (a test's own kind) names another module.
+    entry: str = field(default="")
+
+    def __post_init__(self) -> None:
+        if not _KIND_NAME.match(self.name):
+            raise ValueError(f"stage kind name {self.name!r}: use lowercase letters, digits and _")
+        if not self.entry:
+            object.__setattr__(self, "entry", job_module(self.name))
 
     @cached_property
     def code_version(self) -> str:
@@ -56,25 +82,46 @@ class StageKind:
         return h.hexdigest()[:16]
 
 
-STAGE_KINDS: dict[str, StageKind] = {}
+_REGISTERED: dict[str, StageKind] = {}
 
 
 def register(kind: StageKind) -> StageKind:
-    if kind.name in STAGE_KINDS:
+    """Called by a kind's config module (or a test) when it is imported."""
+    if kind.name in _REGISTERED and _REGISTERED[kind.name] is not kind:
         raise ValueError(f"stage kind {kind.name!r} registered twice")
-    STAGE_KINDS[kind.name] = kind
+    _REGISTERED[kind.name] = kind
     return kind
 
 
-def _load_all() -> None:
-    """Import `stages/<kind>/config.py` of every stage package; each registers itself."""
-    import pkgutil
-
+def _kind_packages() -> list[str]:
+    """The packages under stages/ that are stage kinds (they have a config.py)."""
     import stages
 
-    for mod in sorted(pkgutil.iter_modules(stages.__path__), key=lambda m: m.name):
-        if mod.ispkg and importlib.util.find_spec(f"stages.{mod.name}.config") is not None:
-            importlib.import_module(f"stages.{mod.name}.config")
+    return sorted(m.name for m in pkgutil.iter_modules(stages.__path__)
+                  if m.ispkg and importlib.util.find_spec(f"stages.{m.name}.config") is not None)
 
 
-_load_all()
+class StageKinds(Mapping[str, StageKind]):
+    """name -> StageKind, importing a kind's config module when the kind is first asked for."""
+
+    def __getitem__(self, name: str) -> StageKind:
+        if name not in _REGISTERED and _KIND_NAME.match(name) \
+                and importlib.util.find_spec(f"stages.{name}") is not None \
+                and importlib.util.find_spec(f"stages.{name}.config") is not None:
+            importlib.import_module(f"stages.{name}.config")
+        try:
+            return _REGISTERED[name]
+        except KeyError:
+            raise KeyError(f"unknown stage kind {name!r}; known kinds: {', '.join(self)}") from None
+
+    def __iter__(self) -> Iterator[str]:
+        names = _kind_packages()
+        for name in names:
+            self[name]  # registers it
+        yield from sorted(set(names) | set(_REGISTERED))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+STAGE_KINDS: Mapping[str, StageKind] = StageKinds()

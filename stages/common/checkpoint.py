@@ -1,21 +1,62 @@
-"""Mid-stage DeepSpeed checkpoints through the stage's CheckpointStore, with every rank's RNG."""
+"""Mid-stage checkpoints of the training stages, through the stage's CheckpointStore.
+
+One checkpoint (`checkpoints/step-NNNNNNNN/` of the stage's artifact dir) holds
+- the DeepSpeed state of every rank (module, optimizer, lr schedule), written by DeepSpeed;
+- every rank's RNG state (python, numpy, torch, CUDA): `rng_rank00000.pt`, ...;
+- `state.json.gz`, written by rank 0: the step, the run's fingerprint and the `state_dict()`
+  of every Stateful the stage registered (its progress counters, the RL scheduler's pools,
+  metric history, ...), the torchtitan way: whatever must survive a restart is a Stateful
+  handed to the Checkpointer, not a field copied by hand.
+
+The fingerprint is the world size plus what the stage adds (SFT: the pack count, ...). A
+restart with a different fingerprint is refused before anything is loaded (DeepSpeed's ZeRO
+shards cannot be read by another world size; a different data set would silently resume at
+a wrong position).
+
+Every node's local rank 0 uploads its ranks' files; rank 0 marks the step complete (and
+prunes older steps) once every node is done. On restart each node's local rank 0 restores
+the latest complete step and every rank loads its part.
+"""
 from __future__ import annotations
 
+import dataclasses
+import gzip
+import json
 import random
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from pipeline.artifacts import CheckpointStore
-from pipeline.stage_api import StageJob
+from pipeline.stage_api import StageError, StageJob
+from stages.common.distributed import Ranks, broadcast
+
+STATE_FILE = "state.json.gz"
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint that exists but cannot be loaded."""
+class CheckpointError(StageError):
+    """A checkpoint that cannot be resumed from (corrupt, or written by another setup)."""
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class StatefulDataclass:
+    """Mixin: a dataclass whose fields are JSON-able is a Stateful (a stage's progress counters)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            setattr(self, f.name, state[f.name])
 
 
 def rng_state() -> dict[str, Any]:
@@ -33,51 +74,84 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-class Checkpointer:
-    """DeepSpeed checkpoints written to a node-local dir, then into the stage's
-    CheckpointStore: every node's local rank 0 uploads its ranks' files, rank 0 marks
-    the step complete (and prunes old steps) once every node is done."""
+def read_state(step_dir: Path) -> dict[str, Any]:
+    """`state.json.gz` of a restored checkpoint directory: {"step", "fingerprint", "state"}."""
+    with gzip.open(Path(step_dir) / STATE_FILE, "rt", encoding="utf-8") as f:
+        return json.load(f)
 
-    def __init__(self, job: StageJob, engine, rank: int, local_rank: int):
+
+class Checkpointer:
+    """Saves and resumes a stage: DeepSpeed `engine`, RNG, and the Statefuls in `state`
+    (name -> object; None on a rank that does not hold that object, e.g. the RL scheduler
+    lives on rank 0: rank 0's state is the one saved)."""
+
+    def __init__(self, job: StageJob, engine, ranks: Ranks, state: dict[str, Stateful | None],
+                 fingerprint: dict[str, Any] | None = None):
         self.store = CheckpointStore(job.stage_url, job.storage_options)
-        self.engine, self.rank, self.local_rank = engine, rank, local_rank
+        self.engine, self.ranks, self.state = engine, ranks, state
+        self.fingerprint = {"world size": ranks.world, **(fingerprint or {})}
         self.local_root = Path(job.work_dir) / "checkpoints"
 
     @staticmethod
     def tag(step: int) -> str:
         return f"step-{step:08d}"
 
-    def save(self, step: int, client_state: dict[str, Any]) -> None:
+    def save(self, step: int) -> None:
+        r = self.ranks
         tag = self.tag(step)
-        self.engine.save_checkpoint(str(self.local_root), tag=tag, client_state=client_state,
-                                    save_latest=False)
-        torch.save(rng_state(), self.local_root / tag / f"rng_rank{self.rank:05d}.pt")
-        if self.rank == 0:
-            self.store.clear(step)
+        local = self.local_root / tag
+        if r.local_rank == 0:  # leftovers of a killed run must not mix into this checkpoint
+            shutil.rmtree(local, ignore_errors=True)
         dist.barrier()
-        if self.local_rank == 0:
-            self.store.upload(self.local_root / tag, step)
+        self.engine.save_checkpoint(str(self.local_root), tag=tag, save_latest=False)
+        torch.save(rng_state(), local / f"rng_rank{r.rank:05d}.pt")
+        if r.rank == 0:
+            saved = {"step": step, "fingerprint": self.fingerprint,
+                     "state": {k: s.state_dict() for k, s in self.state.items() if s is not None}}
+            with gzip.open(local / STATE_FILE, "wt", encoding="utf-8") as f:
+                json.dump(saved, f)
+            self.store.clear(step)  # a stale, never completed upload of this step
         dist.barrier()
-        if self.rank == 0:
+        if r.local_rank == 0:  # each node uploads its own ranks' files (one node: all of them)
+            self.store.upload(local, step)
+        dist.barrier()
+        if r.rank == 0:
             self.store.mark_complete(step)
-        if self.local_rank == 0:
-            shutil.rmtree(self.local_root / tag, ignore_errors=True)
+        if r.local_rank == 0:  # the store has it now; local copies would pile up
+            shutil.rmtree(local, ignore_errors=True)
 
-    def latest(self) -> int | None:
-        box = [self.store.latest() if self.rank == 0 else None]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
-
-    def load(self, step: int) -> dict[str, Any]:
+    def resume(self) -> int | None:
+        """Load the latest complete checkpoint into the engine, the RNG and every Stateful;
+        returns its step, or None when the stage has none (a fresh start)."""
+        r = self.ranks
+        step = broadcast(self.store.latest() if r.rank == 0 else None)
+        if step is None:
+            return None
         tag = self.tag(step)
         root = self.local_root.parent / "resume"
-        if self.local_rank == 0:
+        if r.local_rank == 0:
+            shutil.rmtree(root / tag, ignore_errors=True)
             self.store.restore(step, root / tag)
         dist.barrier()
-        path, client_state = self.engine.load_checkpoint(str(root), tag=tag)
-        if path is None or client_state is None:
-            raise CheckpointError(f"checkpoint {tag} of {self.store.stage_url} could not be loaded")
-        rng_file = root / tag / f"rng_rank{self.rank:05d}.pt"
-        if rng_file.exists():
-            set_rng_state(torch.load(rng_file, weights_only=False))
-        return client_state
+        try:
+            saved = read_state(root / tag)
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"checkpoint {tag} of {self.store.stage_url}: {STATE_FILE} "
+                                  f"cannot be read ({type(e).__name__}: {e})") from e
+        if saved["fingerprint"] != self.fingerprint:
+            raise CheckpointError(
+                f"checkpoint {tag} of {self.store.stage_url} was written by a run with "
+                f"{_describe(saved['fingerprint'])}; this run has {_describe(self.fingerprint)}. "
+                "Resume with the same resources and data, or delete its checkpoints/")
+        path, _ = self.engine.load_checkpoint(str(root), tag=tag)
+        if path is None:
+            raise CheckpointError(f"checkpoint {tag} of {self.store.stage_url} has no loadable DeepSpeed state")
+        for name, obj in self.state.items():
+            if obj is not None:
+                obj.load_state_dict(saved["state"][name])
+        set_rng_state(torch.load(root / tag / f"rng_rank{r.rank:05d}.pt", weights_only=False))
+        return step
+
+
+def _describe(fingerprint: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in fingerprint.items())

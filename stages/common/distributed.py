@@ -13,6 +13,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from pipeline.stage_api import StageError
+
 
 @dataclass(frozen=True)
 class Ranks:
@@ -50,6 +52,16 @@ def use_bf16(precision: str, on_gpu: bool) -> bool:
     return precision == "bf16" or (precision == "auto" and on_gpu)
 
 
+def resolve_device(setting: str, key: str, own: torch.device) -> str:
+    """A config's device (`key` = its name, e.g. "rollout.device") for this rank: auto = the
+    rank's own device, cuda = cuda:0; a CUDA device on a machine without one is the user's error."""
+    if setting == "auto":
+        return str(own)
+    if setting.startswith("cuda") and not torch.cuda.is_available():
+        raise StageError(f"{key} is {setting!r} but this machine has no CUDA device")
+    return "cuda:0" if setting == "cuda" else setting
+
+
 def seed_all(seed: int) -> None:
     """Seed python's, numpy's and torch's global generators."""
     random.seed(seed)
@@ -64,24 +76,24 @@ def broadcast(obj: Any) -> Any:
     return box[0]
 
 
-def rank0_do(rank: int, fn: Callable[[], Any], what: str, user_error: type[Exception]) -> Any:
+def rank0_do(rank: int, fn: Callable[[], Any], what: str) -> Any:
     """Run `fn` on rank 0 and hand its failure to every rank (the result stays on rank 0), so a
     bad input on rank 0 stops all ranks with the same message instead of leaving them waiting.
-    Every rank raises `user_error`: with the message of a `user_error` raised by `fn`, or
+    Every rank raises StageError: with the message of a StageError raised by `fn`, or
     "`what` failed: ..." for anything else (its traceback printed on rank 0)."""
     result: Any = None
     err: str | None = None
     if rank == 0:
         try:
             result = fn()
-        except user_error as e:
+        except StageError as e:
             err = str(e)
         except Exception as e:  # noqa: BLE001 - reported on every rank, then re-raised on rank 0
             err = f"{what} failed: {type(e).__name__}: {e}"
             traceback.print_exc()
     status = broadcast(err)
     if status is not None:
-        raise user_error(status)
+        raise StageError(status)
     return result
 
 

@@ -1,31 +1,42 @@
-"""The `main` of a DeepSpeed stage job: run `train(job)`, turn a user error into one message on
-rank 0 and exit status 2, and always leave the process group."""
+"""How every stage job runs (the stage contract): `stages/<kind>/job.py` ends with
+
+    if __name__ == "__main__":
+        sys.exit(run_job(main))
+
+`run_job` reads the job file, calls `main(job)`, and turns the outcome into the exit status:
+0 when `main` returns; 2 when it raises `StageError` (a problem the user can fix), printed
+once, by rank 0, without a traceback; anything else is a bug and propagates with its
+traceback (exit 1). The process group, when `main` joined one, is always left.
+"""
 from __future__ import annotations
 
 import sys
 from typing import Any, Callable
 
-import torch.distributed as dist
-
-from pipeline.stage_api import StageJob
+from pipeline.stage_api import StageError, StageJob
 
 
-def run_job(train: Callable[[StageJob], Any], name: str, user_errors: tuple[type[Exception], ...],
-            argv: list[str] | None = None) -> int:
-    """0 when `train` returns; 2 with "`name` failed: <message>" printed by rank 0 when it
-    raises one of `user_errors` (anything else propagates with its traceback)."""
+def run_job(main: Callable[[StageJob], Any], argv: list[str] | None = None) -> int:
     job = StageJob.from_argv(argv)
     try:
-        train(job)
-        if dist.is_initialized():
+        main(job)
+        group = _process_group()
+        if group is not None:
             # every rank done (rank 0 may still be writing the model) before the group goes:
             # a rank tearing down early aborted its peer's in-flight gloo/shm traffic
-            dist.barrier()
-    except user_errors as e:
+            group.barrier()
+    except StageError as e:
         if job.rank == 0:
-            print(f"{name} failed: {e}", file=sys.stderr, flush=True)
+            print(f"{job.stage} ({job.kind}) failed: {e}", file=sys.stderr, flush=True)
         return 2
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        group = _process_group()
+        if group is not None:
+            group.destroy_process_group()
     return 0
+
+
+def _process_group():
+    """torch.distributed when this process joined a group (data stages never import torch)."""
+    dist = sys.modules.get("torch.distributed")
+    return dist if dist is not None and dist.is_available() and dist.is_initialized() else None

@@ -66,7 +66,7 @@ def rerun_config(config: dict[str, Any], only: list[str] | None = None,
 
 
 KIND = register(StageKind(
-    name="curate", config=CurateConfig, entry="stages.curate.job", version=1,
+    name="curate", config=CurateConfig, version=1,
     sources=("stages.curate", "data_curation"), distributed=False,
     description="SFT data curation: quality filter, exact + near dedup, harmful filter, "
                 "decontamination, domain tags, reports"))

@@ -132,4 +132,4 @@ def check_kept(report: dict[str, Any], min_rows: int) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(run_job(main, "curate", (StageError,)))
+    sys.exit(run_job(main))

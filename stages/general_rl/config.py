@@ -1,10 +1,10 @@
 """Config of the `general_rl` stage: RLHF with GRPO on a weighted prompt mix.
 
-It is the reasoning-RL config (same engines, loss, scheduler, DeepSpeed and checkpoint
-settings: `correction` icepop/tis/none, `scheduler` c3po/sync, `rollout`, `c3po`, ...) with
-the paper's general-RL numbers as defaults (arXiv 2510.18855: GRPO, lr 3e-6, KL 0,
-temperature 1.0, 80 prompts x 8 outputs per step, max length 32,768; AdamW as reasoning
-RL) and three differences:
+It has the settings of every RL stage (stages.rl.settings.RLConfig: engines, loss, scheduler,
+DeepSpeed and checkpoint settings: `correction` icepop/tis/none, `scheduler` c3po/sync,
+`rollout`, `c3po`, ...) with the paper's general-RL numbers as defaults (arXiv 2510.18855:
+GRPO, lr 3e-6, KL 0, temperature 1.0, 80 prompts x 8 outputs per step, max length 32,768;
+AdamW as reasoning RL) and, unlike reasoning RL:
 - `data` is a mapping source name -> {path, weight}: prompts are drawn per source by
   weight (general chat prompts, instruction-following prompts with checkable constraints,
   the prompts of human-preference pairs, ...); `domain_weights` does not apply;
@@ -16,15 +16,13 @@ RL) and three differences:
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from pipeline.stage_api import Strict
-from stages.reasoning_rl.config import ReasoningRLConfig
 from stages.registry import StageKind, register
-
-_DEVICE_RE = re.compile(r"^(cpu|auto|cuda(:\d+)?)$")
+from stages.rl.settings import Device, RLConfig
 
 
 class PromptSource(Strict):
@@ -38,14 +36,14 @@ class PromptSource(Strict):
 
 
 class RewardSettings(Strict):
-    """reward = rm_weight * RM score (z-scored within the prompt's group when
+    """reward = rm_weight * RM score (z-scored within its GRPO group when
     rm_normalization is "group") + rule_weight * verifier score (rows with a reference)
     - format_penalty (response not `<think>...</think>answer`) - truncation_penalty (cut at
     max_len) - overlong_penalty * (share of the last `overlong_buffer` tokens used)."""
 
     rm_weight: float = Field(1.0, ge=0)
     rm_normalization: Literal["group", "none"] = "group"
-    rm_device: str = Field("auto", description="cpu | cuda:N | auto (rank 0's device: CPU without CUDA)")
+    rm_device: Device = Field("auto", description="cpu | cuda:N | auto (rank 0's device: CPU without CUDA)")
     rm_batch_size: int = Field(16, ge=1, description="sequences per reward-model forward")
     rule_weight: float = Field(1.0, ge=0)
     format_penalty: float = Field(0.5, ge=0)
@@ -53,13 +51,6 @@ class RewardSettings(Strict):
     truncation_penalty: float = Field(1.0, ge=0)
     overlong_buffer: int = Field(0, ge=0, description="tokens before max_len where the soft penalty ramps up")
     overlong_penalty: float = Field(0.0, ge=0)
-
-    @field_validator("rm_device")
-    @classmethod
-    def _device(cls, v: str) -> str:
-        if not _DEVICE_RE.match(v):
-            raise ValueError(f"reward.rm_device must be cpu, auto, cuda or cuda:N, not {v!r}")
-        return v
 
 
 class ReasoningEvalSettings(Strict):
@@ -89,10 +80,9 @@ class ReasoningEvalSettings(Strict):
         return v
 
 
-class GeneralRLConfig(ReasoningRLConfig):
-    kind: Literal["general_rl"] = "general_rl"  # type: ignore[assignment]
-    data: dict[str, PromptSource] = Field(  # type: ignore[assignment]
-        min_length=1, description="source name -> {path, weight}: the prompt mix")
+class GeneralRLConfig(RLConfig):
+    kind: Literal["general_rl"] = "general_rl"
+    data: dict[str, PromptSource] = Field(min_length=1, description="source name -> {path, weight}: the prompt mix")
     reward_model: str | None = Field(None, description="a reward_model stage output (${stages.X.output})")
     reward: RewardSettings = RewardSettings()
     reasoning_eval: ReasoningEvalSettings | None = Field(
@@ -102,11 +92,16 @@ class GeneralRLConfig(ReasoningRLConfig):
     max_len: int = Field(32768, ge=1, description="max response tokens of a rollout")
     lr: float = Field(3e-6, gt=0)
 
-    @model_validator(mode="after")
-    def _general(self) -> "GeneralRLConfig":
-        if self.domain_weights is not None:
+    @model_validator(mode="before")
+    @classmethod
+    def _no_domain_weights(cls, values: Any) -> Any:
+        if isinstance(values, dict) and "domain_weights" in values:  # reasoning_rl's key, a likely mix-up
             raise ValueError("general_rl weights prompt sources, not domains: set data.<source>.weight "
                              "instead of domain_weights")
+        return values
+
+    @model_validator(mode="after")
+    def _general(self) -> "GeneralRLConfig":
         if not any(s.weight > 0 for s in self.data.values()):
             raise ValueError("data: at least one source needs a positive weight")
         r = self.reward
@@ -129,7 +124,7 @@ class GeneralRLConfig(ReasoningRLConfig):
 
 
 KIND = register(StageKind(
-    name="general_rl", config=GeneralRLConfig, entry="stages.general_rl.train",
-    sources=("stages.general_rl", "stages.reasoning_rl", "stages.reward_model", "stages.common", "verifiers"),
+    name="general_rl", config=GeneralRLConfig, version=1,
+    sources=("stages.general_rl", "stages.rl", "stages.reward_model", "stages.common", "verifiers"),
     distributed=True,
     description="RLHF: GRPO on a weighted prompt mix, reward model + rule rewards, reasoning guard"))

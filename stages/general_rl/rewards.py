@@ -1,6 +1,7 @@
 """The general-RL reward: reward-model score + rule rewards + format / length penalties.
 
-For response i of a prompt's group g (the G responses to one prompt in a training step):
+For response i of GRPO group g (the G responses sampled for one prompt; a prompt drawn twice
+in a step makes two groups, normalised apart):
 
     reward_i = rm_weight   * z_g(rm_i)                  reward model, normalised in the group
              + rule_weight * rule_i                      verifier score in [0, 1] (rows with a reference)
@@ -13,45 +14,21 @@ are all equal, gets 0 (the RM then says nothing about it). With rm_normalization
 the raw score is used. The RM score comes from `stages.reward_model.scoring.RewardScorer`
 (batched on its own device), the rule score from `verifiers.verify_batch`; a row with no
 `reference` gets no rule term (general chat prompts are judged by the RM alone). GRPO then
-group-normalises the combined reward again for the advantage (c3po.py), so only the
+group-normalises the combined reward again for the advantage (stages/rl/loss.py), so only the
 relative weights of the terms matter within a group.
 
-`GeneralReward` is the scheduler's reward function: `(rows, texts) -> [RewardParts]`,
-each with `.score` and `.reason`. The scheduler passes texts only; the decode function of
-this module (`make_decoder`) returns `Decoded` strings that also carry the response's
-token count and whether it ended with EOS, which the length terms need.
+`GeneralReward` is the scheduler's reward function: `(rows, texts, group ids) ->
+[RewardParts]`, each with `.score` and `.reason`. The texts are `stages.rl.decoding.Decoded`
+strings that also carry the response's token count and whether it ended with EOS, which the
+length terms need.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 EPS = 1e-6
-
-
-class Decoded(str):
-    """A decoded response (special tokens removed) that remembers its token count and
-    whether generation ended with EOS."""
-
-    n_tokens: int
-    ended_by_eos: bool
-
-    def __new__(cls, text: str, n_tokens: int, ended_by_eos: bool) -> "Decoded":
-        obj = super().__new__(cls, text)
-        obj.n_tokens, obj.ended_by_eos = n_tokens, ended_by_eos
-        return obj
-
-    def __reduce__(self):  # pickles (broadcast_object_list) as itself
-        return (Decoded, (str(self), self.n_tokens, self.ended_by_eos))
-
-
-def make_decoder(tokenizer, eos_ids: Sequence[int]) -> Callable[[list[int]], Decoded]:
-    eos = set(int(t) for t in eos_ids)
-
-    def decode(ids: list[int]) -> Decoded:
-        return Decoded(tokenizer.decode(ids, skip_special_tokens=True), len(ids), bool(ids) and ids[-1] in eos)
-    return decode
 
 
 def format_ok(text: str, require_thinking: bool) -> tuple[bool, str]:
@@ -100,7 +77,7 @@ class RewardParts:
 class ResponseFacts:
     """What the combiner needs to know of one response besides the two scores."""
 
-    group: Any                      # responses with the same key form a group
+    group: Any                      # the GRPO group id: responses with the same id form a group
     format_ok: bool = True
     format_why: str = ""
     truncated: bool = False
@@ -147,7 +124,7 @@ def combine(rm: Sequence[float] | None, rule: Sequence[float | None], facts: Seq
 
 class GeneralReward:
     """The scheduler's reward function: RM scores and verifier scores for a batch of
-    (row, response) pairs, combined per group. Rows are the stage's prompt rows (`id`,
+    (row, response) pairs, combined per GRPO group. Rows are the stage's prompt rows (`id`,
     `messages`, and `domain` + `reference` when a verifier checks them)."""
 
     def __init__(self, settings: Any, max_len: int, scorer=None, verify_batch=None,
@@ -160,16 +137,18 @@ class GeneralReward:
         self.last_seconds: dict[str, float] = {}
         self.last_batch: tuple[list[dict], list[RewardParts]] = ([], [])  # for per-step metrics
 
-    def __call__(self, rows: list[dict], texts: list[str]) -> list[RewardParts]:
+    def __call__(self, rows: list[dict], texts: list[str], groups: list[str]) -> list[RewardParts]:
         import time
 
+        if not len(rows) == len(texts) == len(groups):
+            raise ValueError(f"{len(rows)} rows, {len(texts)} responses and {len(groups)} group ids")
         s = self.settings
         facts = []
-        for row, text in zip(rows, texts):
+        for text, group in zip(texts, groups):
             ok, why = format_ok(text, s.require_thinking)
             n_tokens = getattr(text, "n_tokens", 0)
             truncated = not getattr(text, "ended_by_eos", True)
-            facts.append(ResponseFacts(group=row["id"], format_ok=ok, format_why=why, truncated=truncated,
+            facts.append(ResponseFacts(group=group, format_ok=ok, format_why=why, truncated=truncated,
                                        n_tokens=n_tokens))
         rule: list[float | None] = [None] * len(rows)
         checked = [i for i, row in enumerate(rows) if row.get("reference") is not None]

@@ -60,6 +60,6 @@ class InitModelConfig(StageConfig):
 
 
 KIND = register(StageKind(
-    name="init_model", config=InitModelConfig, entry="stages.init_model.build",
-    sources=("stages.init_model",), distributed=False,
+    name="init_model", config=InitModelConfig, version=1,
+    sources=("stages.init_model", "stages.common"), distributed=False,
     description="base model: a pretrained HF dir, or a config-built model + local tokenizer"))

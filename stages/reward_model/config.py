@@ -60,6 +60,6 @@ class RewardModelConfig(StageConfig):
 
 
 KIND = register(StageKind(
-    name="reward_model", config=RewardModelConfig, entry="stages.reward_model.train",
+    name="reward_model", config=RewardModelConfig, version=1,
     sources=("stages.reward_model", "stages.common"), distributed=True,
     description="Bradley-Terry reward model on preference pairs (HF sequence-classification head)"))

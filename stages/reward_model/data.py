@@ -41,6 +41,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
+from stages.common.chat import encode_text, render_chat
+from stages.common.rows import Row
+
 MAX_EXAMPLES = 20
 WINNERS = {"model_a": 1.0, "a": 1.0, "model_b": 0.0, "b": 0.0, "tie": 0.5, "tie (bothbad)": 0.5}
 _WS = re.compile(r"\s+")
@@ -55,7 +58,7 @@ class PairProblem(ValueError):
 @dataclass
 class Pair:
     id: str
-    where: str                 # "file row N", for messages
+    where: str                 # "file:LINE" / "file row N", for messages
     prompt: list[dict]         # messages before the replies
     chosen: list[dict]         # reply turns (first one from the assistant)
     rejected: list[dict]
@@ -248,15 +251,11 @@ def normalise_row(row: Any, where: str, index: int, strip: bool) -> Pair:
 
 
 # -- tokens ----------------------------------------------------------------------------------
-def render(tokenizer, prompt: list[dict], reply: list[dict], strip: bool) -> str:
-    msgs = prompt + [{"role": m["role"], "content": strip_thinking(m["content"])
-                      if strip and m["role"] == "assistant" else m["content"]} for m in reply]
-    return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=False)
-
-
 def encode(tokenizer, prompt: list[dict], reply: list[dict], strip: bool, max_len: int) -> tuple[list[int], bool]:
     """(token ids, truncated) of prompt + reply, the first `max_len` tokens kept."""
-    ids = tokenizer(render(tokenizer, prompt, reply, strip), add_special_tokens=False)["input_ids"]
+    msgs = prompt + [{"role": m["role"], "content": strip_thinking(m["content"])
+                      if strip and m["role"] == "assistant" else m["content"]} for m in reply]
+    ids = encode_text(tokenizer, render_chat(tokenizer, msgs))
     return (ids[:max_len], True) if len(ids) > max_len else (ids, False)
 
 
@@ -267,13 +266,13 @@ class EncodedPair:
     label: float
 
 
-def encode_pairs(rows: Iterable[tuple[str, int, Any]], tokenizer, *, strip: bool, max_len: int,
+def encode_pairs(rows: Iterable[Row], tokenizer, *, strip: bool, max_len: int,
                  ties: str, stats: PairStats, quarantine: list[dict]) -> Iterator[tuple[Pair, EncodedPair]]:
-    """(pair, tokens) for every good row of `rows` ((file, 1-based row, row)); bad rows go to
-    `quarantine` (file, row, id, reason, detail, the row itself) and `stats`."""
-    for path, i, row in rows:
+    """(pair, tokens) for every good row of `rows`; bad rows go to `quarantine` (file, line or
+    row, id, reason, detail, the row itself) and `stats`."""
+    for src in rows:
         stats.rows += 1
-        where = f"{path} row {i}"
+        row, where = src.data, src.where
         try:
             pair = normalise_row(row, where, stats.rows - 1, strip)
             if pair.label == 0.0:  # arena "model_b": the second reply is the preferred one
@@ -294,7 +293,7 @@ def encode_pairs(rows: Iterable[tuple[str, int, Any]], tokenizer, *, strip: bool
                                   f"the replies differ only after the first {max_len} tokens")
         except PairProblem as p:
             stats.quarantine(where, p)
-            quarantine.append({"file": str(path), "row": i, "id": row.get("id") if isinstance(row, dict) else None,
+            quarantine.append({"file": str(src.file), "row": src.number, "id": row.get("id") if isinstance(row, dict) else None,
                                "reason": p.reason, "detail": p.detail, "data": _clip(row)})
             continue
         stats.truncated += int(tc or tr)

@@ -46,5 +46,5 @@ class SFTConfig(StageConfig):
 
 
 KIND = register(StageKind(
-    name="sft", config=SFTConfig, entry="stages.sft.train", sources=("stages.sft", "stages.common"),
+    name="sft", config=SFTConfig, version=1, sources=("stages.sft", "stages.common"),
     distributed=True, description="Long-CoT SFT: packed sequences, DeepSpeed ZeRO, resumable"))

@@ -1,11 +1,11 @@
 """SFT data: chat rows -> tokens + loss targets -> packed sequences.
 
 Rules (the stage's data contract):
-- Input: jsonl/json/parquet files, or a directory of them (recursive, sorted), read with
-  `datasets`. A row needs `messages`: a non-empty list of {role: str, content: str}
+- Input: jsonl/json/parquet files, or a directory of them (recursive, sorted), read by
+  stages/common/rows.py. A row needs `messages`: a non-empty list of {role: str, content: str}
   with at least one assistant turn whose content is not empty. Other fields are ignored.
 - Malformed rows: `on_bad_row="fail"` (default) stops the stage at the first one, naming
-  file, row (1-based record number) and reason. `"skip"` leaves them out, counts them
+  file, line (jsonl) or row and reason. `"skip"` leaves them out, counts them
   per reason and reports them (log line + stage_summary.json `data.bad_rows`, with the
   first examples' file/row/reason). Nothing is dropped without being counted.
 - Tokens: the tokenizer's chat template renders the whole conversation; the loss is on
@@ -30,13 +30,12 @@ from __future__ import annotations
 import random
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterator
 
 import torch
 
-from stages.common.data_plan import DataPlan  # noqa: F401 - the training order of the packs
-from stages.common.rows import DATA_SUFFIXES, DataError, data_files, read_rows  # noqa: F401
+from stages.common.chat import render_chat
+from stages.common.rows import DataError, Row
 
 MAX_EXAMPLES = 20
 
@@ -95,22 +94,17 @@ def check_messages(row: dict) -> tuple[str, str] | None:
 
 
 # -- tokenising ------------------------------------------------------------------------------
-def _render(tokenizer, messages: list[dict], generation_prompt: bool) -> str:
-    return tokenizer.apply_chat_template(messages, tokenize=False,
-                                         add_generation_prompt=generation_prompt)
-
-
 def trained_char_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
     """The rendered conversation and the character spans of the assistant turns (content
     through the eos token that closes the turn)."""
-    full = _render(tokenizer, messages, False)
+    full = render_chat(tokenizer, messages, False)
     eos = tokenizer.eos_token
     spans = []
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        head = _render(tokenizer, messages[:i], True) if i else _render(tokenizer, [], True)
-        upto = _render(tokenizer, messages[: i + 1], False)
+        head = render_chat(tokenizer, messages[:i], True) if i else render_chat(tokenizer, [], True)
+        upto = render_chat(tokenizer, messages[: i + 1], False)
         if not (upto.startswith(head) and full.startswith(upto)):
             raise DataError(
                 "the chat template is not prefix-stable (rendering the first k messages is not a "
@@ -131,16 +125,17 @@ def tokenize_chat(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]
     return ids, targets
 
 
-def build_samples(rows: Iterator[tuple[Path, int, dict]], tokenizer, max_seq_len: int,
+def build_samples(rows: Iterator[Row], tokenizer, max_seq_len: int,
                   on_bad_row: str) -> tuple[list[Sample], DataStats]:
     stats = DataStats()
     samples: list[Sample] = []
-    for path, i, row in rows:
+    for r in rows:
         stats.rows += 1
-        problem = check_messages(row)
+        row = r.data
+        problem = check_messages(row) if isinstance(row, dict) else ("bad_row", "a row must be a JSON object")
         if problem is not None:
             key, reason = problem
-            where = f"{path} row {i}: {reason}"
+            where = f"{r.where}: {reason}"
             if on_bad_row == "fail":
                 raise DataError(f"sft data {where} (set on_bad_row: skip to leave such rows out "
                                 "and count them)")

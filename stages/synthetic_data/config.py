@@ -45,6 +45,7 @@ class SyntheticDataConfig(StageConfig):
 
 
 KIND = register(StageKind(
-    name="synthetic_data", config=SyntheticDataConfig, entry="stages.synthetic_data.generate",
-    sources=("stages.synthetic_data", "stages.general_rl.prompts", "verifiers"), distributed=False,
+    name="synthetic_data", config=SyntheticDataConfig, version=1,
+    sources=("stages.synthetic_data", "stages.general_rl.synthetic_prompts", "stages.common", "verifiers"),
+    distributed=False,
     description="synthetic Long-CoT / RL / preference data generated locally"))

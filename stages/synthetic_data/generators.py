@@ -280,6 +280,6 @@ register("countdown", "Countdown / 24-game puzzles (verifiers.logic.countdown.ge
 register("math_verifiable", "verifiable arithmetic RL prompts (verifiers.math_gen.generate_arithmetic)",
          target="verifiers.math_gen:generate_arithmetic")(None)
 register("general_prompts", "open chat prompts (Magpie-style), judged by the reward model",
-         target="stages.general_rl.prompts:general_prompts")(None)
+         target="stages.general_rl.synthetic_prompts:general_prompts")(None)
 register("ifeval_prompts", "instruction-following prompts with checkable constraints",
-         target="stages.general_rl.prompts:ifeval_prompts")(None)
+         target="stages.general_rl.synthetic_prompts:ifeval_prompts")(None)

@@ -62,8 +62,8 @@ def test_launch_commands():
     assert ["--hostfile", "/h", "--num_nodes", "4"] == multi[5:9] and "8" in multi
     tr = build_command("stages.sft.train", job, Resources(gpus_per_node=8, master_port=29600), "torchrun", True)
     assert tr[1:7] == ["-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "8"]
-    single = build_command("stages.curate.run", job, Resources(cpu_ranks=2), "deepspeed", False)
-    assert single[1:] == ["-m", "stages.curate.run", "--job", job]
+    single = build_command("stages.curate.job", job, Resources(cpu_ranks=2), "deepspeed", False)
+    assert single[1:] == ["-m", "stages.curate.job", "--job", job]
 
 
 def test_failed_job_raises_with_its_last_lines(tmp_path, capsys):

@@ -1,20 +1,34 @@
-"""Fixtures for the stage tests: a file:// store with published `data` (synthetic_data)
-and `base` (init_model) artifacts, built once per session through `run_stage`."""
+"""The stage tests' one tiny base, built once per session through the real stages
+(`pipeline.execute.run_stage`) in a file:// store, and what the later stages' tests derive
+from it:
+
+    data_artifact   synthetic_data: sft.jsonl (1200 worked sums), rl.jsonl, prefs.jsonl
+    base_artifact   init_model: a tiny Qwen2 + a BPE trained on sft.jsonl (the tiny base)
+    tiny_policy     the base briefly SFT'd (in process) to answer and stop: the RL tests' policy
+    rlhf_data       preference pairs with bad rows mixed in, math prompts (general RL's mix)
+    tiny_rm         a reward model trained by the reward_model stage (2 ranks) on rlhf_data
+"""
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from pipeline.artifacts import local_path
+from pipeline.stage_api import Resources
 
 SFT_ROWS = 1200
+ONE = Resources(cpu_ranks=1)
+TWO = Resources(cpu_ranks=2)
 
 
 @pytest.fixture(scope="session")
 def stage_env(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("stages")
-    return {"storage": f"file://{root}/store", "work_root": root / "work", "recipe": "stagetests"}
+    return {"root": root, "storage": f"file://{root}/store", "work_root": root / "work", "recipe": "stagetests",
+            "tracking_uri": f"sqlite:///{root}/mlflow.db"}
 
 
 @pytest.fixture(scope="session")
@@ -54,3 +68,105 @@ def base_dir(base_artifact) -> Path:
 @pytest.fixture(scope="session")
 def data_dir(data_artifact) -> Path:
     return local_path(data_artifact.url)
+
+
+# -- RL: a policy that answers and stops -----------------------------------------------------------
+POLICY_SFT_STEPS = 150
+
+
+def _short_answer(row: dict) -> str:
+    q = row["prompt"].split("?")[0].removeprefix("What is ").strip()
+    return f"<think>{q}</think>{row['reference']['answer']}"
+
+
+@pytest.fixture(scope="session")
+def tiny_policy(tmp_path_factory, base_dir) -> dict[str, Path]:
+    """The tiny base SFT'd briefly (in process) on one-step sums with short answers: it learns
+    the chat format and, above all, to end answers with <|im_end|>, so rollouts finish at
+    different lengths (EOS) as a real policy's do. Returns its dir and 48 RL rows."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from stages.common.chat import encode_text, render_chat
+    from verifiers.math_gen import generate_arithmetic
+
+    out = tmp_path_factory.mktemp("rl_policy")
+    rl_rows = generate_arithmetic(48, seed=1, max_operand=9)
+    sft_rows = generate_arithmetic(256, seed=2, max_operand=9)
+    (out / "rl.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rl_rows))
+    tok = AutoTokenizer.from_pretrained(base_dir)
+    model = AutoModelForCausalLM.from_pretrained(base_dir)
+    seqs = [encode_text(tok, render_chat(tok, [{"role": "user", "content": r["prompt"]},
+                                               {"role": "assistant", "content": _short_answer(r)}]))
+            for r in sft_rows]
+    torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matmuls: one thread is fastest and does not fight other tests
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    pad = tok.pad_token_id
+    g = torch.Generator().manual_seed(0)
+    model.train()
+    for _ in range(POLICY_SFT_STEPS):
+        idx = torch.randint(0, len(seqs), (16,), generator=g).tolist()
+        T = max(len(seqs[i]) for i in idx)
+        ids = torch.full((16, T), pad)
+        for b, i in enumerate(idx):
+            ids[b, :len(seqs[i])] = torch.tensor(seqs[i])
+        labels = ids.masked_fill(ids == pad, -100)
+        loss = model(input_ids=ids, attention_mask=(ids != pad).long(), labels=labels).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    torch.set_num_threads(threads)
+    policy = out / "policy"
+    model.eval().save_pretrained(policy)
+    tok.save_pretrained(policy, save_jinja_files=False)
+    return {"model": policy, "data": out / "rl.jsonl"}
+
+
+# -- RLHF: preference pairs, a reward model ------------------------------------------------------------
+BAD_PAIRS = [
+    {"id": "bad-identical", "prompt": "What is 1 + 1?", "chosen": "2", "rejected": "2"},
+    {"id": "bad-missing", "prompt": "What is 1 + 2?", "chosen": "3"},
+    {"id": "bad-winner", "prompt": "What is 1 + 3?", "response_a": "4", "response_b": "5", "winner": "model_z"},
+]
+RLHF_PAIRS, RLHF_MATH = 48, 16
+
+
+@dataclass
+class RLHFData:
+    prefs: Path             # RLHF_PAIRS good preference pairs
+    prefs_with_bad: Path    # the same, then BAD_PAIRS
+    math: Path              # RLHF_MATH verifiable math prompts
+
+
+@pytest.fixture(scope="session")
+def rlhf_data(stage_env) -> RLHFData:
+    from stages.synthetic_data.generators import get_generator
+
+    root = stage_env["root"] / "rlhf"
+    root.mkdir()
+
+    def write(name: str, rows: list) -> Path:
+        (root / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return root / name
+
+    pairs = get_generator("preference_pairs")(RLHF_PAIRS, 2)
+    return RLHFData(write("prefs.jsonl", pairs), write("prefs_with_bad.jsonl", pairs + BAD_PAIRS),
+                    write("math.jsonl", get_generator("arithmetic_rl")(RLHF_MATH, 1)))
+
+
+RM_CONFIG = {"model": "${stages.base.output}", "max_seq_len": 256, "micro_batch_size": 4, "epochs": 2,
+             "max_steps": 8, "lr": 2e-3, "warmup_steps": 1, "eval_fraction": 0.15, "eval_every": 4,
+             "checkpoint_every": 4}
+
+
+@pytest.fixture(scope="session")
+def tiny_rm(stage_env, base_artifact, rlhf_data):
+    """A reward model trained by the stage (2 ranks) on the preference pairs plus bad rows."""
+    from pipeline.execute import run_stage
+
+    return run_stage("reward_model", {**RM_CONFIG, "data": str(rlhf_data.prefs_with_bad)}, stage="rm",
+                     storage=stage_env["storage"], recipe=stage_env["recipe"],
+                     upstream={"base": base_artifact.url}, resources=TWO, work_root=stage_env["work_root"],
+                     launcher="torchrun", tracking_uri=stage_env["tracking_uri"])

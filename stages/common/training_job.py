@@ -1,0 +1,65 @@
+"""What every training stage (sft, reward_model, reasoning_rl, general_rl) does first, once:
+join the process group, seed, fetch the input model and load its tokenizer; and how the
+supervised stages put their model under DeepSpeed with their optimizer settings."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from pipeline.stage_api import StageError, StageJob
+from pipeline.tracking import StageLogger
+from stages.common.chat import require_chat_template
+from stages.common.deepspeed_setup import ds_config, hf_zero3_context, initialize, lr_factor, param_groups
+from stages.common.distributed import Ranks, init_distributed, seed_all, use_bf16
+from stages.common.hf_io import choose_attn
+
+
+@dataclass(frozen=True)
+class TrainingJob:
+    ranks: Ranks
+    bf16: bool
+    log: StageLogger
+    model_dir: Path   # the input model, a local Hugging Face directory
+    tokenizer: Any    # its tokenizer (it has a chat template)
+    pad_id: int | None  # the pad token, else eos; None when it has neither
+
+
+def start_training_job(job: StageJob, cfg) -> TrainingJob:
+    """`cfg` has `model`, `precision` and `seed`. A process started without a launcher is a
+    world of one."""
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    if cfg.precision == "bf16" and not torch.cuda.is_available():
+        raise StageError("precision bf16 needs a GPU; use auto or fp32 on CPU")
+    ranks = init_distributed(world_of_one_without_launcher=True)
+    seed_all(cfg.seed)
+    model_dir = Path(job.fetch(cfg.model))
+    if not (model_dir / "config.json").is_file():
+        raise StageError(f"model {cfg.model}: {model_dir} is not a Hugging Face model dir (no config.json)")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    require_chat_template(tokenizer, cfg.model)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return TrainingJob(ranks, use_bf16(cfg.precision, ranks.on_gpu), StageLogger.for_job(job), model_dir,
+                       tokenizer, pad_id)
+
+
+def supervised_engine(cfg, setup: TrainingJob, total_steps: int, load_model: Callable[[str], torch.nn.Module]):
+    """The model `load_model(attn_implementation)` under DeepSpeed (ZeRO-3 partitions it while it
+    loads), with a torch AdamW (no decay on 1-D params) and the warmup + cosine schedule of
+    `cfg` (zero_stage, grad_clip, micro_batch_size, grad_accum, lr, adam_betas, weight_decay,
+    lr_schedule, warmup_steps, min_lr_ratio, attn_implementation). Returns (engine,
+    lr scheduler, the attention implementation used)."""
+    ds_cfg = ds_config(cfg.zero_stage, cfg.grad_clip, setup.bf16, micro_batch=cfg.micro_batch_size,
+                       grad_accum=cfg.grad_accum, world=setup.ranks.world)
+    zero3_ctx = hf_zero3_context(ds_cfg)  # noqa: F841 - kept alive while from_pretrained partitions
+    attn = choose_attn(cfg.attn_implementation, setup.ranks.on_gpu)
+    model = load_model(attn)
+    model.config.use_cache = False
+    engine, scheduler = initialize(model, param_groups(model, cfg.weight_decay), ds_cfg, lr=cfg.lr,
+                                   betas=cfg.adam_betas, factor=lr_factor(cfg, total_steps))
+    return engine, scheduler, attn

@@ -1,0 +1,119 @@
+"""General RL's reasoning guard: what RLHF costs reasoning, measured.
+
+Before the first step and after the last one, rank 0 decodes the `reasoning_eval` set with the
+rollout engine (greedy by default; the engine holds the current policy) and scores it with the
+verifier; before / after / delta go to MLflow and to stage_summary.json. The "before" score is
+the hook's checkpointed state, so a resumed run reports the delta against the policy the stage
+started from. With `reasoning_eval: null` the guard only warns.
+"""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from pipeline.stage_api import StageError
+from pipeline.tracking import info
+from stages.common.distributed import rank0_do
+from stages.general_rl.config import GeneralRLConfig
+from stages.general_rl.prompts import reasoning_rows
+from stages.rl.prompts import render_prompts
+from stages.rl.spec import RLContext, RLHooks
+
+if TYPE_CHECKING:
+    from stages.rl.trainer import RLTrainer
+
+
+def load_reasoning_set(ctx: RLContext) -> dict[str, Any]:
+    from stages.common.rows import data_files, read_rows
+    from verifiers import VERIFIERS
+
+    cfg: GeneralRLConfig = ctx.cfg  # type: ignore[assignment]
+    ev = cfg.reasoning_eval
+    if ev.domain not in VERIFIERS:
+        raise StageError(f"reasoning_eval.domain {ev.domain!r} has no verifier; known: {sorted(VERIFIERS)}")
+    what = "reasoning_eval data"
+    raw = [row.data for row in read_rows(data_files(ctx.job.fetch(ev.data), ev.data, what), what)]
+    rows = reasoning_rows(raw, ev, ev.data)
+    kept, ids, _ = render_prompts([{**r, "messages": [{"role": "user", "content": r["prompt"]}]} for r in rows],
+                                  ctx.tokenizer, cfg.prompt_max_len)
+    if not kept:
+        raise StageError(f"reasoning_eval data {ev.data}: every prompt is longer than prompt_max_len="
+                         f"{cfg.prompt_max_len} tokens")
+    return {"rows": [{k: v for k, v in r.items() if k != "messages"} for r in kept], "prompt_ids": ids,
+            "skipped": len(rows) - len(kept)}
+
+
+def reasoning_check(engine, eval_set: dict[str, Any], decode, cfg: GeneralRLConfig) -> dict[str, float]:
+    """Decode the held-out reasoning set with the engine's current weights and verify it."""
+    from stages.rl.engines.protocol import RolloutRequest, SamplingParams
+    from verifiers import verify_batch
+
+    ev = cfg.reasoning_eval
+    n_new = ev.max_new_tokens or cfg.max_len
+    t0 = time.perf_counter()
+    requests = [RolloutRequest(uid=f"eval{i}", prompt_ids=list(ids), max_new_tokens=n_new)
+                for i, ids in enumerate(eval_set["prompt_ids"])]
+    updates = engine.generate(requests, SamplingParams(temperature=ev.temperature, seed=cfg.seed))
+    texts = [decode(list(u.token_ids)) for u in updates]
+    rewards = verify_batch(eval_set["rows"], [str(t) for t in texts], num_workers=cfg.verifier_workers,
+                           timeout_s=cfg.verifier_timeout_s)
+    n = len(rewards)
+    return {"accuracy": sum(r.score for r in rewards) / n, "n": float(n),
+            "response_len_mean": sum(len(u.token_ids) for u in updates) / n,
+            "truncated_fraction": sum(not t.ended_by_eos for t in texts) / n,
+            "seconds": time.perf_counter() - t0}
+
+
+class ReasoningGuard(RLHooks):
+    def __init__(self, ctx: RLContext):
+        self.ctx = ctx
+        self.cfg: GeneralRLConfig = ctx.cfg  # type: ignore[assignment]
+        self.rank = ctx.ranks.rank
+        self.before: dict[str, float] | None = None
+        self.eval_set = None
+        if self.cfg.reasoning_eval is not None:
+            self.eval_set = rank0_do(self.rank, lambda: load_reasoning_set(ctx), "loading the reasoning_eval set")
+
+    def _check(self, trainer: "RLTrainer", when: str) -> dict[str, float] | None:
+        return rank0_do(self.rank, lambda: reasoning_check(trainer.rollouts.engine, self.eval_set, self.ctx.decode,
+                                                           self.cfg), f"the reasoning check {when} training")
+
+    def before_training(self, trainer: "RLTrainer") -> None:
+        ev = self.cfg.reasoning_eval
+        if ev is None:
+            if self.rank == 0:
+                info("general_rl: warning: reasoning_eval is null, the stage does not check what it costs reasoning")
+            return
+        if self.before is not None:  # resumed: the score of the policy the stage started from
+            return
+        self.before = self._check(trainer, "before")
+        if self.rank == 0:
+            self.ctx.log.metrics(0, {f"reasoning_eval/{k}_before": v for k, v in self.before.items()})
+            info(f"general_rl: reasoning set before training: accuracy {self.before['accuracy']:.4f} "
+                 f"on {int(self.before['n'])} rows of {ev.data} "
+                 f"({self.eval_set['skipped']} longer than prompt_max_len skipped)")
+
+    def after_training(self, trainer: "RLTrainer") -> dict[str, Any]:
+        ev = self.cfg.reasoning_eval
+        if ev is None:
+            return {"reasoning_eval": None, "reasoning_delta": None}
+        after = self._check(trainer, "after")
+        if self.rank != 0:
+            return {}
+        before = self.before
+        delta = after["accuracy"] - before["accuracy"]
+        guard = {"data": ev.data, "domain": ev.domain, "rows": int(after["n"]),
+                 "accuracy_before": before["accuracy"], "accuracy_after": after["accuracy"], "delta": delta,
+                 "response_len_before": before["response_len_mean"], "response_len_after": after["response_len_mean"],
+                 "truncated_before": before["truncated_fraction"], "truncated_after": after["truncated_fraction"]}
+        self.ctx.log.metrics(self.cfg.steps, {**{f"reasoning_eval/{k}_after": v for k, v in after.items()},
+                                              "reasoning_eval/delta": delta})
+        info(f"general_rl: reasoning set accuracy {before['accuracy']:.4f} -> {after['accuracy']:.4f} "
+             f"(delta {delta:+.4f})")
+        return {"reasoning_eval": guard, "reasoning_delta": delta}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"before": self.before}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.before = state["before"]

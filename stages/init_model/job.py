@@ -1,0 +1,68 @@
+"""The `init_model` stage: the base model every later stage starts from.
+
+Two sources (exactly one per recipe):
+- `pretrained`: an existing Hugging Face model directory (local path, URL or an upstream
+  artifact), fetched, checked and copied into the output as it is (pretrained.py);
+- `architecture` + `tokenizer`: a byte-level BPE trained locally on the corpus files with the
+  chat special tokens and template (tokenizer.py), and a causal LM built from a config with
+  seeded random weights (model.py).
+
+Run: `python -m stages.init_model.job --job job.json` (one process).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from pipeline.stage_api import StageJob
+from pipeline.tracking import StageLogger, info
+from stages.common.entry import run_job
+from stages.common.rows import data_files
+from stages.init_model.config import InitModelConfig
+from stages.init_model.model import build_model
+from stages.init_model.pretrained import check_hf_model_dir, copy_pretrained
+from stages.init_model.tokenizer import check_reload, train_tokenizer
+
+
+def main(job: StageJob) -> dict[str, Any]:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    cfg = InitModelConfig.model_validate(job.config)
+    log = StageLogger.for_job(job)
+    out = Path(job.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if cfg.pretrained is not None:
+        src = job.fetch(cfg.pretrained)
+        warnings = check_hf_model_dir(src, cfg.pretrained)
+        for w in warnings:
+            info(f"init_model: warning: {w}")
+        n = copy_pretrained(src, out)
+        summary: dict[str, Any] = {"source": "pretrained", "pretrained": cfg.pretrained,
+                                   "files": n, "warnings": warnings}
+        info(f"init_model: copied {n} files of {cfg.pretrained}")
+    else:
+        assert cfg.architecture is not None and cfg.tokenizer is not None  # the config guarantees it
+        files = [f for ref in cfg.tokenizer.corpus for f in data_files(job.fetch(ref), ref, "tokenizer corpus")]
+        tokenizer, stats = train_tokenizer(files, cfg.tokenizer, cfg.architecture.max_position_embeddings)
+        info(f"init_model: trained a byte-level BPE of {len(tokenizer)} tokens on "
+             f"{stats['rows']} rows ({stats['chars']} chars) of {len(files)} file(s)")
+        model = build_model(cfg.architecture, tokenizer, cfg.seed)
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out, save_jinja_files=False)  # template inline in tokenizer_config
+        check_reload(out, tokenizer, files)
+        n_params = sum(p.numel() for p in model.parameters())
+        summary = {"source": "architecture", "model_type": cfg.architecture.model_type,
+                   "parameters": n_params, "vocab_size": len(tokenizer),
+                   "tokenizer_corpus_rows": stats["rows"], "tokenizer_corpus_chars": stats["chars"]}
+        info(f"init_model: built {cfg.architecture.model_type} with {n_params:,} parameters, "
+             f"vocab {len(tokenizer)}")
+        log.params({"model.parameters": n_params, "model.vocab_size": len(tokenizer)})
+    (out / "stage_summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+if __name__ == "__main__":
+    sys.exit(run_job(main))

@@ -1,0 +1,71 @@
+"""The `reasoning_rl` stage (RLVR): `python -m stages.reasoning_rl.job --job job.json`.
+
+GRPO with IcePop (or TIS / none) on verifiable prompts, rollouts scheduled by C3PO++ (or
+sync), trained by the one RL trainer (stages/rl/trainer.py). What this stage plugs in:
+- prompts: the RL rows of `data` (data.py), rendered with the policy's chat template, rows
+  longer than `prompt_max_len` skipped; sampled by domain, weighted by `domain_weights`
+  (default: each domain's row count); every domain needs a registered verifier;
+- reward: the verifiers' score of each response (`verifiers.verify_batch`, in
+  `verifier_workers` processes).
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from pipeline.stage_api import StageError, StageJob
+from stages.common.entry import run_job
+from stages.reasoning_rl.config import ReasoningRLConfig
+from stages.reasoning_rl.data import load_rows, rows_by_domain
+from stages.rl.prompts import PromptSet, render_prompts
+from stages.rl.scheduler import RewardFn
+from stages.rl.spec import RLContext, RLSpec
+from stages.rl.trainer import RLTrainer
+
+
+def load_prompts(ctx: RLContext) -> PromptSet:
+    from verifiers import VERIFIERS
+
+    cfg = ctx.cfg
+    rows = load_rows([(src, ctx.job.fetch(src)) for src in cfg.data_list])
+    kept, prompt_ids, _ = render_prompts(rows, ctx.tokenizer, cfg.prompt_max_len)
+    skipped = len(rows) - len(kept)
+    if not kept:
+        raise StageError(f"every RL prompt is longer than prompt_max_len={cfg.prompt_max_len} tokens")
+    domains = rows_by_domain(kept)
+    unknown = sorted(d for d in domains if d not in VERIFIERS)
+    if unknown:
+        first = {d: kept[domains[d][0]]["id"] for d in unknown}
+        raise StageError(f"RL data has domains with no registered verifier: {first} "
+                         f"(first row of each); known domains: {sorted(VERIFIERS)}")
+    if cfg.domain_weights is not None:
+        missing = sorted(set(cfg.domain_weights) - set(domains))
+        if missing:
+            raise StageError(f"domain_weights name domains absent from the RL data: {missing} "
+                             f"(data domains: {sorted(domains)})")
+    sizes = {d: len(v) for d, v in domains.items()}
+    return PromptSet(kept, prompt_ids, domains, cfg.domain_weights,
+                     summary={"prompts": len(kept), "prompts_skipped": skipped},
+                     description=f"{len(kept)} prompts ({skipped} skipped as too long), domains {sizes}")
+
+
+def build_reward(ctx: RLContext) -> RewardFn:
+    from verifiers import verify_batch
+
+    cfg = ctx.cfg
+
+    def reward(rows: list[dict], texts: list[str], groups: list[str]) -> list[Any]:
+        return verify_batch(rows, [str(t) for t in texts], num_workers=cfg.verifier_workers,
+                            timeout_s=cfg.verifier_timeout_s)
+    return reward
+
+
+SPEC = RLSpec(name="reasoning_rl", load_prompts=load_prompts, build_reward=build_reward)
+
+
+def main(job: StageJob) -> dict[str, Any] | None:
+    return RLTrainer(job, ReasoningRLConfig.model_validate(job.config), SPEC).train()
+
+
+if __name__ == "__main__":
+    sys.exit(run_job(main))

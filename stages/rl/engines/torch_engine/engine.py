@@ -1,0 +1,479 @@
+"""The `torch` rollout engine: a transformers causal LM decoded with our own static KV cache.
+
+What it does, top to bottom (the pieces: kv_cache.py, attention.py, sampling.py,
+cuda_graphs.py):
+- Loads the HF directory with `AutoModelForCausalLM` into its *own* copy of the weights
+  (eval, no grad; never shares a tensor with the trainer). dtype "auto" = bfloat16 on CUDA,
+  float32 on CPU.
+- Keeps a static KV cache `[slots, kv_heads, capacity, head_dim]` per layer (kv_cache.py) and
+  runs the model's own modules (embeddings, RMSNorms, q/k/v/o projections, rotary embedding,
+  MLP, lm_head) around it; only attention and the cache are ours. That covers the Llama
+  family the pipeline builds (qwen2, llama; qwen3 too). Other model types are refused with
+  a clear message (use the vllm engine for them).
+- Continuous batching over `max_batch` slots: requests are prefilled (prompt +
+  generated_ids, right-padded, one causal forward) into free slots, then decoded one token
+  per step for all busy slots; finished slots are refilled from the pending requests once
+  `refill_min_free` of them (default max_batch / 8) are free, or all the pending fit, or no
+  slot is busy: a prefill is an eager forward whose launch overhead costs several decode
+  steps (measured on an H200: ~18-20 ms per refill prefill vs ~2-3 ms per decode step at batch
+  128), so refilling slot by slot spent more time in prefills than in decoding. When
+  nothing is pending, the busy slots are compacted to the front once
+  they fit a smaller batch bucket, so finished rollouts stop costing compute.
+- On CUDA the decode step (forward + sampling) is captured as a CUDA graph per
+  (batch bucket, kv-length bucket, sampling setting) and replayed (cuda_graphs.py); buckets
+  are powers of two, captured lazily. On CPU (or with `cuda_graphs=False`) the same step
+  runs eagerly with exact sizes (`static_shapes=True` keeps the buckets without graphs: the
+  tests use it to check the GPU's bookkeeping on CPU).
+- Decode attention (`decode_attention`, attention.py): "varlen" (CUDA default) reads only
+  each row's own cached positions; "sdpa_masked" (CPU default, and the fallback when the
+  varlen kernel is unavailable) runs SDPA over the whole kv-length bucket with a mask.
+- Sampling (sampling.py): temperature / top-k / top-p with a `torch.Generator` seeded per
+  call (`SamplingParams.seed`, else engine seed + call index). The reported logprob
+  (pi_infer) is that of the untruncated softmax(logits / temperature), before top-k/top-p:
+  the engine `reports_untruncated_logprobs`.
+- `update_weights` copies the trainer's full tensors by name into the engine's parameters
+  in place (CUDA graphs stay valid), handles tied embeddings and `module.` prefixes, and
+  records `last_sync_seconds`.
+
+Not thread-safe: one `generate` / `update_weights` at a time.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from stages.common.hf_io import eos_token_ids_of, load_causal_lm
+from stages.rl.engines.protocol import IGNORED_PREFIXES, RolloutRequest, RolloutUpdate, SamplingParams, SyncTiming
+
+from .attention import DecodeAttention, rotate_half
+from .cuda_graphs import DecodeGraphs
+from .kv_cache import KVCache, pow2_at_least
+from .sampling import SamplingMode, sample
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "qwen3")
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in _DTYPES:
+        raise ValueError(f"torch engine: unknown dtype {dtype!r}; use auto, {', '.join(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+class _CallLog:
+    """The bookkeeping of one `generate` call: new tokens per request, why each finished, and
+    the summed response length of the requests finished in the call (the budget's measure)."""
+
+    def __init__(self, requests: list[RolloutRequest], eos_ids: list[int], budget: int | None):
+        self.n = len(requests)
+        self.eos = np.array(eos_ids, dtype=np.int64)
+        self.earlier = np.array([len(r.generated_ids) for r in requests], dtype=np.int64)
+        self.limit = np.array([r.max_new_tokens for r in requests], dtype=np.int64)
+        self.count = np.zeros(self.n, dtype=np.int64)  # new tokens so far, per request
+        self.reason: list[str | None] = [None] * self.n
+        self.logged: list[tuple[np.ndarray, np.ndarray]] = []  # per step: (requests, [token, logprob])
+        self.done_tokens = 0
+        self.budget = budget
+
+    def finish_empty(self, i: int) -> None:
+        """Request i has no token budget left: finished by length, nothing generated."""
+        self.reason[i] = "length"
+        self.done_tokens += int(self.earlier[i])
+
+    def over_budget(self) -> bool:
+        return self.budget is not None and self.done_tokens >= self.budget
+
+    def record(self, reqs: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """One new (token, logprob) per request in `reqs`; returns which of them finished."""
+        self.logged.append((reqs, out))
+        self.count[reqs] += 1
+        is_eos = np.isin(out[:, 0].astype(np.int64), self.eos)
+        fin = is_eos | (self.count[reqs] >= self.limit[reqs])
+        for j in np.flatnonzero(fin):
+            self.reason[reqs[j]] = "eos" if is_eos[j] else "length"
+        self.done_tokens += int((self.earlier[reqs[fin]] + self.count[reqs[fin]]).sum())
+        return fin
+
+    def updates(self, requests: list[RolloutRequest]) -> list[RolloutUpdate]:
+        toks: list[list[int]] = [[] for _ in range(self.n)]
+        lps: list[list[float]] = [[] for _ in range(self.n)]
+        if self.logged:  # regroup the per-step logs by request (a stable sort keeps time order)
+            reqs = np.concatenate([r for r, _ in self.logged])
+            outs = np.concatenate([o for _, o in self.logged])
+            order = np.argsort(reqs, kind="stable")
+            reqs, outs = reqs[order], outs[order]
+            bounds = np.searchsorted(reqs, np.arange(self.n + 1))
+            for i in range(self.n):
+                part = outs[bounds[i]:bounds[i + 1]]
+                toks[i] = part[:, 0].astype(np.int64).tolist()
+                lps[i] = part[:, 1].tolist()
+        return [RolloutUpdate(uid=r.uid, token_ids=toks[i], logprobs=lps[i],
+                              finished=self.reason[i] is not None, finish_reason=self.reason[i])
+                for i, r in enumerate(requests)]
+
+
+class TorchEngine(SyncTiming):
+    """See the module docstring. Construct through `create_engine("torch", model_dir, ...)`."""
+
+    name = "torch"
+    reports_untruncated_logprobs = True
+
+    def __init__(self, model_dir: str, *, device: str = "cpu", dtype: str = "auto",
+                 max_batch: int = 64, max_len: int = 4096, seed: int = 0,
+                 cuda_graphs: bool | None = None, static_shapes: bool | None = None,
+                 eos_token_ids: list[int] | None = None, prefill_chunk_tokens: int = 16384,
+                 decode_attention: str = "auto", refill_min_free: int | None = None):
+        from transformers import AutoConfig
+
+        path = Path(model_dir)
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(f"torch engine: {model_dir} is not a Hugging Face model "
+                                    f"directory (no config.json)")
+        if max_batch < 1 or max_len < 2:
+            raise ValueError(f"torch engine: max_batch must be >= 1 and max_len >= 2, got "
+                             f"{max_batch}, {max_len}")
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError(f"torch engine: device {device!r} requested but CUDA is not available")
+        self.dtype = resolve_dtype(dtype, self.device)
+        self.max_batch, self.max_len, self.seed = int(max_batch), int(max_len), int(seed)
+        self.prefill_chunk_tokens = int(prefill_chunk_tokens)
+        use_graphs = (self.device.type == "cuda") if cuda_graphs is None else bool(cuda_graphs)
+        if use_graphs and self.device.type != "cuda":
+            raise ValueError("torch engine: cuda_graphs=True needs a CUDA device")
+        # power-of-two batch / kv-length buckets (what graphs need); testable on CPU
+        self.static_shapes = use_graphs if static_shapes is None else bool(static_shapes)
+        if use_graphs and not self.static_shapes:
+            raise ValueError("torch engine: cuda_graphs=True needs static_shapes=True")
+
+        config = AutoConfig.from_pretrained(str(path))
+        if config.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(f"torch engine: model_type {config.model_type!r} of {model_dir} is not "
+                             f"supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)}); use the "
+                             f"vllm engine for other architectures")
+        if getattr(config, "use_sliding_window", False) or any(
+                t != "full_attention" for t in (getattr(config, "layer_types", None) or [])):
+            raise ValueError(f"torch engine: {model_dir} uses sliding-window attention, which "
+                             f"this engine does not implement; use the vllm engine")
+        model = load_causal_lm(path, self.dtype)
+        self.model = model.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
+        self.config = config
+        inner = self.model.model
+        for attr in ("embed_tokens", "layers", "norm", "rotary_emb"):
+            if not hasattr(inner, attr):
+                raise ValueError(f"torch engine: {config.model_type} model of this transformers "
+                                 f"version has no model.{attr}; cannot run the static-cache path")
+        rope_type = getattr(inner.rotary_emb, "rope_type", "default")
+        if use_graphs and isinstance(rope_type, str) and ("dynamic" in rope_type or rope_type == "longrope"):
+            # these recompute their frequencies from the positions on the host: not capturable
+            log.warning("torch engine: %s RoPE recomputes on the host; decoding without CUDA "
+                        "graphs", rope_type)
+            use_graphs = False
+        self.graphs = DecodeGraphs(self.device, use_graphs)
+        self.layers = list(inner.layers)
+        attn0 = self.layers[0].self_attn
+        self.n_heads = int(config.num_attention_heads)
+        self.n_kv = int(getattr(config, "num_key_value_heads", None) or self.n_heads)
+        self.head_dim = int(getattr(attn0, "head_dim", None) or config.hidden_size // self.n_heads)
+        self.scaling = float(getattr(attn0, "scaling", self.head_dim ** -0.5))
+        self.vocab = int(self.model.get_output_embeddings().weight.shape[0])
+        self.eos_token_ids = (list(eos_token_ids) if eos_token_ids is not None
+                              else eos_token_ids_of(path))
+
+        self.attention = DecodeAttention(decode_attention, self.device, self.dtype, self.n_heads, self.n_kv,
+                                         self.head_dim, self.scaling)
+        self.decode_attention = self.attention.kind
+        self.refill_min_free = max(1, self.max_batch // 8) if refill_min_free is None else int(refill_min_free)
+        if self.refill_min_free < 1:
+            raise ValueError(f"torch engine: refill_min_free must be >= 1, got {refill_min_free}")
+        self.cache = KVCache(len(self.layers), self.n_kv, self.head_dim, self.vocab, self.dtype, self.device,
+                             self.max_len, self.static_shapes, on_realloc=self.graphs.clear)
+
+        # name -> parameter, tied names included (lm_head.weight is embed_tokens.weight)
+        self._params = dict(self.model.named_parameters(remove_duplicate=False))
+
+        self._calls = 0
+        self._gen = torch.Generator(device=self.device)
+        self.last_stats: dict[str, float] = {}
+
+    @property
+    def use_graphs(self) -> bool:
+        return self.graphs.enabled
+
+    def free_cache(self) -> None:
+        """Release the KV cache and captured graphs; the next generate reallocates them."""
+        self.cache.free()
+
+    # ---------------------------------------------------------------- model pieces
+    def _attn_qkv(self, attn, h: torch.Tensor, n: int, t: int):
+        q = attn.q_proj(h).view(n, t, self.n_heads, self.head_dim)
+        k = attn.k_proj(h).view(n, t, self.n_kv, self.head_dim)
+        v = attn.v_proj(h).view(n, t, self.n_kv, self.head_dim)
+        if hasattr(attn, "q_norm"):  # qwen3
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self.model.lm_head(self.model.model.norm(h)).float()
+
+    # ---------------------------------------------------------------- prefill
+    def _prefill(self, slots: list[int], seqs: list[list[int]], mode: SamplingMode) -> torch.Tensor:
+        """Encode `seqs` into cache rows `slots`; returns [(token, logprob)] of their next token."""
+        n, t = len(seqs), max(len(s) for s in seqs)
+        dev = self.device
+        ids = torch.zeros(n, t, dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, :len(s)] = torch.tensor(s, dtype=torch.long)
+        ids = ids.to(dev)
+        lens = torch.tensor([len(s) for s in seqs], device=dev)
+        slot_idx = torch.tensor(slots, device=dev)
+        pos = torch.arange(t, device=dev)[None, :].expand(n, t)
+        x = self.model.model.embed_tokens(ids)
+        cos, sin = self.model.model.rotary_emb(x, pos)
+        cos, sin = cos[:, None], sin[:, None]
+        groups = self.n_heads // self.n_kv
+        for li, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            q, k, v = self._attn_qkv(attn, h, n, t)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+            self.cache.k[li][slot_idx, :, :t] = k
+            self.cache.v[li][slot_idx, :, :t] = v
+            if groups > 1:
+                k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+            # right padding: a real token never attends to the pads after it
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling)
+            x = x + attn.o_proj(o.transpose(1, 2).reshape(n, t, -1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        last = x[torch.arange(n, device=dev), lens - 1]
+        noise = None
+        if not mode.greedy:
+            noise = torch.empty(n, self.vocab, device=dev).exponential_(generator=self._gen)
+        tok, lp = sample(self._logits(last), mode, noise)
+        return torch.stack([tok.double(), lp.double()], dim=1)
+
+    # ---------------------------------------------------------------- decode step
+    def _decode_body(self, nb: int, kvb: int, mode: SamplingMode) -> None:
+        """One token for cache rows [0, nb): reads tok_in/pos_in, writes out. Graph-safe."""
+        c = self.cache
+        tok, pos = c.tok_in[:nb], c.pos_in[:nb]
+        x = self.model.model.embed_tokens(tok)[:, None, :]
+        cos, sin = self.model.model.rotary_emb(x, pos[:, None])
+        cos, sin = cos[:, None], sin[:, None]
+        varlen = self.decode_attention == "varlen"
+        mask = None if varlen else self.attention.mask(c.positions, pos, kvb)
+        widx = pos.view(nb, 1, 1, 1).expand(nb, self.n_kv, 1, self.head_dim)
+        groups = self.n_heads // self.n_kv
+        for li, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            q, k, v = self._attn_qkv(attn, h, nb, 1)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+            kc, vc = c.k[li][:nb], c.v[li][:nb]
+            kc.scatter_(2, widx, k)
+            vc.scatter_(2, widx, v)
+            # the query heads sharing a kv head ride as `groups` query rows: no K/V repeat
+            qg = q.reshape(nb, self.n_kv, groups, self.head_dim)
+            if varlen:
+                o = self.attention.varlen(qg, c.k[li], c.v[li], pos, nb, kvb)
+            else:
+                o = self.attention.masked(qg, kc, vc, mask, kvb)
+            x = x + attn.o_proj(o.reshape(nb, 1, self.n_heads * self.head_dim))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        noise = None if mode.greedy else c.noise[:nb]
+        tok_new, lp = sample(self._logits(x[:, 0]), mode, noise)
+        c.out[:nb, 0].copy_(tok_new)
+        c.out[:nb, 1].copy_(lp)
+
+    def _decode(self, nb: int, kvb: int, mode: SamplingMode) -> None:
+        if not mode.greedy:
+            self.cache.noise[:nb].exponential_(generator=self._gen)
+        self.graphs.run((nb, kvb, mode), lambda: self._decode_body(nb, kvb, mode))
+
+    # ---------------------------------------------------------------- generate
+    def _check(self, requests: list[RolloutRequest]) -> None:
+        for r in requests:
+            ctx = len(r.prompt_ids) + len(r.generated_ids)
+            if not r.prompt_ids:
+                raise ValueError(f"torch engine: request {r.uid!r} has an empty prompt")
+            if ctx + max(r.max_new_tokens, 0) > self.max_len:
+                raise ValueError(
+                    f"torch engine: request {r.uid!r} needs {len(r.prompt_ids)} prompt + "
+                    f"{len(r.generated_ids)} generated + {r.max_new_tokens} new tokens = "
+                    f"{ctx + r.max_new_tokens} > max_len {self.max_len}")
+            bad = [t for t in (*r.prompt_ids, *r.generated_ids) if not 0 <= t < self.vocab]
+            if bad:
+                raise ValueError(f"torch engine: request {r.uid!r} has token ids outside the "
+                                 f"vocabulary [0, {self.vocab}): {bad[:5]}")
+
+    @torch.inference_mode()
+    def generate(self, requests: list[RolloutRequest], sampling: SamplingParams,
+                 finished_token_budget: int | None = None) -> list[RolloutUpdate]:
+        t0 = time.perf_counter()
+        self._check(requests)
+        mode = SamplingMode.of(sampling, self.vocab)
+        call_seed = sampling.seed if sampling.seed is not None else self.seed * 1_000_003 + self._calls
+        self._calls += 1
+        self._gen.manual_seed(int(call_seed) & 0x7FFF_FFFF_FFFF_FFFF)
+        calls = _CallLog(requests, self.eos_token_ids, finished_token_budget)
+        stats = {"prefill_tokens": 0, "prefills": 0, "decode_steps": 0, "decode_row_steps": 0}
+
+        pending: list[int] = []
+        for i, r in enumerate(requests):
+            if r.max_new_tokens <= 0:
+                calls.finish_empty(i)
+            else:
+                pending.append(i)
+        pending.reverse()  # pop() from the end = request order
+
+        c = self.cache
+        if pending and not calls.over_budget():
+            n_slots = min(self.max_batch, len(pending))
+            if self.static_shapes:
+                n_slots = min(pow2_at_least(n_slots), self.max_batch)
+            c.ensure(n_slots, c.capacity_for(max(
+                len(requests[i].prompt_ids) + len(requests[i].generated_ids) + 1 for i in pending)))
+
+        n_slots = min(self.max_batch, c.rows)
+        slot_req = np.full(c.rows, -1, dtype=np.int64)  # request index per cache row
+        slot_pos = np.zeros(c.rows, dtype=np.int64)     # next cache position of the row
+        dev = self.device
+
+        while not calls.over_budget():
+            # 1) refill free slots from the pending requests (prefill in chunks)
+            # (batched: wait until refill_min_free slots are free, or all the pending fit, or
+            # nothing decodes; one eager prefill costs several decode steps of launch overhead)
+            free = np.flatnonzero(slot_req[:n_slots] < 0)
+            if pending and len(free) and (len(free) == n_slots or len(free) >= min(
+                    self.refill_min_free, len(pending))):
+                new = [(int(b), pending.pop()) for b in free[:len(pending)]]
+                for chunk in self._chunks(new, requests):
+                    if calls.over_budget():  # the rest stay unstarted
+                        break
+                    slots = np.array([b for b, _ in chunk])
+                    reqs = np.array([i for _, i in chunk])
+                    seqs = [requests[i].prompt_ids + requests[i].generated_ids for i in reqs]
+                    c.grow(max(len(q) for q in seqs) + 1)
+                    stats["prefill_tokens"] += sum(len(q) for q in seqs)
+                    stats["prefills"] += 1
+                    out = self._prefill(slots.tolist(), seqs, mode).cpu().numpy()
+                    keep = ~calls.record(reqs, out)
+                    if keep.any():
+                        rows = slots[keep]
+                        slot_req[rows] = reqs[keep]
+                        slot_pos[rows] = [len(q) for q, k in zip(seqs, keep) if k]
+                        idx = torch.from_numpy(rows).to(dev)
+                        c.tok_in[idx] = torch.from_numpy(out[keep, 0]).long().to(dev)
+                        c.pos_in[idx] = torch.from_numpy(slot_pos[rows]).to(dev)
+                if calls.over_budget():
+                    break
+            busy = np.flatnonzero(slot_req[:n_slots] >= 0)
+            if not len(busy):
+                if pending:
+                    continue
+                break
+            # 2) compact busy rows to the front once they fit a smaller batch bucket
+            hi = int(busy[-1]) + 1
+            if not pending and c.bucket_rows(len(busy)) < c.bucket_rows(hi):
+                c.compact(busy, slot_req, slot_pos)
+                busy = np.arange(len(busy))
+                hi = len(busy)
+            # 3) one decode step for rows [0, nb)
+            nb = c.bucket_rows(hi)
+            kv_need = int(slot_pos[busy].max()) + 1
+            c.grow(kv_need)
+            self._decode(nb, c.bucket_len(kv_need), mode)
+            out = c.out[:hi].cpu().numpy()
+            stats["decode_steps"] += 1
+            stats["decode_row_steps"] += nb
+            fin = calls.record(slot_req[busy], out[busy])
+            slot_pos[busy] += 1
+            slot_req[busy[fin]], slot_pos[busy[fin]] = -1, 0
+            # next inputs: the sampled tokens; positions from the host mirror, where a free
+            # row sits at 0 (it rewrites position 0 of its own unused row, never past it)
+            c.tok_in[:hi].copy_(c.out[:hi, 0].long())
+            c.pos_in[:hi].copy_(torch.from_numpy(slot_pos[:hi]))
+
+        stats["new_tokens"] = int(calls.count.sum())
+        stats["seconds"] = time.perf_counter() - t0
+        self.last_stats = stats
+        return calls.updates(requests)
+
+    def _chunks(self, new: list[tuple[int, int]], requests: list[RolloutRequest]):
+        """Split prefills so that one forward holds at most ~prefill_chunk_tokens padded tokens."""
+        chunk: list[tuple[int, int]] = []
+        longest = 0
+        for b, i in new:
+            ln = len(requests[i].prompt_ids) + len(requests[i].generated_ids)
+            if chunk and max(longest, ln) * (len(chunk) + 1) > self.prefill_chunk_tokens:
+                yield chunk
+                chunk, longest = [], 0
+            chunk.append((b, i))
+            longest = max(longest, ln)
+        if chunk:
+            yield chunk
+
+    # ---------------------------------------------------------------- weights
+    @torch.no_grad()
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy full tensors by name into this engine's parameters, in place.
+
+        Names are the trainer model's `named_parameters()` (a leading `module.` of a
+        DeepSpeed engine or `_orig_mod.` of torch.compile is ignored). Every engine
+        parameter must be covered (a tied lm_head is covered by the embedding); unknown
+        names and shape mismatches raise. Sets `last_sync_seconds`.
+        """
+        t0 = time.perf_counter()
+        seen: set[int] = set()
+        unknown: list[str] = []
+        for name, tensor in named_tensors:
+            key = name
+            while key not in self._params and key.startswith(IGNORED_PREFIXES):
+                key = key.split(".", 1)[1]
+            param = self._params.get(key)
+            if param is None:
+                unknown.append(name)
+                continue
+            if tuple(tensor.shape) != tuple(param.shape):
+                hint = (" (an empty tensor: under ZeRO-3 gather the parameters first)"
+                        if tensor.numel() == 0 else "")
+                raise ValueError(f"torch engine: update_weights: {name} has shape "
+                                 f"{tuple(tensor.shape)}, the engine's {key} has "
+                                 f"{tuple(param.shape)}{hint}")
+            param.copy_(tensor.detach())
+            seen.add(id(param))
+        if unknown:
+            raise ValueError(f"torch engine: update_weights: {len(unknown)} names match no "
+                             f"engine parameter, e.g. {unknown[:5]}")
+        missing = sorted({k for k, p in self._params.items() if id(p) not in seen})
+        if missing:
+            raise ValueError(f"torch engine: update_weights: {len(missing)} engine parameters "
+                             f"were not sent, e.g. {missing[:5]}")
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self._record_sync(t0)
+
+
+def make_torch_engine(model_dir: str, *, device: str = "cpu", dtype: str = "auto",
+                      max_batch: int = 64, max_len: int = 4096, seed: int = 0,
+                      **engine_options) -> TorchEngine:
+    """engine_options: cuda_graphs (bool, default: on for CUDA), static_shapes (bool, default:
+    = cuda_graphs), eos_token_ids (list[int], default: from generation_config / config /
+    tokenizer; [] = never stop on EOS), prefill_chunk_tokens (int, default 16384),
+    decode_attention ("auto" = varlen on CUDA, sdpa_masked on CPU; "varlen"; "sdpa_masked"),
+    refill_min_free (int, default max_batch // 8: free slots that trigger a refill prefill)."""
+    return TorchEngine(model_dir, device=device, dtype=dtype, max_batch=max_batch,
+                       max_len=max_len, seed=seed, **engine_options)

@@ -1,0 +1,219 @@
+"""The `vllm` rollout engine (GPU): vLLM sampling with per-token logprobs, weights updated
+in place after every trainer update, unfinished rollouts continued by resubmission.
+
+Written against vLLM 0.26 (the release that pins the GPU machines' torch 2.11), run there
+(benchmarks/RESULTS.md); CI has neither vLLM nor a GPU and drives this module against a
+stand-in of the same API (tests/stages/rl/test_engines.py). The calls it makes:
+- `vllm.LLM(model=..., dtype=..., seed=..., max_model_len=..., max_num_seqs=...,
+  gpu_memory_utilization=..., enable_prefix_caching=..., logprobs_mode="processed_logprobs")`:
+  the returned logprob is that of the temperature-scaled distribution, like the torch
+  engine's. "Processed" also applies top-k / top-p renormalisation (the torch engine reports
+  pre-truncation logprobs), so `reports_untruncated_logprobs` is False and the recipe guard
+  refuses top_p < 1 / top_k > 0 with IcePop or TIS on this engine.
+- `llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=...), params)`,
+  `llm.llm_engine.step() -> list[RequestOutput]` and `abort_request([ids])`: the stepping
+  loop that implements the finished-token budget (C3PO++): once the finished rollouts'
+  lengths reach the budget the rest are aborted and return what they have. Outputs carry the
+  request id we gave (vLLM suffixes its internal ids, not ours).
+- `SamplingParams(n=1, temperature, top_p, top_k (-1 = off), seed, max_tokens, logprobs=0,
+  stop_token_ids, detokenize=False, output_kind=RequestOutputKind.DELTA)`: `logprobs=0`
+  returns the sampled token's logprob only; DELTA outputs carry only each step's new tokens
+  (cumulative ones would copy whole 64k-token rollouts every step); finish_reason "stop"
+  (EOS / stop token) -> "eos", "length" -> "length".
+- Weights: `llm.collective_rpc(fn, kwargs=...)` runs `fn(worker, ...)` on the worker, which
+  feeds the model's own `load_weights(iterable of (hf_name, tensor))` (vLLM's loader stacks
+  q/k/v and gate/up and skips a tied lm_head). In process (VLLM_ENABLE_V1_MULTIPROCESSING=0,
+  set here unless `in_process=False`) the tensors are handed over without a copy; in a
+  separate worker process they are pickled (slow: small models only). Then the prefix cache
+  is reset (`llm.reset_prefix_cache()`), so a continued rollout's prefix is re-encoded with
+  the new weights instead of reusing KV computed by the old ones.
+
+The model lives on the process's first visible GPU (vLLM uses cuda:0 of
+CUDA_VISIBLE_DEVICES); ask for device "cuda" / "cuda:0" and pin the GPU with
+CUDA_VISIBLE_DEVICES per process.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from typing import Iterable
+
+import torch
+
+from .protocol import (IGNORED_PREFIXES, UNAVAILABLE, RolloutRequest, RolloutUpdate, SamplingParams,
+                       SyncTiming, register_engine)
+from stages.common.hf_io import eos_token_ids_of
+
+log = logging.getLogger(__name__)
+
+try:  # import-guarded: the package is optional and GPU-only
+    import vllm
+    from vllm import LLM
+    from vllm import SamplingParams as VllmSamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+    VLLM_IMPORT_ERROR: str | None = None
+except Exception as e:  # ImportError, or a broken CUDA/vLLM install raising anything else
+    vllm = None
+    VLLM_IMPORT_ERROR = f"{type(e).__name__}: {e}"
+
+MIN_VLLM = (0, 26)  # the API this module is written against (module docstring)
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split(".")[:2]:
+        digits = "".join(c for c in piece if c.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def _load_weights(worker, weights) -> None:
+    """Runs on vLLM's worker (collective_rpc): the model's own loader takes HF names."""
+    worker.model_runner.model.load_weights(weights)
+
+
+def _strip(name: str) -> str:
+    while name.startswith(IGNORED_PREFIXES):
+        name = name.split(".", 1)[1]
+    return name
+
+
+def _request_seed(seed: int, uid: str, offset: int) -> int:
+    h = hashlib.blake2b(f"{seed}:{uid}:{offset}".encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little") & 0x7FFF_FFFF
+
+
+class VllmEngine(SyncTiming):
+    name = "vllm"
+    # with logprobs_mode="processed_logprobs" the reported log-prob is that of the distribution
+    # after top-k/top-p renormalisation (module docstring)
+    reports_untruncated_logprobs = False
+
+    def __init__(self, model_dir: str, *, device: str = "cuda", dtype: str = "auto",
+                 max_batch: int = 64, max_len: int = 4096, seed: int = 0,
+                 gpu_memory_utilization: float = 0.4, enable_prefix_caching: bool = True,
+                 enforce_eager: bool = False, in_process: bool = True,
+                 eos_token_ids: list[int] | None = None, **llm_kwargs):
+        if vllm is None:
+            raise RuntimeError(f"vllm engine: vllm is not importable ({VLLM_IMPORT_ERROR})")
+        if not torch.cuda.is_available():
+            raise RuntimeError("vllm engine: no CUDA device is visible")
+        dev = torch.device(device)
+        if dev.type != "cuda" or (dev.index or 0) != 0:
+            raise ValueError(f"vllm engine: device must be 'cuda' or 'cuda:0' (vLLM uses the first "
+                             f"visible GPU; choose it with CUDA_VISIBLE_DEVICES), got {device!r}")
+        if in_process:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        self.max_len, self.seed = int(max_len), int(seed)
+        self.eos_token_ids = (list(eos_token_ids) if eos_token_ids is not None
+                              else eos_token_ids_of(model_dir))
+        kwargs = dict(model=model_dir, dtype="bfloat16" if dtype == "auto" else dtype, seed=seed,
+                      max_model_len=max_len, max_num_seqs=max_batch,
+                      gpu_memory_utilization=gpu_memory_utilization,
+                      enable_prefix_caching=enable_prefix_caching, enforce_eager=enforce_eager,
+                      **llm_kwargs)
+        self.llm = LLM(**kwargs, logprobs_mode="processed_logprobs")
+        self._calls = 0
+        self.last_stats: dict[str, float] = {}
+
+    # ---------------------------------------------------------------- generate
+    def _params(self, s: SamplingParams, r: RolloutRequest):
+        seed = None if s.seed is None else _request_seed(s.seed, r.uid, len(r.generated_ids))
+        return VllmSamplingParams(
+            n=1, temperature=max(0.0, s.temperature), top_p=s.top_p,
+            top_k=s.top_k if s.top_k > 0 else -1, seed=seed, max_tokens=r.max_new_tokens,
+            logprobs=0, stop_token_ids=list(self.eos_token_ids), detokenize=False,
+            output_kind=RequestOutputKind.DELTA)
+
+    def generate(self, requests: list[RolloutRequest], sampling: SamplingParams,
+                 finished_token_budget: int | None = None) -> list[RolloutUpdate]:
+        t0 = time.perf_counter()
+        for r in requests:
+            need = len(r.prompt_ids) + len(r.generated_ids) + max(r.max_new_tokens, 0)
+            if not r.prompt_ids or need > self.max_len:
+                raise ValueError(f"vllm engine: request {r.uid!r}: empty prompt or "
+                                 f"{need} tokens > max_len {self.max_len}")
+        call = self._calls
+        self._calls += 1
+        engine = self.llm.llm_engine
+        n = len(requests)
+        toks: list[list[int]] = [[] for _ in range(n)]
+        lps: list[list[float]] = [[] for _ in range(n)]
+        reason: list[str | None] = [None] * n
+        done_tokens = 0
+        live: dict[str, int] = {}
+
+        def over_budget() -> bool:
+            return finished_token_budget is not None and done_tokens >= finished_token_budget
+
+        for i, r in enumerate(requests):
+            if r.max_new_tokens <= 0:
+                reason[i] = "length"
+                done_tokens += len(r.generated_ids)
+        try:
+            if not over_budget():
+                for i, r in enumerate(requests):
+                    if reason[i] is None:
+                        rid = f"{call}-{i}-{r.uid}"
+                        engine.add_request(rid, TokensPrompt(prompt_token_ids=r.prompt_ids + r.generated_ids),
+                                           self._params(sampling, r))
+                        live[rid] = i
+            while live and not over_budget():
+                for out in engine.step():
+                    i = live.get(out.request_id)
+                    if i is None:
+                        continue
+                    c = out.outputs[0]  # DELTA: this step's new tokens only
+                    toks[i] += c.token_ids
+                    lps[i] += [float(d[t].logprob) for t, d in zip(c.token_ids, c.logprobs or [])]
+                    if len(lps[i]) != len(toks[i]):
+                        raise RuntimeError(f"vllm engine: request {requests[i].uid!r}: "
+                                           f"{len(toks[i])} tokens but {len(lps[i])} logprobs")
+                    if out.finished:
+                        del live[out.request_id]
+                        reason[i] = "length" if c.finish_reason == "length" else "eos"
+                        if c.finish_reason not in ("stop", "length"):
+                            raise RuntimeError(f"vllm engine: request {requests[i].uid!r} ended "
+                                               f"with finish_reason {c.finish_reason!r}")
+                        done_tokens += len(requests[i].generated_ids) + len(toks[i])
+        finally:
+            if live:  # over budget (or an error): the rest keep what they have
+                engine.abort_request(list(live))
+        self.last_stats = {"seconds": time.perf_counter() - t0,
+                           "new_tokens": sum(len(t) for t in toks)}
+        return [RolloutUpdate(uid=r.uid, token_ids=toks[i], logprobs=lps[i],
+                              finished=reason[i] is not None, finish_reason=reason[i])
+                for i, r in enumerate(requests)]
+
+    # ---------------------------------------------------------------- weights
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        t0 = time.perf_counter()
+        weights = ((_strip(n), t.detach()) for n, t in named_tensors)
+        self.llm.collective_rpc(_load_weights, kwargs={"weights": weights})
+        self.llm.reset_prefix_cache()
+        torch.cuda.synchronize()
+        self._record_sync(t0)
+
+
+def make_vllm_engine(model_dir: str, *, device: str = "cuda", dtype: str = "auto",
+                     max_batch: int = 64, max_len: int = 4096, seed: int = 0,
+                     **engine_options) -> VllmEngine:
+    """engine_options: gpu_memory_utilization (0.4), enable_prefix_caching, enforce_eager,
+    in_process, eos_token_ids, and any other `vllm.LLM` keyword (tensor_parallel_size, ...)."""
+    return VllmEngine(model_dir, device=device, dtype=dtype, max_batch=max_batch,
+                      max_len=max_len, seed=seed, **engine_options)
+
+
+if vllm is None:
+    UNAVAILABLE["vllm"] = (f"vllm is not importable here ({VLLM_IMPORT_ERROR}); it needs "
+                           f"`pip install ring-pipeline[vllm]` on a CUDA machine")
+elif _version_tuple(vllm.__version__) < MIN_VLLM:
+    UNAVAILABLE["vllm"] = (f"vllm {vllm.__version__} is older than {'.'.join(map(str, MIN_VLLM))}, "
+                           f"the API this engine is written against")
+else:
+    register_engine("vllm")(make_vllm_engine)
+    if not torch.cuda.is_available():
+        UNAVAILABLE["vllm"] = f"vllm {vllm.__version__} is installed but no CUDA device is visible"

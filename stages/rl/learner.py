@@ -1,0 +1,380 @@
+"""The policy update of one RL step: pi_train(theta_old) once, then the IcePop/TIS/GRPO loss.
+
+    plan       the step's rollouts -> `updates_per_batch` mini-batches (one optimizer step
+               each) -> per rank, micro-batches of at most `micro_batch_tokens` padded tokens
+               (longest-first, balanced over ranks; every rank gets the same number of
+               micro-batches, padded with dummy ones, so collective ops stay in step)
+    theta_old  one no-grad pass over every micro-batch: log pi_train(theta_old) of each
+               response token, its entropy, the reference log-probs when kl_coef > 0, and
+               the mismatch statistics (loss.MismatchStats)
+    update     for each epoch and mini-batch: forward with grad, `loss.policy_loss` with
+               N = the mini-batch's rollout count, backward per micro-batch, one step
+
+Both passes run the policy in train mode (gradient checkpointing, when on, works only in
+train mode) with every dropout off (`PolicyHead` zeroes them when it wraps the model): theta_old
+and theta are then the same function at the first update, so r == 1 there, as PPO's ratio
+assumes. A model with other train-time randomness (MoE router jitter, ...) must have it
+configured off.
+
+Log-probs are those of the temperature-scaled distribution softmax(logits / T), the one the
+engine samples from (the engine reports pi_infer of the same distribution). Logits are
+computed only at response positions, in chunks of `logit_chunk` tokens (recomputed in the
+backward pass when there is more than one chunk), so a 64k-token response never holds a
+[T, vocab] tensor at once.
+
+Backends: `TorchBackend` (a plain torch optimizer; the GPU benchmark uses it) or the
+DeepSpeed wrapper in deepspeed_backend.py. Each rank's micro-batch loss is multiplied by the world
+size because data-parallel backends average gradients over ranks.
+"""
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from stages.rl.loss import STAT_KEYS, LossConfig, MismatchStats, policy_loss
+
+
+class Backend(Protocol):
+    module: "PolicyHead"  # the wrapped policy (its `.lm` is the Hugging Face model)
+    device: torch.device
+    rank: int
+    world_size: int
+
+    def forward(self, mb: "MicroBatch", temperature: float, chunk: int, with_entropy: bool): ...
+
+    def backward(self, loss: torch.Tensor, boundary: bool) -> None: ...
+
+    def step(self) -> float:
+        """Optimizer step (after gradient clipping); returns the gradient norm before clipping."""
+        ...
+
+    def all_reduce(self, t: torch.Tensor, op: str) -> torch.Tensor: ...
+
+
+class TorchBackend:
+    """One process, a plain torch optimizer. `lm`: the causal LM (or an already wrapped PolicyHead)."""
+
+    rank, world_size = 0, 1
+
+    def __init__(self, lm: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float | None):
+        self.module = lm if isinstance(lm, PolicyHead) else PolicyHead(lm)
+        self.optimizer, self.grad_clip = optimizer, grad_clip
+        self.device = next(self.module.parameters()).device
+        self._params = [p for p in self.module.parameters() if p.requires_grad]
+
+    def forward(self, mb: "MicroBatch", temperature: float, chunk: int, with_entropy: bool):
+        return self.module(mb.input_ids, mb.attention_mask, mb.resp_pos, mb.targets, temperature, chunk,
+                           with_entropy)
+
+    def backward(self, loss: torch.Tensor, boundary: bool) -> None:
+        loss.backward()
+
+    def step(self) -> float:
+        norm = torch.nn.utils.clip_grad_norm_(self._params, self.grad_clip or float("inf"))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    def all_reduce(self, t: torch.Tensor, op: str) -> torch.Tensor:
+        return t
+
+
+@dataclass
+class LearnerConfig:
+    loss: LossConfig
+    pad_id: int
+    temperature: float = 1.0
+    micro_batch_tokens: int = 65536
+    updates_per_batch: int = 1
+    ppo_epochs: int = 1
+    logit_chunk: int = 2048
+
+
+# -- planning ----------------------------------------------------------------------------------
+def plan_micro_batches(lengths: Sequence[int], world_size: int, max_tokens: int) -> list[list[list[int]]]:
+    """Indices of `lengths` -> per rank, a list of micro-batches (lists of indices).
+
+    Longest first onto the least-loaded rank (LPT); within a rank, consecutive (sorted)
+    sequences share a micro-batch while n * max_len <= max_tokens (a longer sequence gets one
+    of its own). Ranks are padded with empty micro-batches to the same count."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    per_rank: list[list[int]] = [[] for _ in range(world_size)]
+    load = [0] * world_size
+    for i in order:
+        r = min(range(world_size), key=lambda j: (load[j], j))
+        per_rank[r].append(i)
+        load[r] += lengths[i]
+    plans: list[list[list[int]]] = []
+    for idx in per_rank:
+        mbs: list[list[int]] = []
+        for i in idx:  # already longest first
+            if mbs and (len(mbs[-1]) + 1) * lengths[mbs[-1][0]] <= max_tokens:
+                mbs[-1].append(i)
+            else:
+                mbs.append([i])
+        plans.append(mbs)
+    n = max(len(p) for p in plans) if plans else 0
+    for p in plans:
+        p.extend([] for _ in range(n - len(p)))
+    return plans
+
+
+@dataclass
+class MicroBatch:
+    input_ids: torch.Tensor      # [B, T]
+    attention_mask: torch.Tensor  # [B, T]
+    resp_pos: torch.Tensor       # [B, R] position of the hidden state predicting each response token
+    targets: torch.Tensor        # [B, R]
+    mask: torch.Tensor           # [B, R] bool, response tokens
+    infer_logp: torch.Tensor     # [B, R]
+    advantages: torch.Tensor     # [B]
+    stale: torch.Tensor          # [B, R] bool, sampled by an older policy than theta_old
+    dummy: bool = False
+
+
+def collate(samples: Sequence[Any], version: int, pad_id: int, device: torch.device) -> MicroBatch:
+    dummy = not samples
+    if dummy:  # keeps collectives in step on a rank with nothing left to do; its loss is 0
+        from types import SimpleNamespace
+
+        samples = [SimpleNamespace(prompt_ids=[pad_id], response_ids=[pad_id], infer_logprobs=[0.0],
+                                   advantage=0.0, token_versions=lambda: [version])]
+    B = len(samples)
+    T = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
+    R = max(len(s.response_ids) for s in samples)
+    ids = torch.full((B, T), pad_id, dtype=torch.long)
+    att = torch.zeros((B, T), dtype=torch.long)
+    pos = torch.zeros((B, R), dtype=torch.long)
+    tgt = torch.zeros((B, R), dtype=torch.long)
+    mask = torch.zeros((B, R), dtype=torch.bool)
+    inf = torch.zeros((B, R), dtype=torch.float32)
+    stale = torch.zeros((B, R), dtype=torch.bool)
+    for b, s in enumerate(samples):
+        P, n = len(s.prompt_ids), len(s.response_ids)
+        if P < 1 or n < 1:
+            raise ValueError("every rollout needs a non-empty prompt and response")
+        ids[b, :P + n] = torch.tensor(list(s.prompt_ids) + list(s.response_ids))
+        att[b, :P + n] = 1
+        pos[b, :n] = torch.arange(P - 1, P - 1 + n)
+        tgt[b, :n] = torch.tensor(s.response_ids)
+        mask[b, :n] = True
+        inf[b, :n] = torch.tensor(s.infer_logprobs, dtype=torch.float32)
+        stale[b, :n] = torch.tensor([v < version for v in s.token_versions()], dtype=torch.bool)
+    adv = torch.tensor([float(s.advantage) for s in samples], dtype=torch.float32)
+    if dummy:
+        mask.zero_()
+    return MicroBatch(ids.to(device), att.to(device), pos.to(device), tgt.to(device), mask.to(device),
+                      inf.to(device), adv.to(device), stale.to(device), dummy)
+
+
+# -- log-probs -----------------------------------------------------------------------------------
+def _hidden_and_head(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+    base = getattr(model, "base_model", None)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if base is None or base is model or head is None:
+        return None, None
+    out = base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    return hidden, head
+
+
+def _chunk_logprobs(head, softcap: float | None, temperature: float, with_entropy: bool,
+                    h: torch.Tensor, tgt: torch.Tensor):
+    logits = head(h).float()
+    if softcap:
+        logits = torch.tanh(logits / softcap) * softcap
+    logits = logits / temperature
+    lse = torch.logsumexp(logits, dim=-1)
+    lp = logits.gather(-1, tgt.unsqueeze(-1)).squeeze(-1) - lse
+    if not with_entropy:
+        return lp, None
+    ent = lse - (F.softmax(logits, dim=-1) * logits).sum(-1)
+    return lp, ent
+
+
+def response_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      resp_pos: torch.Tensor, targets: torch.Tensor, temperature: float, chunk: int,
+                      with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log pi(y_t | x, y_<t) of every response token, [B, R] (and the entropy at each)."""
+    hidden, head = _hidden_and_head(model, input_ids, attention_mask)
+    softcap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
+    if hidden is None:  # no separable head: full logits, identity "head"
+        hidden = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+        head, softcap = torch.nn.Identity(), None
+    H = hidden.shape[-1]
+    h = hidden.gather(1, resp_pos.unsqueeze(-1).expand(-1, -1, H))  # [B, R, H]
+    R = h.shape[1]
+    lps, ents = [], []
+    for s in range(0, R, chunk):
+        hc, tc = h[:, s:s + chunk], targets[:, s:s + chunk]
+        if torch.is_grad_enabled() and R > chunk:
+            lp, ent = checkpoint(_chunk_logprobs, head, softcap, temperature, with_entropy, hc, tc,
+                                 use_reentrant=False)
+        else:
+            lp, ent = _chunk_logprobs(head, softcap, temperature, with_entropy, hc, tc)
+        lps.append(lp)
+        if ent is not None:
+            ents.append(ent)
+    return torch.cat(lps, dim=1), (torch.cat(ents, dim=1) if with_entropy else None)
+
+
+def disable_dropout(model: torch.nn.Module) -> None:
+    """Every dropout of `model` off: dropout modules get p = 0, and so does the attention-dropout
+    probability that Hugging Face attention modules keep as a float attribute (read in forward
+    in train mode). The model's config is left as it is (a saved policy keeps its settings)."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd):
+            m.p = 0.0
+        for attr in ("attention_dropout", "dropout"):
+            if isinstance(getattr(m, attr, None), float):
+                setattr(m, attr, 0.0)
+
+
+class PolicyHead(torch.nn.Module):
+    """The causal LM `lm` with a forward that returns response-token log-probs; its dropout is
+    switched off (module docstring).
+
+    The policy is wrapped (rather than its submodules called from outside) so that one
+    `forward` of the training engine covers the whole computation: DeepSpeed (ZeRO-3 in
+    particular) keeps per-micro-step state in its forward, which gradient accumulation needs."""
+
+    def __init__(self, lm: torch.nn.Module):
+        super().__init__()
+        disable_dropout(lm)
+        self.lm = lm
+
+    def forward(self, input_ids, attention_mask, resp_pos, targets, temperature: float, chunk: int,
+                with_entropy: bool = False):
+        return response_logprobs(self.lm, input_ids, attention_mask, resp_pos, targets, temperature, chunk,
+                                 with_entropy)
+
+
+# -- the update ----------------------------------------------------------------------------------
+class Learner:
+    def __init__(self, backend: Backend, cfg: LearnerConfig, ref_model: torch.nn.Module | None = None):
+        if cfg.loss.kl_coef > 0 and ref_model is None:
+            raise ValueError("kl_coef > 0 needs a reference model")
+        self.backend, self.cfg, self.ref_model = backend, cfg, ref_model
+
+    def _split_updates(self, n: int, version: int) -> list[list[int]]:
+        idx = list(range(n))
+        random.Random(f"minibatches/{version}").shuffle(idx)
+        u = min(self.cfg.updates_per_batch, n)
+        return [sorted(idx[i::u]) for i in range(u)]
+
+    def train(self, samples: Sequence[Any], version: int) -> dict[str, float]:
+        """One RL step on `samples` (every rank passes the same list); returns metrics
+        reduced over ranks. `version` = the policy version of theta_old."""
+        be, cfg = self.backend, self.cfg
+        if not samples:
+            raise ValueError("empty training batch")
+        model = be.module
+        ref_head = PolicyHead(self.ref_model) if self.ref_model is not None else None
+        lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
+        updates = []
+        for members in self._split_updates(len(samples), version):
+            plan = plan_micro_batches([lengths[i] for i in members], be.world_size, cfg.micro_batch_tokens)
+            updates.append((len(members), [[members[j] for j in mb] for mb in plan[be.rank]]))
+
+        # theta_old: one pass, no grad, in the same (train) mode as the update
+        t0 = time.perf_counter()
+        model.train()
+        old: dict[int, torch.Tensor] = {}
+        ref_lps: dict[int, torch.Tensor] = {}
+        stats = MismatchStats()
+        with torch.no_grad():
+            for _, mbs in updates:
+                for mb_idx in mbs:
+                    mb = collate([samples[i] for i in mb_idx], version, cfg.pad_id, be.device)
+                    lp, ent = be.forward(mb, cfg.temperature, cfg.logit_chunk, True)
+                    if ref_head is not None:
+                        rlp, _ = ref_head(mb.input_ids, mb.attention_mask, mb.resp_pos, mb.targets, cfg.temperature,
+                                     cfg.logit_chunk)
+                    if mb.dummy:
+                        continue
+                    stats.add(lp, mb.infer_logp, mb.mask, cfg.loss, entropy=ent, stale=mb.stale)
+                    for b, i in enumerate(mb_idx):
+                        old[i] = lp[b]
+                        if self.ref_model is not None:
+                            ref_lps[i] = rlp[b]
+        t_old = time.perf_counter() - t0
+
+        # the update(s)
+        t0 = time.perf_counter()
+        sums = {"pg_loss": 0.0, "kl": 0.0, "loss": 0.0, "clipped": 0.0, "kept": 0.0, "tokens": 0.0}
+        grad_norms = []
+        for _ in range(cfg.ppo_epochs):
+            for n_seqs, mbs in updates:
+                for j, mb_idx in enumerate(mbs):
+                    mb = collate([samples[i] for i in mb_idx], version, cfg.pad_id, be.device)
+                    lp, _ = be.forward(mb, cfg.temperature, cfg.logit_chunk, False)
+                    if mb.dummy:
+                        loss = lp.sum() * 0.0
+                    else:
+                        old_lp = _stack([old[i] for i in mb_idx], lp.shape)
+                        ref_lp = _stack([ref_lps[i] for i in mb_idx], lp.shape) if ref_lps else None
+                        out = policy_loss(lp, old_lp, mb.infer_logp, mb.advantages, mb.mask, cfg.loss,
+                                          num_sequences=n_seqs, ref_logp=ref_lp)
+                        loss = out.loss
+                        sums["pg_loss"] += out.pg_loss
+                        sums["kl"] += out.kl
+                        sums["loss"] += float(out.loss.detach())
+                        sums["clipped"] += out.clipped_tokens
+                        sums["kept"] += out.kept_tokens
+                        sums["tokens"] += out.tokens
+                    be.backward(loss * be.world_size, boundary=(j == len(mbs) - 1))
+                grad_norms.append(be.step())
+        t_update = time.perf_counter() - t0
+
+        # reduce over ranks
+        keys = list(STAT_KEYS) + list(sums)
+        vec = torch.tensor([stats.sums[k] if k in stats.sums else 0.0 for k in STAT_KEYS] + [sums[k] for k in sums],
+                           dtype=torch.float64, device=be.device)
+        mx = torch.tensor([stats.sums["abs_log_k_max"]], dtype=torch.float64, device=be.device)
+        vec = be.all_reduce(vec, "sum")
+        mx = be.all_reduce(mx, "max")
+        red = dict(zip(keys, vec.tolist()))
+        merged = MismatchStats({k: red[k] for k in STAT_KEYS})
+        merged.sums["abs_log_k_max"] = float(mx[0])
+        n_updates = cfg.ppo_epochs * len(updates)
+        out = merged.finalize()
+        out.update({
+            "loss": red["loss"] / n_updates,
+            "pg_loss": red["pg_loss"] / n_updates,
+            "kl_ref": red["kl"] / n_updates,
+            "clip_fraction": red["clipped"] / max(red["tokens"], 1.0),
+            "kept_fraction": red["kept"] / max(red["tokens"], 1.0),
+            "grad_norm": sum(grad_norms) / len(grad_norms),
+            "optimizer_steps": float(n_updates),
+            "old_logprob_seconds": t_old,
+            "update_seconds": t_update,
+        })
+        return out
+
+
+def _stack(rows: list[torch.Tensor], shape: torch.Size) -> torch.Tensor:
+    out = torch.zeros(shape, dtype=rows[0].dtype, device=rows[0].device)
+    for b, r in enumerate(rows):
+        n = min(r.shape[0], shape[1])
+        out[b, :n] = r[:n]
+    return out
+
+
+def freeze_parameters(model: torch.nn.Module, patterns: Sequence[str]) -> list[str]:
+    """requires_grad=False on parameters whose name matches an fnmatch pattern (MoE router
+    bias held fixed); returns their names. Build the optimizer after this, over trainable
+    parameters only, so weight decay cannot move them either."""
+    from fnmatch import fnmatchcase
+
+    frozen = []
+    for name, p in model.named_parameters():
+        if any(fnmatchcase(name, pat) for pat in patterns):
+            p.requires_grad_(False)
+            frozen.append(name)
+    return frozen

@@ -1,0 +1,98 @@
+"""The trainable policy of an RL stage: the HF causal LM under DeepSpeed (ZeRO stage from the
+config, a torch AdamW over its trainable parameters), the reference model when `kl_coef > 0`,
+and the learner (learner.py) that updates it through `DeepSpeedBackend`."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from stages.common.deepspeed_setup import ds_config, initialize
+from stages.common.distributed import Ranks
+from stages.common.hf_io import load_causal_lm
+from stages.rl.learner import Learner, LearnerConfig, PolicyHead, freeze_parameters
+from stages.rl.loss import LossConfig
+from stages.rl.settings import RLConfig
+
+
+class DeepSpeedBackend:
+    """learner.Backend over a DeepSpeed engine: gradient accumulation with a caller-chosen
+    boundary (the number of micro-batches varies from step to step)."""
+
+    def __init__(self, engine, device: torch.device):
+        self.engine, self.module, self.device = engine, engine.module, device
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+
+    def forward(self, mb, temperature: float, chunk: int, with_entropy: bool):
+        # through the engine's forward: ZeRO-3 counts micro-steps there (gradient accumulation)
+        return self.engine(mb.input_ids, mb.attention_mask, mb.resp_pos, mb.targets, temperature, chunk,
+                           with_entropy)
+
+    def backward(self, loss, boundary: bool) -> None:
+        self.engine.set_gradient_accumulation_boundary(boundary)
+        self.engine.backward(loss)
+
+    def step(self) -> float:
+        self.engine.set_gradient_accumulation_boundary(True)
+        manual = None
+        if not self.engine.zero_optimization():  # DS keeps no norm for plain fp32 data parallel
+            grads = [p.grad.detach().float().norm() for p in self.module.parameters() if p.grad is not None]
+            manual = float(torch.stack(grads).norm()) if grads else 0.0
+        self.engine.step()
+        if manual is not None:
+            return manual
+        norm = self.engine.get_global_grad_norm()
+        return float(norm) if norm is not None else math.nan
+
+    def all_reduce(self, t, op: str):
+        if self.world_size > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+        return t
+
+
+def policy_ds_config(cfg: RLConfig, bf16: bool) -> dict[str, Any]:
+    """One micro-batch per DeepSpeed step: accumulation boundaries are set by the learner."""
+    return ds_config(cfg.zero_stage, cfg.grad_clip, bf16)
+
+
+@dataclass
+class Policy:
+    ds_engine: Any          # DeepSpeed engine over learner.PolicyHead
+    learner: Learner
+    frozen: list[str]       # names of the parameters held fixed
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """The Hugging Face model being trained (inside PolicyHead)."""
+        return self.ds_engine.module.lm
+
+
+def build_policy(cfg: RLConfig, model_dir: Path, ranks: Ranks, bf16: bool, pad_id: int) -> Policy:
+    """`cfg.model` loaded, `frozen_param_patterns` frozen, wrapped in the learner's PolicyHead
+    (which switches its dropout off) under DeepSpeed, with the reference model when
+    `kl_coef > 0`."""
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    model = load_causal_lm(model_dir, dtype)
+    frozen = freeze_parameters(model, cfg.frozen_param_patterns)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    ds_engine, _ = initialize(PolicyHead(model), trainable, policy_ds_config(cfg, bf16), lr=cfg.lr,
+                              betas=cfg.adam_betas, weight_decay=cfg.weight_decay)
+    ref_model = None
+    if cfg.kl_coef > 0:
+        ref_model = load_causal_lm(model_dir, dtype).to(ranks.device).eval()
+        ref_model.requires_grad_(False)
+    high = cfg.clip_eps_high if cfg.clip_eps_high is not None else cfg.clip_eps
+    loss_cfg = LossConfig(correction=cfg.correction, alpha=cfg.icepop_alpha, beta=cfg.icepop_beta,
+                          clip_eps_low=cfg.clip_eps, clip_eps_high=high, tis_cap=cfg.tis_cap, kl_coef=cfg.kl_coef)
+    learner = Learner(DeepSpeedBackend(ds_engine, ranks.device),
+                      LearnerConfig(loss=loss_cfg, pad_id=pad_id, temperature=cfg.temperature,
+                                    micro_batch_tokens=cfg.micro_tokens, updates_per_batch=cfg.updates_per_batch,
+                                    ppo_epochs=cfg.ppo_epochs, logit_chunk=cfg.logit_chunk),
+                      ref_model=ref_model)
+    return Policy(ds_engine, learner, frozen)

@@ -1,0 +1,150 @@
+"""The settings every RL stage shares (reasoning_rl, general_rl): policy, rollout engine,
+scheduler (C3PO++ / sync), loss and its correction, DeepSpeed, checkpoints. A stage's config
+subclasses `RLConfig` and adds its prompt data and reward settings.
+
+Defaults are the paper's reasoning-RL numbers (arXiv 2510.18855): AdamW b1 0.9, b2 0.999,
+wd 0.01, lr 2e-6, KL coef 0, temperature 1.0, 480 prompts x 8 rollouts, max length 65,536,
+IcePop alpha 0.5 / beta 5, MoE router bias held fixed. The paper gives no numbers for
+C3PO++'s Omega / Phi / sigma; ours are documented on `C3POSettings`.
+No torch import here: validating a recipe stays fast.
+"""
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, Field, field_validator, model_validator
+
+from pipeline.stage_api import StageConfig, Strict, cosmetic
+
+# engines whose reported log-prob of a sampled token is that of the untruncated
+# softmax(logits / T), whatever top_p / top_k do to the sampling (each engine class declares
+# `reports_untruncated_logprobs`; tests/stages/rl/test_settings.py keeps the two in step)
+UNTRUNCATED_LOGPROB_ENGINES = ("torch",)
+
+_DEVICE_RE = re.compile(r"^(cpu|auto|cuda(:\d+)?)$")
+
+
+def _device_name(v: str) -> str:
+    if not _DEVICE_RE.match(v):
+        raise ValueError(f"a device is cpu, auto, cuda or cuda:N, not {v!r}")
+    return v
+
+
+# where a model of the stage runs (rollout engine, reward model); auto = rank 0's own device
+# (stages.common.distributed.resolve_device)
+Device = Annotated[str, AfterValidator(_device_name)]
+
+
+class RolloutSettings(Strict):
+    engine: str = Field("torch", description="rollout engine name (stages.rl.engines.ENGINES)")
+    device: Device = Field("auto", description="cpu | cuda:N | auto (the trainer's rank-0 device: "
+                                                 "colocated on GPU, cpu otherwise)")
+    dtype: str = Field("auto", description="engine weights dtype (auto = bf16 on GPU, fp32 on CPU)")
+    max_batch: int = Field(64, ge=1, description="sequences the engine decodes at once")
+    options: dict[str, Any] = Field({}, description="engine-specific keyword options")
+
+
+class C3POSettings(Strict):
+    """C3PO++ (paper Algorithm 1). Unset sizes derive from the step size:
+    pool_capacity (Omega) = prompts_per_step x rollouts_per_prompt (the inference pool holds
+    one sync step's rollouts); token_budget (Phi) = Omega x max_len // 4 (a sync step's
+    tokens when responses average a quarter of the cap); retention_limit (sigma) = 4, so a
+    rollout at the length cap (about max_len / (Phi / Omega) = 4 partitions) still finishes."""
+
+    pool_capacity: int | None = Field(None, ge=1, description="Omega: unfinished rollouts decoded in parallel")
+    token_budget: int | None = Field(None, ge=1, description="Phi: finished-rollout tokens per partition")
+    retention_limit: int = Field(4, ge=0, description="sigma: partitions an unfinished rollout may live through")
+    min_group_size: int = Field(2, ge=1, description="finished members a GRPO group needs after purges")
+
+
+class RLConfig(StageConfig):
+    """The fields of both RL kinds (see the module docstring); subclasses add `kind` and `data`."""
+
+    model: str = Field(description="HF policy dir: ${stages.X.output} or a URI")
+    steps: int = Field(ge=1, description="training steps (one optimizer update each, x updates_per_batch)")
+    prompts_per_step: int = Field(480, ge=1, description="sync: prompts per step (C3PO++ sizes from it)")
+    rollouts_per_prompt: int = Field(8, ge=1, description="G, the GRPO group size")
+    max_len: int = Field(65536, ge=1, description="max response tokens of a rollout")
+    prompt_max_len: int = Field(4096, ge=1, description="longer prompts are skipped (counted)")
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0, description="0 = off")
+    lr: float = Field(2e-6, gt=0)
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = Field(0.01, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    kl_coef: float = Field(0.0, ge=0, description="KL to the initial policy (k3 estimator)")
+    clip_eps: float = Field(0.2, ge=0, description="PPO clip (low side; both sides unless clip_eps_high)")
+    clip_eps_high: float | None = Field(None, ge=0)
+    correction: Literal["icepop", "tis", "none"] = "icepop"
+    icepop_alpha: float = Field(0.5, gt=0)
+    icepop_beta: float = Field(5.0, gt=0)
+    tis_cap: float = Field(2.0, gt=0, description="truncation of the TIS weight")
+    adv_eps: float = Field(1e-6, gt=0, description="std epsilon of the group-normalised advantage")
+    scheduler: Literal["c3po", "sync"] = "c3po"
+    c3po: C3POSettings = C3POSettings()
+    updates_per_batch: int = Field(1, ge=1, description="optimizer steps per training batch (mini-batches)")
+    ppo_epochs: int = Field(1, ge=1)
+    micro_batch_tokens: int | None = Field(
+        None, ge=1, description="padded tokens per micro-batch; default prompt_max_len + max_len")
+    logit_chunk: int = Field(2048, ge=1, description="response tokens per lm-head chunk")
+    gradient_checkpointing: bool = False
+    rollout: RolloutSettings = RolloutSettings()
+    zero_stage: Literal[0, 1, 2, 3] = 2
+    precision: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto = bf16 on GPU, fp32 on CPU")
+    seed: int = 0
+    frozen_param_patterns: list[str] = Field(
+        ["*.gate.e_score_correction_bias", "*expert_bias*"],
+        description="fnmatch patterns of parameter names kept fixed (MoE router bias)")
+    verifier_workers: int = Field(2, ge=0, description="verifier processes (0 = in the trainer)")
+    verifier_timeout_s: float = Field(10.0, gt=0)
+    checkpoint_every: int = cosmetic(10, ge=1, description="steps between checkpoints")
+    sample_rollouts: int = cosmetic(4, ge=0, description="rollouts per step logged as text to MLflow")
+
+    @field_validator("frozen_param_patterns")
+    @classmethod
+    def _patterns(cls, v: list[str]) -> list[str]:
+        if any(not p.strip() for p in v):
+            raise ValueError("frozen_param_patterns: empty pattern")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "RLConfig":
+        if not self.icepop_alpha < self.icepop_beta:
+            raise ValueError(f"icepop_alpha ({self.icepop_alpha}) must be below icepop_beta ({self.icepop_beta})")
+        if self.pool_capacity < self.rollouts_per_prompt:
+            raise ValueError(f"c3po.pool_capacity ({self.pool_capacity}) must hold at least one GRPO group "
+                             f"(rollouts_per_prompt = {self.rollouts_per_prompt})")
+        if self.c3po.min_group_size > self.rollouts_per_prompt:
+            raise ValueError(f"c3po.min_group_size ({self.c3po.min_group_size}) exceeds rollouts_per_prompt "
+                             f"({self.rollouts_per_prompt})")
+        self._check_truncated_sampling()
+        return self
+
+    def _check_truncated_sampling(self) -> None:
+        """IcePop and TIS compare pi_infer with the trainer's pi_train, the untruncated
+        softmax(logits / T): an engine that reports log-probs after top-p / top-k truncation
+        (renormalised) would feed them another distribution's probabilities."""
+        truncated = [f"top_p={self.top_p}"] * (self.top_p < 1) + [f"top_k={self.top_k}"] * (self.top_k > 0)
+        if not truncated or self.correction == "none" or self.rollout.engine in UNTRUNCATED_LOGPROB_ENGINES:
+            return
+        raise ValueError(
+            f"{' and '.join(truncated)} truncate the sampling distribution, and correction={self.correction!r} "
+            f"needs the engine's log-probs of the untruncated distribution, but rollout.engine "
+            f"{self.rollout.engine!r} reports them after truncation. Set top_p: 1 and top_k: 0, or "
+            f"correction: none, or use an engine that reports untruncated log-probs "
+            f"({', '.join(UNTRUNCATED_LOGPROB_ENGINES)})")
+
+    # derived sizes ---------------------------------------------------------------------------
+    @property
+    def pool_capacity(self) -> int:
+        return self.c3po.pool_capacity or self.prompts_per_step * self.rollouts_per_prompt
+
+    @property
+    def token_budget(self) -> int:
+        return self.c3po.token_budget or max(1, self.pool_capacity * self.max_len // 4)
+
+    @property
+    def micro_tokens(self) -> int:
+        return self.micro_batch_tokens or (self.prompt_max_len + self.max_len)

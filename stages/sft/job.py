@@ -1,0 +1,211 @@
+"""The `sft` stage: Long-CoT supervised fine-tuning with DeepSpeed ZeRO.
+
+Run by the deepspeed launcher (`python -m stages.sft.job --job job.json` on every
+rank; CPU ranks on gloo, GPUs on nccl). Top to bottom:
+
+1. read the chat rows, tokenise them with the chat template, mask everything but the
+   assistant turns, pack them into `max_seq_len` sequences (stages/sft/data.py: the rules
+   for malformed rows, truncation and packing are written there);
+2. build the model (HF dir from `model`), torch AdamW (no decay on 1-D params: norms,
+   biases), warmup + cosine (or constant) schedule, DeepSpeed engine (ZeRO stage,
+   gradient clipping, bf16 on GPU / fp32 on CPU with `precision: auto`);
+3. resume from the stage's latest complete checkpoint if there is one (stages/common/
+   checkpoint.py): weights, optimizer, scheduler, `Progress` (step, data position, token
+   counts), RNG of every rank; refused when the world size or the pack count changed;
+4. train: each step takes `grad_accum` micro batches of `micro_batch_size` packs per
+   rank (a deterministic order from the seed; the same number of packs on every rank).
+   The loss of a step is the mean over all trained tokens of all ranks and micro
+   batches (not a mean of per-batch means). Every step logs loss, lr, grad_norm,
+   tokens/s and tokens; every `checkpoint_every` steps a checkpoint is written locally by
+   DeepSpeed, uploaded by each node's local rank 0 and marked complete by rank 0;
+5. rank 0 writes the final model as a HF directory (ZeRO-3 weights gathered first), the
+   input model's tokenizer files, and stage_summary.json.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from pipeline.stage_api import StageError, StageJob
+from pipeline.tracking import info
+from stages.common.checkpoint import Checkpointer, StatefulDataclass
+from stages.common.data_plan import DataPlan
+from stages.common.distributed import local_first
+from stages.common.entry import run_job
+from stages.common.hf_io import load_causal_lm, save_hf_model
+from stages.common.rows import data_files, read_rows
+from stages.common.training_job import start_training_job, supervised_engine
+from stages.sft.config import SFTConfig
+from stages.sft.data import build_samples, collate, pack_samples
+
+
+@dataclass
+class Progress(StatefulDataclass):
+    """Where training stands (checkpointed): optimizer steps, data position, tokens seen."""
+
+    step: int = 0
+    epoch: int = 0
+    step_in_epoch: int = 0
+    tokens: int = 0
+    target_tokens: int = 0
+    first_loss: float | None = None
+
+
+# -- small helpers ---------------------------------------------------------------------------
+def packed_logits(model, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    """Logits of packed sequences with no attention across samples.
+
+    transformers (5.x) builds a block-diagonal causal mask from position ids that restart
+    at 0 for each sample, but only when there is no attention mask and no cache: with
+    `use_cache` left to the config's default (True) a cache is created and the packed
+    samples attend to each other (seen with transformers 5.24; tests/stages/test_sft.py
+    checks that this function keeps samples apart)."""
+    return model(input_ids=input_ids, position_ids=position_ids, attention_mask=None,
+                 use_cache=False).logits
+
+
+def packed_loss_sum(model, batch: dict[str, torch.Tensor], device: torch.device,
+                    flatten: bool = False) -> torch.Tensor:
+    """Sum of the token cross-entropies of a collated batch (targets are pre-shifted).
+    `flatten` puts the micro batch in one row: flash-attention's varlen path detects
+    packing from the position ids of a single row only."""
+    ids, pos, tgt = (batch[k].to(device) for k in ("input_ids", "position_ids", "targets"))
+    if flatten:
+        ids, pos, tgt = ids.view(1, -1), pos.view(1, -1), tgt.view(1, -1)
+    logits = packed_logits(model, ids, pos)
+    return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), tgt.view(-1),
+                           ignore_index=-100, reduction="sum")
+
+
+# -- the stage -------------------------------------------------------------------------------
+def main(job: StageJob) -> dict[str, Any] | None:
+    cfg = SFTConfig.model_validate(job.config)
+    setup = start_training_job(job, cfg)
+    ranks, log, model_dir, tokenizer, pad_id = setup.ranks, setup.log, setup.model_dir, setup.tokenizer, setup.pad_id
+    rank, world, local_rank, device = ranks.rank, ranks.world, ranks.local_rank, ranks.device
+
+    # 1. data
+    if tokenizer.eos_token is None:
+        raise StageError(f"model {cfg.model}: its tokenizer has no eos token")
+
+    def load_data():
+        files = data_files(job.fetch(cfg.data), cfg.data, "sft data")
+        return build_samples(read_rows(files, "sft data"), tokenizer, cfg.max_seq_len, cfg.on_bad_row)
+
+    samples, stats = local_first(local_rank, load_data)
+    if not samples:
+        raise StageError(f"sft data {cfg.data}: no usable sample ({stats.rows} rows read)")
+    packs = pack_samples([len(s) for s in samples], cfg.max_seq_len, cfg.seed, cfg.packing)
+    plan = DataPlan(len(packs), world, cfg.micro_batch_size, cfg.grad_accum, cfg.seed)
+    total_steps = cfg.max_steps or cfg.epochs * plan.steps_per_epoch
+    if rank == 0:
+        bad = sum(stats.bad_rows.values())
+        info(f"sft: {stats.rows} rows -> {stats.samples} samples ({stats.target_tokens} trained of "
+             f"{stats.tokens} tokens) -> {len(packs)} packs of <= {cfg.max_seq_len} tokens; "
+             f"{plan.steps_per_epoch} steps/epoch, {total_steps} steps on {world} ranks")
+        if cfg.warmup_steps >= total_steps:
+            info(f"sft: warning: warmup_steps={cfg.warmup_steps} >= total steps {total_steps}: the "
+                 "learning rate never reaches `lr`")
+        if stats.truncated:
+            info(f"sft: {stats.truncated} samples longer than max_seq_len={cfg.max_seq_len} were "
+                 f"truncated to it; {stats.no_target_after_truncation} of them had no assistant "
+                 "token left and were left out")
+        if bad:
+            info(f"sft: {bad} malformed rows left out (on_bad_row=skip): {dict(stats.bad_rows)}; "
+                 f"first: {stats.bad_examples[:3]}")
+        log.params({"data.samples": stats.samples, "data.packs": len(packs),
+                    "data.steps_per_epoch": plan.steps_per_epoch, "train.total_steps": total_steps,
+                    "train.world_size": world})
+
+    # 2. model, optimizer, schedule, engine
+    engine, scheduler, attn = supervised_engine(
+        cfg, setup, total_steps, lambda attn: load_causal_lm(model_dir, torch.float32, attn_implementation=attn))
+
+    # 3. resume
+    p = Progress()
+    ckpt = Checkpointer(job, engine, ranks, {"progress": p}, fingerprint={"packs": len(packs)})
+    resumed_from = ckpt.resume()
+    if resumed_from is not None and rank == 0:
+        info(f"sft: resumed from checkpoint step {p.step} (epoch {p.epoch + 1}, step {p.step_in_epoch} "
+             f"of the epoch)")
+
+    # 4. train
+    engine.train()
+    loss = None
+    flatten = attn == "flash_attention_2"  # FA2 detects packing from position ids of one row
+    while p.step < total_steps:
+        if p.step_in_epoch >= plan.steps_per_epoch:
+            p.epoch, p.step_in_epoch = p.epoch + 1, 0
+        t0 = time.perf_counter()
+        micro = plan.step_micro_batches(p.epoch, p.step_in_epoch, rank)
+        batches = [collate(samples, [packs[i] for i in mb], pad_id) for mb in micro]
+        counts = torch.tensor([float(sum((b["targets"] != -100).sum() for b in batches)),
+                               float(sum(len(samples[i]) for mb in micro for p in mb for i in packs[p]))],
+                              dtype=torch.float64, device=device)
+        dist.all_reduce(counts)
+        step_targets, step_tokens = int(counts[0].item()), int(counts[1].item())
+        lr = scheduler.get_last_lr()[0]
+        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        grad_norm = None
+        for j, b in enumerate(batches):
+            ce = packed_loss_sum(engine, b, device, flatten)
+            # DeepSpeed divides by grad_accum and averages over ranks: this makes the step's
+            # gradient that of the mean over every trained token of the global batch
+            engine.backward(ce * (cfg.grad_accum * world / max(step_targets, 1)))
+            if cfg.zero_stage == 0 and not setup.bf16 and j == len(batches) - 1:
+                # plain DeepSpeed clips without reporting the norm: take it from the
+                # (already all-reduced) gradients before the step clips them
+                grad_norm = torch.nn.utils.get_total_norm(
+                    [p.grad for p in engine.module.parameters() if p.grad is not None]).item()
+            engine.step()
+            loss_sum += ce.detach().double()
+        dist.all_reduce(loss_sum)
+        loss = loss_sum.item() / max(step_targets, 1)
+        p.step, p.step_in_epoch = p.step + 1, p.step_in_epoch + 1
+        p.tokens += step_tokens
+        p.target_tokens += step_targets
+        p.first_loss = loss if p.first_loss is None else p.first_loss
+        ds_norm = engine.get_global_grad_norm()
+        grad_norm = float(ds_norm) if ds_norm is not None else grad_norm
+        grad_norm = float("nan") if grad_norm is None else grad_norm
+        dt = time.perf_counter() - t0
+        if rank == 0:
+            info(f"sft step {p.step}/{total_steps} | epoch {p.epoch + 1} | loss {loss:.4f} | lr {lr:.3e} | "
+                 f"grad_norm {grad_norm:.3f} | {step_tokens / dt:,.0f} tok/s | tokens {p.tokens:,}")
+        if p.step % cfg.log_every == 0 or p.step == total_steps:
+            log.metrics(p.step, {"loss": loss, "lr": lr, "grad_norm": grad_norm,
+                                 "tokens_per_s": step_tokens / dt, "tokens": p.tokens,
+                                 "target_tokens": p.target_tokens,
+                                 "epoch": p.epoch + p.step_in_epoch / plan.steps_per_epoch})
+        if p.step % cfg.checkpoint_every == 0 and p.step < total_steps:
+            ckpt.save(p.step)
+            if rank == 0:
+                info(f"sft: checkpoint step {p.step} saved under {ckpt.store.stage_url}/checkpoints")
+
+    # 5. outputs
+    out = Path(job.output_dir)
+    save_hf_model(engine, engine.module, model_dir, out, cfg.zero_stage, rank)
+    if rank != 0:
+        return None
+    summary = {"steps": p.step, "first_loss": p.first_loss, "final_loss": loss,
+               "tokens_trained": p.tokens, "target_tokens_trained": p.target_tokens,
+               "epochs": round(p.epoch + p.step_in_epoch / plan.steps_per_epoch, 4),
+               "resumed_from_step": resumed_from, "world_size": world, "packs": len(packs),
+               "precision": "bf16" if setup.bf16 else "fp32", "zero_stage": cfg.zero_stage,
+               "attn_implementation": attn, "data": stats.as_dict()}
+    (out / "stage_summary.json").write_text(json.dumps(summary, indent=2))
+    info(f"sft: done, {p.step} steps, loss {p.first_loss:.4f} -> {loss if loss is not None else float('nan'):.4f}; "
+         f"model saved to {out}")
+    return summary
+
+
+if __name__ == "__main__":
+    sys.exit(run_job(main))

@@ -1,0 +1,20 @@
+"""A process group for the tests of the stages' common pieces."""
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def gloo_group(monkeypatch):
+    """This process as a world of one on gloo (as a stage job without a launcher); left after."""
+    import torch.distributed as dist
+
+    from pipeline.launch import free_port
+    from stages.common.distributed import init_distributed
+
+    for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}.items():
+        monkeypatch.setenv(k, v)
+    yield init_distributed()
+    if dist.is_initialized():
+        dist.destroy_process_group()

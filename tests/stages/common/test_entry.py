@@ -1,0 +1,41 @@
+"""run_job, the one way a stage job runs: a user error is one message from rank 0 and exit 2,
+a bug keeps its traceback, and the process group is left either way."""
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+
+from pipeline.stage_api import StageError, StageJob
+from stages.common.entry import run_job
+
+
+@pytest.fixture
+def job_file(tmp_path):
+    job = StageJob(recipe="t", stage="train-it", kind="sft", hash="0" * 16, config={},
+                   stage_url=f"file://{tmp_path}/store", output_dir=str(tmp_path / "out"),
+                   work_dir=str(tmp_path / "work"))
+    job.write(tmp_path / "job.json")
+    return ["--job", str(tmp_path / "job.json"), "--local_rank=0"]
+
+
+def test_a_user_error_exits_2_with_one_message_and_leaves_the_group(gloo_group, job_file, capsys):
+    def main(job):
+        assert dist.is_initialized() and job.stage == "train-it"
+        raise StageError("data.jsonl:3: no `messages` field")
+
+    assert run_job(main, job_file) == 2
+    assert capsys.readouterr().err == "train-it (sft) failed: data.jsonl:3: no `messages` field\n"
+    assert not dist.is_initialized()
+
+
+def test_a_bug_keeps_its_traceback_and_leaves_the_group(gloo_group, job_file):
+    def main(job):
+        raise ZeroDivisionError("a bug")
+
+    with pytest.raises(ZeroDivisionError, match="a bug"):
+        run_job(main, job_file)
+    assert not dist.is_initialized()
+
+
+def test_success_is_0(job_file):
+    assert run_job(lambda job: None, job_file) == 0

@@ -1,0 +1,532 @@
+"""Contract tests of the rollout engines (stages/rl/engines).
+
+Every engine known here runs the same contract: ("torch", "cpu") always, ("torch",
+"cuda") and ("vllm", "cuda") where the machine has what they need; the others are skipped
+with the reason (UNAVAILABLE[name] or "no CUDA device"). The model is a tiny random Qwen2
+with a WordLevel tokenizer built here, saved as a Hugging Face directory; reference
+log-probabilities come from a plain full-sequence transformers forward in fp32.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from stages.rl.engines import ENGINES, UNAVAILABLE, RolloutRequest, SamplingParams, create_engine
+
+VOCAB = 300
+EOS, PAD = 1, 0
+# (engine, device, options): "torch-cpu-static" runs the GPU's bucketed bookkeeping (padded
+# batch and kv-length buckets, idle rows, compaction) on CPU, minus the graph capture
+CASES = [("torch", "cpu", {}), ("torch", "cpu", {"static_shapes": True}),
+         ("torch", "cuda", {}), ("vllm", "cuda", {})]
+GREEDY = SamplingParams(temperature=0.0)
+
+
+# ------------------------------------------------------------------------------ fixtures
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models gain nothing from intra-op threads, and on a busy shared CPU the thread
+    hand-offs cost ~100x (measured: 5 s vs 14 ms for the same generate call)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _save_tokenizer(out: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": PAD, "<eos>": EOS, **{f"w{i}": i for i in range(2, VOCAB)}}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>",
+                            pad_token="<pad>").save_pretrained(out)
+
+
+def _build_model(model_type: str = "qwen2", seed: int = 0):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(
+        model_type, vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, intermediate_size=128,
+        max_position_embeddings=256, tie_word_embeddings=(model_type == "qwen2"),
+        eos_token_id=EOS, pad_token_id=PAD, bos_token_id=None, initializer_range=0.2)
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(cfg).eval()
+
+
+def _save_model(model, out: Path) -> Path:
+    model.save_pretrained(out)
+    _save_tokenizer(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return _save_model(_build_model(), tmp_path_factory.mktemp("tiny_qwen2"))
+
+
+def _open(name: str, device: str, options: dict, model_dir: Path, **kw):
+    if name in UNAVAILABLE:
+        pytest.skip(f"engine {name!r} unavailable: {UNAVAILABLE[name]}")
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip(f"engine {name!r} on cuda: no CUDA device on this machine")
+    kw = {**options, **kw}
+    kw.setdefault("max_batch", 8)
+    kw.setdefault("max_len", 128)
+    return create_engine(name, str(model_dir), device=device, dtype="float32", seed=0, **kw)
+
+
+@pytest.fixture(scope="module", params=CASES,
+                ids=lambda c: f"{c[0]}-{c[1]}" + ("-static" if c[2].get("static_shapes") else ""))
+def case(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def engine(case, model_dir):
+    """An engine with EOS switched off: lengths are exactly max_new_tokens."""
+    return _open(*case, model_dir, eos_token_ids=[])
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+
+
+def _ref_logprobs(model, prompt, tokens, temperature=1.0):
+    """log_softmax(logits / T) of `tokens` from one full-sequence forward over prompt+tokens."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + tokens])).logits[0].float()
+    lp = torch.log_softmax(logits[len(prompt) - 1:-1] / temperature, dim=-1)
+    return lp.gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+
+
+def _prompts(n, seed=0, lo=3, hi=20):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(2, VOCAB, (int(torch.randint(lo, hi, (1,), generator=g)),),
+                          generator=g).tolist() for _ in range(n)]
+
+
+def _tol(case):
+    return 1e-4 if case[1] == "cpu" else 2e-3
+
+
+# ------------------------------------------------------------------------------ contract
+def test_registry_lists_every_engine_or_says_why_not():
+    assert "torch" in ENGINES and "torch" not in UNAVAILABLE
+    for name in ("torch", "vllm"):
+        assert name in ENGINES or UNAVAILABLE.get(name), name
+    with pytest.raises(KeyError, match="unknown rollout engine"):
+        create_engine("nope", "/nowhere")
+    if "vllm" in UNAVAILABLE and "vllm" not in ENGINES:
+        with pytest.raises(RuntimeError, match="unavailable"):
+            create_engine("vllm", "/nowhere")
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
+def test_one_update_per_request_with_logprobs_of_the_sampled_tokens(engine, case, reference,
+                                                                      temperature):
+    prompts = _prompts(5, seed=1)
+    reqs = [RolloutRequest(uid=f"r{i}", prompt_ids=p, max_new_tokens=3 + 2 * i)
+            for i, p in enumerate(prompts)]
+    ups = engine.generate(reqs, SamplingParams(temperature=temperature, seed=7))
+    assert [u.uid for u in ups] == [r.uid for r in reqs]
+    for r, u in zip(reqs, ups):
+        assert len(u.token_ids) == r.max_new_tokens == len(u.logprobs)
+        assert u.finished and u.finish_reason == "length"
+        assert all(lp <= 0 for lp in u.logprobs)
+        assert all(0 <= t < VOCAB for t in u.token_ids)
+        ref = _ref_logprobs(reference, r.prompt_ids, u.token_ids, temperature or 1.0)
+        torch.testing.assert_close(torch.tensor(u.logprobs), ref, atol=_tol(case), rtol=0)
+    if temperature == 0.0:  # greedy = argmax of the full forward
+        for r, u in zip(reqs, ups):
+            with torch.no_grad():
+                logits = reference(input_ids=torch.tensor([r.prompt_ids + u.token_ids])).logits[0]
+            assert logits[len(r.prompt_ids) - 1:-1].argmax(-1).tolist() == u.token_ids
+
+
+def test_seeded_sampling_is_reproducible_and_the_seed_matters(engine):
+    reqs = [RolloutRequest(uid=f"s{i}", prompt_ids=p, max_new_tokens=12)
+            for i, p in enumerate(_prompts(4, seed=2))]
+    a = engine.generate(reqs, SamplingParams(temperature=1.0, seed=11))
+    b = engine.generate(reqs, SamplingParams(temperature=1.0, seed=11))
+    c = engine.generate(reqs, SamplingParams(temperature=1.0, seed=12))
+    assert [u.token_ids for u in a] == [u.token_ids for u in b]
+    assert [u.token_ids for u in a] != [u.token_ids for u in c]
+
+
+def test_eos_finish_vs_length_finish(case, model_dir):
+    prompt = _prompts(1, seed=3)[0]
+    plain = _open(*case, model_dir, eos_token_ids=[])
+    ref = plain.generate([RolloutRequest("a", prompt, 16)], GREEDY)[0].token_ids
+    stop = ref[5]
+    cut = ref.index(stop) + 1
+    eng = _open(*case, model_dir, eos_token_ids=[stop])
+    eos_up, len_up = eng.generate([RolloutRequest("a", prompt, 16),
+                                   RolloutRequest("b", prompt, cut - 1)], GREEDY)
+    assert eos_up.token_ids == ref[:cut] and eos_up.finished and eos_up.finish_reason == "eos"
+    assert len(eos_up.logprobs) == cut
+    assert len_up.token_ids == ref[:cut - 1] and len_up.finish_reason == "length"
+    # by default EOS comes from the model directory (generation config / tokenizer)
+    default = _open(*case, model_dir)
+    if hasattr(default, "eos_token_ids"):
+        assert default.eos_token_ids == [EOS]
+
+
+def test_budget_stops_when_finished_lengths_reach_it(engine, case):
+    prompts = _prompts(5, seed=4)
+    reqs = [RolloutRequest("f2", prompts[0], 2), RolloutRequest("f3", prompts[1], 3),
+            *(RolloutRequest(f"long{i}", prompts[2 + i], 20) for i in range(3))]
+    full = engine.generate(reqs, GREEDY)
+    assert all(u.finished for u in full)
+    ups = engine.generate(reqs, GREEDY, finished_token_budget=5)
+    done = [u for u in ups if u.finished]
+    assert {u.uid for u in done} == {"f2", "f3"}
+    assert sum(len(u.token_ids) for u in done) >= 5
+    for u, f, r in zip(ups, full, reqs):
+        assert u.token_ids == f.token_ids[:len(u.token_ids)]  # a prefix of the free run
+        assert len(u.token_ids) == len(u.logprobs)
+        if not u.finished:
+            assert u.finish_reason is None and len(u.token_ids) < r.max_new_tokens
+    if case[0] == "torch":  # decoding stopped right after the step that reached the budget
+        assert [len(u.token_ids) for u in ups] == [2, 3, 3, 3, 3]
+    # earlier tokens (generated_ids) count toward the budget: this one alone reaches it
+    carried = RolloutRequest("carried", prompts[0], 1, generated_ids=full[0].token_ids * 3)
+    ups = engine.generate([carried, *reqs[2:]], GREEDY, finished_token_budget=6)
+    assert ups[0].finished and all(not u.finished for u in ups[1:])
+    if case[0] == "torch":
+        assert [len(u.token_ids) for u in ups] == [1, 1, 1, 1]
+
+
+def test_continuation_equals_decoding_in_one_go(engine, case):
+    prompts = _prompts(3, seed=5)
+    one = engine.generate([RolloutRequest(f"c{i}", p, 14) for i, p in enumerate(prompts)], GREEDY)
+    first = engine.generate([RolloutRequest(f"c{i}", p, 5) for i, p in enumerate(prompts)], GREEDY)
+    assert all(u.finish_reason == "length" for u in first)
+    second = engine.generate([RolloutRequest(f"c{i}", p, 9, generated_ids=f.token_ids)
+                              for i, (p, f) in enumerate(zip(prompts, first))], GREEDY)
+    for o, f, s in zip(one, first, second):
+        assert f.token_ids + s.token_ids == o.token_ids
+        torch.testing.assert_close(torch.tensor(f.logprobs + s.logprobs), torch.tensor(o.logprobs),
+                                   atol=_tol(case), rtol=0)
+
+
+def test_batched_equals_unbatched_under_greedy(case, model_dir):
+    # more requests than slots: exercises refill of finished slots and compaction
+    eng = _open(*case, model_dir, eos_token_ids=[], max_batch=3)
+    prompts = _prompts(7, seed=6, lo=2, hi=30)
+    reqs = [RolloutRequest(f"b{i}", p, 2 + (5 * i) % 11) for i, p in enumerate(prompts)]
+    batched = eng.generate(reqs, GREEDY)
+    if hasattr(eng, "free_cache"):  # the cache comes back on the next call
+        eng.free_cache()
+    for r, b in zip(reqs, batched):
+        alone = eng.generate([r], GREEDY)[0]
+        assert b.token_ids == alone.token_ids, r.uid
+        torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(alone.logprobs),
+                                   atol=_tol(case), rtol=0)
+
+
+def test_update_weights_changes_outputs_like_a_fresh_engine(case, model_dir, tmp_path):
+    eng = _open(*case, model_dir, eos_token_ids=[])
+    reqs = [RolloutRequest(f"u{i}", p, 10) for i, p in enumerate(_prompts(3, seed=8))]
+    before = eng.generate(reqs, GREEDY)
+    new = _build_model(seed=1)  # a different policy, same shapes
+    eng.update_weights(new.named_parameters())
+    assert eng.last_sync_seconds is not None and eng.last_sync_seconds >= 0
+    after = eng.generate(reqs, GREEDY)
+    assert [u.token_ids for u in after] != [u.token_ids for u in before]
+    fresh = _open(*case, _save_model(new, tmp_path / "new"), eos_token_ids=[])
+    expected = fresh.generate(reqs, GREEDY)
+    for a, e in zip(after, expected):
+        assert a.token_ids == e.token_ids
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(e.logprobs),
+                                   atol=_tol(case), rtol=0)
+
+
+# ------------------------------------------------------------------------------ torch only
+@pytest.fixture(scope="module")
+def torch_cpu(model_dir):
+    return create_engine("torch", str(model_dir), device="cpu", dtype="float32",
+                         max_batch=8, max_len=128, eos_token_ids=[])
+
+
+def test_torch_logprobs_are_pre_truncation_under_top_k_top_p(torch_cpu, reference):
+    reqs = [RolloutRequest(f"k{i}", p, 10) for i, p in enumerate(_prompts(4, seed=9))]
+    ups = torch_cpu.generate(reqs, SamplingParams(temperature=0.8, top_k=5, top_p=0.9, seed=3))
+    for r, u in zip(reqs, ups):
+        with torch.no_grad():
+            logits = reference(input_ids=torch.tensor([r.prompt_ids + u.token_ids])).logits[0]
+        steps = logits[len(r.prompt_ids) - 1:-1]
+        top5 = steps.topk(5, dim=-1).indices
+        assert all(t in row.tolist() for t, row in zip(u.token_ids, top5))
+        ref = torch.log_softmax(steps / 0.8, -1).gather(-1, torch.tensor(u.token_ids)[:, None])[:, 0]
+        torch.testing.assert_close(torch.tensor(u.logprobs), ref, atol=1e-4, rtol=0)
+    # nucleus: the probability mass ranked above a sampled token is at most top_p
+    ups = torch_cpu.generate(reqs, SamplingParams(temperature=1.0, top_p=0.5, seed=4))
+    for r, u in zip(reqs, ups):
+        with torch.no_grad():
+            logits = reference(input_ids=torch.tensor([r.prompt_ids + u.token_ids])).logits[0]
+        probs = torch.softmax(logits[len(r.prompt_ids) - 1:-1], -1)
+        for p, t in zip(probs, u.token_ids):
+            assert p[p > p[t]].sum() <= 0.5 + 1e-5
+    # top_k=1 and a tiny top_p are greedy whatever the noise
+    greedy = [u.token_ids for u in torch_cpu.generate(reqs, GREEDY)]
+    for sp in (SamplingParams(temperature=1.0, top_k=1, seed=5),
+               SamplingParams(temperature=1.0, top_p=1e-6, seed=5)):
+        assert [u.token_ids for u in torch_cpu.generate(reqs, sp)] == greedy
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+def test_torch_engine_other_supported_architectures(model_type, tmp_path):
+    model = _build_model(model_type, seed=2)
+    eng = create_engine("torch", str(_save_model(model, tmp_path / model_type)), dtype="float32",
+                        max_batch=2, max_len=64, eos_token_ids=[])
+    reqs = [RolloutRequest(f"m{i}", p, 6) for i, p in enumerate(_prompts(3, seed=10))]
+    for u, r in zip(eng.generate(reqs, SamplingParams(temperature=1.0, seed=1)), reqs):
+        torch.testing.assert_close(torch.tensor(u.logprobs), _ref_logprobs(model, r.prompt_ids, u.token_ids),
+                                   atol=1e-4, rtol=0)
+
+
+def test_torch_engine_rejects_bad_input_clearly(model_dir, tmp_path):
+    torch_cpu = create_engine("torch", str(model_dir), max_batch=2, max_len=128)
+    with pytest.raises(ValueError, match=r"'long'.*> max_len 128"):
+        torch_cpu.generate([RolloutRequest("long", [5] * 100, 40)], GREEDY)
+    with pytest.raises(ValueError, match=r"'oov'.*outside the vocabulary"):
+        torch_cpu.generate([RolloutRequest("oov", [5, VOCAB + 3], 4)], GREEDY)
+    params = dict(_build_model(seed=3).named_parameters())
+    with pytest.raises(ValueError, match="match no engine parameter"):
+        torch_cpu.update_weights([*params.items(), ("model.nonexistent.weight", torch.zeros(1))])
+    with pytest.raises(ValueError, match="has shape"):
+        torch_cpu.update_weights([("model.norm.weight", torch.zeros(3))])
+    with pytest.raises(ValueError, match="were not sent"):
+        torch_cpu.update_weights([("model.norm.weight", params["model.norm.weight"])])
+    # DeepSpeed's `module.` prefix is understood
+    torch_cpu.update_weights((f"module.{k}", v) for k, v in params.items())
+    gpt2 = tmp_path / "gpt2"
+    gpt2.mkdir()
+    (gpt2 / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    with pytest.raises(ValueError, match="model_type 'gpt2'.*not supported"):
+        create_engine("torch", str(gpt2))
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        create_engine("torch", str(tmp_path / "missing"))
+
+
+def test_torch_batched_refills_give_the_same_rollouts_with_fewer_prefills(model_dir):
+    """Refilling only once refill_min_free slots are free changes when rows start, not what
+    they decode (greedy, fp32), and takes fewer prefill forwards than refilling per slot."""
+    reqs = [RolloutRequest(f"r{i}", p, 3 + (7 * i) % 11) for i, p in enumerate(_prompts(12, seed=5))]
+    runs = {}
+    for k in (1, 3):
+        eng = create_engine("torch", str(model_dir), max_batch=4, max_len=128, eos_token_ids=[],
+                            static_shapes=True, refill_min_free=k)
+        runs[k] = (eng.generate(reqs, GREEDY), eng.last_stats)
+    for a, b in zip(runs[1][0], runs[3][0]):
+        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason == "length", a.uid
+        torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs), atol=1e-4, rtol=0)
+    assert runs[3][1]["prefills"] < runs[1][1]["prefills"]
+    assert runs[3][1]["prefill_tokens"] == runs[1][1]["prefill_tokens"]
+    with pytest.raises(ValueError, match="refill_min_free must be >= 1"):
+        create_engine("torch", str(model_dir), refill_min_free=0)
+
+
+def test_torch_decode_attention_option_is_checked(model_dir):
+    eng = create_engine("torch", str(model_dir), max_batch=2, max_len=64)
+    assert eng.decode_attention == "sdpa_masked"  # CPU default: the varlen kernels are CUDA-only
+    with pytest.raises(ValueError, match="decode_attention must be one of"):
+        create_engine("torch", str(model_dir), decode_attention="fast")
+    with pytest.raises(ValueError, match="varlen.*needs a CUDA device"):
+        create_engine("torch", str(model_dir), decode_attention="varlen")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_torch_varlen_decode_attention_matches_masked_sdpa_cuda(model_dir, dtype, tmp_path):
+    """The varlen decode attention (each row reads only its own cached positions) equals
+    masked SDPA over the bucket, for rows of mixed lengths in a cache with spare rows."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device on this machine")
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model("qwen2", vocab_size=VOCAB, hidden_size=128, num_hidden_layers=1,
+                               num_attention_heads=4, num_key_value_heads=2, intermediate_size=64)
+    gqa = tmp_path / "gqa"
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(gqa)
+    eng = create_engine("torch", str(gqa), device="cuda", dtype=dtype, max_batch=8,
+                        max_len=128, eos_token_ids=[], decode_attention="varlen")
+    assert eng.decode_attention == "varlen"
+    eng.cache.ensure(8, 128)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for c in (eng.cache.k[0], eng.cache.v[0]):
+        c.copy_(torch.randn(c.shape, generator=g, device="cuda"))
+    groups = eng.n_heads // eng.n_kv
+    assert eng.n_kv == 2 and groups == 2
+    # rows past nb of the cache hold other data that must not leak in
+    for pos in ([0, 7, 63, 100, 127], [5], [127, 0]):
+        nb, kvb = len(pos), 128
+        pos = torch.tensor(pos, device="cuda")
+        q = torch.randn(nb, eng.n_kv, groups, eng.head_dim, generator=g, device="cuda").to(eng.dtype)
+        got = eng.attention.varlen(q, eng.cache.k[0], eng.cache.v[0], pos, nb, kvb)
+        mask = (torch.arange(kvb, device="cuda")[None, :] <= pos[:, None])[:, None, None, :]
+        want = torch.nn.functional.scaled_dot_product_attention(
+            q.float(), eng.cache.k[0][:nb].float(), eng.cache.v[0][:nb].float(), attn_mask=mask,
+            scale=eng.scaling)
+        tol = 1e-4 if dtype == "float32" else 2e-2
+        torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
+    if dtype != "float32":
+        return
+    # whole engine, CUDA graphs on: same greedy tokens and logprobs as the masked path, with
+    # more requests than slots (refills mid-decode) and mixed prompt lengths
+    masked = create_engine("torch", str(model_dir), device="cuda", dtype=dtype, max_batch=4,
+                           max_len=128, eos_token_ids=[], decode_attention="sdpa_masked")
+    varlen = create_engine("torch", str(model_dir), device="cuda", dtype=dtype, max_batch=4,
+                           max_len=128, eos_token_ids=[], decode_attention="varlen")
+    reqs = [RolloutRequest(f"r{i}", p, 6 + 5 * i) for i, p in enumerate(_prompts(7, seed=4, hi=60))]
+    for a, b in zip(masked.generate(reqs, GREEDY), varlen.generate(reqs, GREEDY)):
+        assert a.token_ids == b.token_ids, a.uid
+        torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs),
+                                   atol=1e-4, rtol=0)
+
+
+# ------------------------------------------------------------------------------ vllm glue
+def test_vllm_engine_glue_against_a_fake_vllm(monkeypatch, model_dir):
+    """vLLM cannot run here; this drives vllm_engine.py's own logic (request stepping, the
+    budget stop and abort, continuation prompts, logprob extraction, finish reasons, seeds,
+    weight loading with prefix reset) against a small stand-in of the vLLM API it calls."""
+    import importlib.util
+    import sys
+    import types
+
+    import stages.rl.engines.protocol as base
+
+    class FakeParams:
+        def __init__(self, **kw):
+            self.__dict__.update(kw)
+
+    class FakeModel:
+        def __init__(self):
+            self.loaded: list[str] = []
+
+        def load_weights(self, weights):
+            self.loaded += [name for name, _ in weights]
+
+    class FakeLLMEngine:
+        """Each step appends token (last * 7 + 3) % VOCAB to every live request."""
+
+        def __init__(self):
+            self.live: dict[str, dict] = {}
+            self.prompts: dict[str, list[int]] = {}
+            self.params: dict[str, FakeParams] = {}
+            self.aborted: list[str] = []
+
+        def add_request(self, rid, prompt, params):
+            self.prompts[rid] = list(prompt["prompt_token_ids"])
+            self.params[rid] = params
+            self.live[rid] = {"ids": list(prompt["prompt_token_ids"]), "out": [], "p": params}
+
+        def step(self):
+            outs = []
+            for rid, r in list(self.live.items()):
+                tok = (r["ids"][-1] * 7 + 3) % VOCAB
+                r["ids"].append(tok)
+                r["out"].append(tok)
+                reason = ("stop" if tok in r["p"].stop_token_ids else
+                          "length" if len(r["out"]) >= r["p"].max_tokens else None)
+                assert r["p"].output_kind == "DELTA"  # each output carries this step's token only
+                lps = [{tok: types.SimpleNamespace(logprob=-0.1 * len(r["out"]))}]
+                comp = types.SimpleNamespace(token_ids=[tok], logprobs=lps, finish_reason=reason)
+                outs.append(types.SimpleNamespace(request_id=rid, outputs=[comp], finished=reason is not None))
+                if reason:
+                    del self.live[rid]
+            return outs
+
+        def abort_request(self, ids):
+            self.aborted += ids
+            for rid in ids:
+                self.live.pop(rid)
+
+    class FakeLLM:
+        def __init__(self, **kw):
+            self.kw = kw
+            self.llm_engine = FakeLLMEngine()
+            # the worker collective_rpc hands a callable to (vLLM's worker wrapper)
+            self.worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model=FakeModel()))
+            self.resets = 0
+
+        def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+            return [method(self.worker, *args, **(kwargs or {}))]
+
+        def reset_prefix_cache(self):
+            self.resets += 1
+
+    fake = types.ModuleType("vllm")
+    fake.__version__ = "0.26.0"
+    fake.LLM, fake.SamplingParams = FakeLLM, FakeParams
+    fake.inputs = types.ModuleType("vllm.inputs")
+    fake.inputs.TokensPrompt = dict
+    fake.sampling_params = types.ModuleType("vllm.sampling_params")
+    fake.sampling_params.RequestOutputKind = types.SimpleNamespace(DELTA="DELTA")
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setitem(sys.modules, "vllm.inputs", fake.inputs)
+    monkeypatch.setitem(sys.modules, "vllm.sampling_params", fake.sampling_params)
+    monkeypatch.setattr(base, "ENGINES", {})
+    monkeypatch.setattr(base, "UNAVAILABLE", {})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    path = Path(base.__file__).with_name("vllm_engine.py")
+    spec = importlib.util.spec_from_file_location("stages.rl.engines._vllm_fake", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert "vllm" in base.ENGINES and not base.UNAVAILABLE
+
+    def rule(seq, n):  # what the fake model decodes
+        out = []
+        for _ in range(n):
+            out.append((([*seq, *out])[-1] * 7 + 3) % VOCAB)
+        return out
+
+    eng = base.ENGINES["vllm"](str(model_dir), device="cuda", max_batch=4, max_len=64, seed=3)
+    assert eng.llm.kw["logprobs_mode"] == "processed_logprobs" and eng.llm.kw["max_num_seqs"] == 4
+    assert eng.eos_token_ids == [EOS]
+    reqs = [RolloutRequest("a", [5, 6], 3), RolloutRequest("b", [9], 6, generated_ids=[10, 11]),
+            RolloutRequest("z", [4], 0)]
+    ups = eng.generate(reqs, SamplingParams(temperature=1.0, top_k=0, seed=1))
+    assert [u.uid for u in ups] == ["a", "b", "z"]
+    assert ups[0].token_ids == rule([5, 6], 3) and ups[0].finish_reason == "length"
+    assert ups[1].token_ids == rule([9, 10, 11], 6)  # continued from prompt + generated_ids
+    assert ups[1].logprobs == pytest.approx([-0.1 * (k + 1) for k in range(6)])
+    assert ups[2].token_ids == [] and ups[2].finished
+    fe = eng.llm.llm_engine
+    assert sorted(fe.prompts.values()) == sorted([[5, 6], [9, 10, 11]])
+    sent = list(fe.params.values())
+    assert all(p.top_k == -1 and p.logprobs == 0 and p.stop_token_ids == [EOS] for p in sent)
+    assert sorted(p.max_tokens for p in sent) == [3, 6]
+    assert len({p.seed for p in sent}) == 2 and None not in {p.seed for p in sent}  # per request
+    fe.params.clear()
+    eng.generate(reqs[:1], SamplingParams(temperature=0.0, top_k=5))
+    (p,) = fe.params.values()
+    assert p.top_k == 5 and p.seed is None and p.temperature == 0.0
+    # EOS -> "eos"; the budget aborts the rest, which keep their tokens
+    eos_tok = rule([5, 6], 2)[1]
+    eng2 = base.ENGINES["vllm"](str(model_dir), device="cuda", eos_token_ids=[eos_tok])
+    ups = eng2.generate([RolloutRequest("e", [5, 6], 10), RolloutRequest("l", [8], 10)],
+                        SamplingParams(), finished_token_budget=2)
+    assert ups[0].token_ids == rule([5, 6], 2) and ups[0].finish_reason == "eos"
+    assert ups[1].token_ids == rule([8], 2) and not ups[1].finished
+    assert len(eng2.llm.llm_engine.aborted) == 1
+    # weights: DeepSpeed prefix stripped, prefix cache reset, time recorded
+    eng2.update_weights([("module.model.norm.weight", torch.ones(2))])
+    assert eng2.llm.worker.model_runner.model.loaded == ["model.norm.weight"] and eng2.llm.resets == 1
+    assert eng2.last_sync_seconds is not None
+    with pytest.raises(ValueError, match="cuda:0"):
+        base.ENGINES["vllm"](str(model_dir), device="cuda:1")
+    # an older vLLM has other APIs: refused by name, not half-run
+    fake.__version__ = "0.25.2"
+    monkeypatch.setattr(base, "ENGINES", {})
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    assert "vllm" not in base.ENGINES and "older than 0.26" in base.UNAVAILABLE["vllm"]

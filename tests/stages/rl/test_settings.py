@@ -1,0 +1,39 @@
+"""The shared RL settings (stages/rl/settings.py): a correction that compares pi_infer with the
+trainer's untruncated pi_train is refused with truncated sampling unless the engine reports
+untruncated log-probs; both RL kinds validate alike."""
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from stages.general_rl.config import GeneralRLConfig
+from stages.reasoning_rl.config import ReasoningRLConfig
+from stages.rl.settings import UNTRUNCATED_LOGPROB_ENGINES
+
+REASONING = {"kind": "reasoning_rl", "model": "m", "data": "d.jsonl", "steps": 1}
+GENERAL = {"kind": "general_rl", "model": "m", "data": {"chat": {"path": "p"}}, "steps": 1, "reward_model": "rm",
+           "reasoning_eval": None}
+
+
+@pytest.mark.parametrize("config_cls,base", [(ReasoningRLConfig, REASONING), (GeneralRLConfig, GENERAL)])
+@pytest.mark.parametrize("correction", ["icepop", "tis"])
+@pytest.mark.parametrize("truncation,keys", [({"top_p": 0.9}, "top_p=0.9"), ({"top_k": 20}, "top_k=20"),
+                                             ({"top_p": 0.95, "top_k": 5}, "top_p=0.95 and top_k=5")])
+def test_truncated_sampling_with_a_correction_needs_untruncated_logprobs(config_cls, base, correction,
+                                                                          truncation, keys):
+    vllm = {**base, **truncation, "correction": correction, "rollout": {"engine": "vllm"}}
+    with pytest.raises(ValidationError, match=rf"{keys} truncate the sampling distribution, and "
+                                              rf"correction='{correction}'.*rollout.engine 'vllm'.*\(torch\)"):
+        config_cls.model_validate(vllm)
+    config_cls.model_validate({**vllm, "correction": "none"})  # nothing to correct: allowed
+    config_cls.model_validate({**vllm, "rollout": {"engine": "torch"}})  # reports untruncated log-probs
+    config_cls.model_validate({**base, "correction": correction, "rollout": {"engine": "vllm"}})  # no truncation
+
+
+def test_the_engines_declare_what_the_settings_assume():
+    from stages.rl.engines.torch_engine import TorchEngine
+    from stages.rl.engines.vllm_engine import VllmEngine
+
+    declared = {c.name: c.reports_untruncated_logprobs for c in (TorchEngine, VllmEngine)}
+    assert declared == {"torch": True, "vllm": False}
+    assert set(UNTRUNCATED_LOGPROB_ENGINES) == {n for n, untruncated in declared.items() if untruncated}
