@@ -104,6 +104,19 @@ def _dataset_input(ref: InputRef):
                         [InputTag("mlflow.data.context", ref.context), InputTag("ring.config_key", ref.key)])
 
 
+def _described(tags: dict[str, str], description: str) -> dict[str, str]:
+    """`tags` plus the run's description (shown atop its page) and the code's git commit."""
+    from pipeline.changes import git_commit
+
+    out = dict(tags)
+    if description:
+        out["mlflow.note.content"] = description[:_MAX_TAG]
+    commit = git_commit()
+    if commit:
+        out["mlflow.source.git.commit"] = commit
+    return out
+
+
 class PipelineTracker:
     """Opened by the pipeline process: the parent run and the per-stage nested runs.
 
@@ -120,15 +133,8 @@ class PipelineTracker:
             self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(
                 experiment, artifact_location=artifact_location or default_artifact_location(uri),
                 tags=_EXPERIMENT_KIND)
-        from pipeline.changes import git_commit
-
-        all_tags = {"ring.kind": "pipeline", **(tags or {})}
-        if description:
-            all_tags["mlflow.note.content"] = description[:_MAX_TAG]
-        commit = git_commit()
-        if commit:
-            all_tags["mlflow.source.git.commit"] = commit
-        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=all_tags)
+        run = self.client.create_run(self.experiment_id, run_name=run_name,
+                                     tags=_described({"ring.kind": "pipeline", **(tags or {})}, description))
         self.parent_id = run.info.run_id
         self._log_params(self.parent_id, params)
 
@@ -171,15 +177,8 @@ class PipelineTracker:
 
     def start_stage(self, stage: str, kind: str, stage_hash: str, config: dict[str, Any],
                     inputs: list[InputRef] = (), description: str = "") -> str:
-        from pipeline.changes import git_commit
-
         tags = {"mlflow.parentRunId": self.parent_id, "ring.stage": stage, "ring.kind": kind, "ring.hash": stage_hash}
-        if description:
-            tags["mlflow.note.content"] = description[:_MAX_TAG]
-        commit = git_commit()
-        if commit:
-            tags["mlflow.source.git.commit"] = commit
-        run = self.client.create_run(self.experiment_id, run_name=stage, tags=tags)
+        run = self.client.create_run(self.experiment_id, run_name=stage, tags=_described(tags, description))
         self._log_params(run.info.run_id, config)
         if inputs:
             self._log_inputs(run.info.run_id, inputs)
