@@ -339,29 +339,37 @@ def sample_chains(n: int, seed: int, min_terms: int, max_terms: int, min_digits:
     return _draw_in_split(n, split, draw, "chain")
 
 
-def chain_solution(t: ChainTask) -> str:
-    """One column-by-column operation per step, left to right, each on the previous result."""
+Work = Literal["columns", "compact"]
+
+
+def chain_solution(t: ChainTask, work: str = "columns") -> str:
+    """The chain left to right, each operation on the previous result: "columns" works each
+    one digit by digit (binary_steps); "compact" writes one line per operation
+    ("12 + 7 = 19"), a shorter chain of thought a small model learns from fewer tokens."""
     body: list[str] = []
     total = t.operands[0]
     steps = list(zip(t.ops, t.operands[1:]))
     for k, (op, x) in enumerate(steps, 1):
         lines, total_next = binary_steps(total, op, x)
-        if len(steps) > 1:
-            body.append(f"Step {k}: {total} {op} {x}.")
-        body += lines
+        if work == "compact":
+            body.append(f"{total} {op} {x} = {total_next}")
+        else:
+            if len(steps) > 1:
+                body.append(f"Step {k}: {total} {op} {x}.")
+            body += lines
         total = total_next
     assert total == t.answer, (t, total)
     return _think_then_answer(body, total)
 
 
-@register("chain_cot", "Long-CoT SFT chats: chains of + and - (2..8 terms), one column-by-column step each")
+@register("chain_cot", "Long-CoT SFT chats: chains of + and - (2..8 terms), worked column by column or compactly")
 def chain_cot(n: int, seed: int, min_terms: Terms = 2, max_terms: Terms = 3, min_digits: Digits = 1,
               max_digits: Digits = 2, ops: list[ChainOp] = ["+", "-"],  # noqa: B006
-              split: Split = "all") -> list[dict]:
+              split: Split = "all", work: Work = "columns") -> list[dict]:
     tasks = sample_chains(n, seed, min_terms, max_terms, min_digits, max_digits, ops, split)
     return [{"id": f"chain_cot-{seed}-{i}", "domain": "math",
              "messages": [{"role": "user", "content": t.question},
-                          {"role": "assistant", "content": chain_solution(t)}]}
+                          {"role": "assistant", "content": chain_solution(t, work)}]}
             for i, t in enumerate(tasks)]
 
 

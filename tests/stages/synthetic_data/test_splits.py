@@ -29,6 +29,8 @@ def random_params(name: str, rng: random.Random) -> dict:
     if name.startswith("chain"):
         t = rng.randint(2, 4)
         params.update(min_terms=t, max_terms=rng.randint(t, 5), ops=rng.choice([["+"], ["-"], ["+", "-"]]))
+        if name == "chain_cot":
+            params["work"] = rng.choice(["columns", "compact"])
     else:
         params["ops"] = rng.sample(["+", "-", "*"], rng.randint(1, 3))
     return params
@@ -78,29 +80,35 @@ def test_split_all_is_plain_sampling():
     assert rows == get_generator("arithmetic_rl")(500, 9, max_digits=2, split="all")
 
 
-@pytest.mark.parametrize("trial", range(4))
-def test_chain_rows_are_correct_worked_chats_the_verifier_accepts(trial):
+@pytest.mark.parametrize("work", ["columns", "compact"])
+@pytest.mark.parametrize("trial", range(2))
+def test_chain_rows_are_correct_worked_chats_the_verifier_accepts(trial, work):
     from verifiers import verify
 
     rng = random.Random(100 + trial)
-    params = random_params("chain_cot", rng)
+    params = random_params("chain_rl", rng)
     seed = rng.randrange(10**6)
-    sft = get_generator("chain_cot")(60, seed, **params)
+    sft = get_generator("chain_cot")(60, seed, work=work, **params)
     rl = get_generator("chain_rl")(60, seed, **params)
     for s, r in zip(sft, rl):
         expr = expression(r)
         assert expr == expression(s)  # same seed and parameters: the same problems
         terms = expr.split(" ")
         assert params["min_terms"] <= (len(terms) + 1) // 2 <= params["max_terms"]
-        total = int(terms[0])
+        total, steps = int(terms[0]), []
         for op, x in zip(terms[1::2], terms[2::2]):
             assert op in params["ops"] or (op == "+" and "-" in params["ops"])
+            steps.append(f"{total} {op} {x} = {total + int(x) if op == '+' else total - int(x)}")
             total = total + int(x) if op == "+" else total - int(x)
             assert total >= 0  # every step is column work on non-negative numbers
         assert r["reference"]["answer"] == str(total)
         answer = s["messages"][1]["content"]
         assert int(BOXED.findall(answer)[-1]) == total
-        assert answer.count("So ") == (len(terms) - 1) // 2  # one worked operation per step
+        think = answer.split("</think>")[0].removeprefix("<think>\n").splitlines()
+        if work == "compact":  # one line per operation, the running total carried
+            assert think == steps
+        else:  # each operation worked digit by digit, ending in its result
+            assert [line for line in think if line.startswith("So ")] == [f"So {st}." for st in steps]
         assert verify(r, answer, timeout_s=None).score == 1.0
 
 
@@ -109,6 +117,7 @@ def test_chain_rows_are_correct_worked_chats_the_verifier_accepts(trial):
     ({"max_terms": 9}, "max_terms"),
     ({"ops": ["*"]}, "ops.0"),
     ({"split": "test"}, "split"),
+    ({"work": "terse"}, "work"),
 ])
 def test_chain_config_rejects_bad_params(params, needle):
     with pytest.raises(ValidationError) as e:
