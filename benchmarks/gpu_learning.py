@@ -88,9 +88,10 @@ class Run:
         self.out.mkdir(parents=True, exist_ok=True)
         self.root.mkdir(parents=True, exist_ok=True)
         self.overrides = [f"storage.url=file://{self.root}/artifacts", f"tracking.uri=sqlite:///{self.root}/mlflow.db",
-                          f"defaults.work_dir={self.root}/work"]
+                          f"defaults.work_dir={self.root}/work", *args.set]
         self.results: dict[str, Any] = {"phase": phase, "recipe": str(self.recipe_path.relative_to(REPO)),
-                                        "smoke": self.smoke, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+                                        "overrides": args.set, "smoke": self.smoke,
+                                        "started": time.strftime("%Y-%m-%d %H:%M:%S")}
         self.log_path = self.out / f"{phase}.log"
         self.log_path.write_text("")
 
@@ -251,7 +252,8 @@ def run_arm(args: argparse.Namespace) -> None:
     from pipeline.execute import run_stage
     from pipeline.stage_api import Resources
 
-    run = Run(args, f"arm_{args.arm}")
+    # the arm's own Run writes nothing of interest: keep it out of $OUT (8 files at most come back)
+    run = Run(argparse.Namespace(**{**vars(args), "out": str(Path(args.root) / "arms")}), f"arm_{args.arm}")
     recipe, plan = run.plan()
     upstream = {s: plan[s].url for s in ("sft", "data")}
     resources = Resources(cpu_ranks=1) if run.smoke else Resources(gpus_per_node=1)
@@ -286,8 +288,9 @@ def phase_ablations(args: argparse.Namespace) -> None:
         if not plan["sft"].done:
             log("the SFT stage did not finish: no ablation can start")
             return
+    arms = args.arms or list(ARMS)
     slots = 1 if run.smoke else max(gpu_count(), 1)
-    log(f"phase2: {len(ARMS)} arms on {slots} {'CPU slot' if run.smoke else 'GPU(s)'} from {plan['sft'].url}")
+    log(f"phase2: {len(arms)} arms on {slots} {'CPU slot' if run.smoke else 'GPU(s)'} from {plan['sft'].url}")
     run.results.update(arms={}, slots=slots, arm_settings={n: {**a, **ARM_PRECISION} for n, a in ARMS.items()})
     free = list(range(slots))
 
@@ -296,6 +299,8 @@ def phase_ablations(args: argparse.Namespace) -> None:
         env = {"CUDA_VISIBLE_DEVICES": "" if run.smoke else str(gpu)}
         cmd = [sys.executable, str(Path(__file__).resolve()), "arm", "--arm", name, "--root", str(run.root),
                "--out", str(run.out)] + (["--smoke"] if run.smoke else [])
+        for o in args.set:
+            cmd += ["--set", o]
         log(f"arm {name}: starting on {'cpu' if run.smoke else f'GPU {gpu}'}")
         t0 = time.perf_counter()
         try:
@@ -319,7 +324,7 @@ def phase_ablations(args: argparse.Namespace) -> None:
         run.write()
 
     with ThreadPoolExecutor(slots) as pool:
-        list(pool.map(one, ARMS))
+        list(pool.map(one, arms))
     done = {n: a for n, a in run.results["arms"].items() if not a.get("failed")}
     series = {n: {"metrics": a["metrics"], "accuracy": a["accuracy"].get(HEADLINE_SET)} for n, a in done.items()}
     pngs = []
@@ -354,12 +359,24 @@ def arm_table_row(arm: dict[str, Any]) -> dict[str, float | None]:
             "heldout_accuracy": arm["accuracy"].get(HEADLINE_SET)}
 
 
+def arm_list(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ARMS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown arm(s) {unknown or text!r}; the arms are {', '.join(ARMS)}")
+    return names
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("phase", choices=["phase1", "phase2", "phase3", "all", "arm"])
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/gpu_learning_out"), help="results folder ($OUT)")
     p.add_argument("--root", default="/tmp/ring", help="artifact store, MLflow and work dirs (kept across phases)")
     p.add_argument("--smoke", action="store_true", help="the CPU regime (benchmarks/learning/cpu-small.yaml)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a recipe override, as `pipeline.cli run --set` takes it (repeatable), e.g. "
+                        "stages.reasoning_rl.steps=30 to shorten the RL stage and the arms")
+    p.add_argument("--arms", type=arm_list, help=f"phase2: a comma-separated subset of {','.join(ARMS)} (default all)")
     p.add_argument("--arm", choices=sorted(ARMS), help="(internal) the ablation arm this process runs")
     args = p.parse_args()
     if args.phase == "arm":
