@@ -11,10 +11,27 @@ says so and rebuilds them first):
     python3 benchmarks/gpu_learning.py phase2 --out $OUT   # IcePop / TIS / none, C3PO++ / sync from phase 1's SFT model
     python3 benchmarks/gpu_learning.py phase3 --out $OUT   # reward model, general RL; eval of the RLHF model
 
-CPU smoke of all three (benchmarks/learning/cpu-small.yaml: the CPU-validated regime, a
-smaller model and fewer steps; a few tens of minutes on 2 cores):
+On fewer than 4 GPUs the four arms of phase2 run in two or more rounds: add
+`--set stages.reasoning_rl.steps=30` to phase2 there (every arm then trains 30 steps;
+`--arms icepop,sync` or `--arms icepop,tis,none` runs a subset). A rerun of a phase skips
+what is published and resumes what was cut off.
 
-    python benchmarks/gpu_learning.py all --smoke --out /tmp/gl_out
+GPU time, estimated (not measured: no GPU here) from the H200 numbers in RESULTS.md (a 170M
+model at 128 rollouts of median 256 tokens: ~3 s per C3PO++ step) scaled to this recipe (24M
+parameters, 256 rollouts of ~30-60 tokens: ~1-2 s per step) plus ~1 minute of launcher and
+model start per stage: phase1 ~6-8 min (data + tokenizer ~1, SFT 200 steps ~1.5, RL 60 steps
+~2-3, evals ~1-2, partly alongside), phase2 ~3-4 min per arm (RL + its eval), i.e. one round
+on 4 GPUs and two (~7-8 min, so 30 steps) on 2, phase3 ~4-5 min (reward model, 20 general-RL
+steps, eval). On CPU (2 shared cores) a reasoning-RL step of cpu-small takes ~66 s.
+
+CPU smoke of all three (benchmarks/learning/cpu-small.yaml: gpu-small's settings with a
+smaller model and fewer steps; it proves the orchestration, not the learning: RESULTS.md
+says why; ~30 minutes on 2 shared cores with these overrides):
+
+    python benchmarks/gpu_learning.py all --smoke --out /tmp/gl_out \
+        --set stages.reasoning_rl.steps=2 --set stages.reasoning_rl.checkpoint_every=1 \
+        --set stages.general_rl.steps=2 --set stages.general_rl.checkpoint_every=1 \
+        --set stages.reward_model.max_steps=10 --set stages.eval_base.max_new_tokens=32
 
 What each phase does, through the project's own entry points:
 - phase1 / phase3: `python3 -m pipeline.cli run RECIPE --only ...` over the phase's stages
