@@ -273,13 +273,15 @@ def run_arm(args: argparse.Namespace) -> None:
     run = Run(argparse.Namespace(**{**vars(args), "out": str(Path(args.root) / "arms")}), f"arm_{args.arm}")
     recipe, plan = run.plan()
     upstream = {s: plan[s].url for s in ("sft", "data")}
+    # torchrun, not deepspeed's launcher: that one resets CUDA_VISIBLE_DEVICES to its own
+    # list, which would put every arm on GPU 0. Both stages get the GPU (no resources = CPU).
     resources = Resources(cpu_ranks=1) if run.smoke else Resources(gpus_per_node=1)
     common = dict(storage=f"file://{run.root}/artifacts", recipe=f"{recipe.name}-ablations",
                   tracking_uri=recipe.tracking.uri, experiment=f"{recipe.name}-ablations",
-                  work_root=run.root / "work")
+                  work_root=run.root / "work", resources=resources, launcher="torchrun")
     t0 = time.perf_counter()
     rl = run_stage("reasoning_rl", arm_config(recipe, args.arm), stage=f"rl_{args.arm}", upstream=upstream,
-                   resources=resources, launcher="torchrun", **common)
+                   **common)
     rl_seconds = time.perf_counter() - t0
     ev = run_stage("eval", eval_config(recipe, "${stages.arm.output}", args.arm), stage=f"eval_{args.arm}",
                    upstream={"arm": rl.url, "data": plan["data"].url}, **common)
