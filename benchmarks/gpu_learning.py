@@ -19,7 +19,7 @@ what is published and resumes what was cut off.
 GPU time, estimated (not measured: no GPU here) from the H200 numbers in RESULTS.md (a 170M
 model at 128 rollouts of median 256 tokens: ~3 s per C3PO++ step) scaled to this recipe (24M
 parameters, 256 rollouts of ~30-60 tokens: ~1-2 s per step) plus ~1 minute of launcher and
-model start per stage: phase1 ~6-8 min (data + tokenizer ~1, SFT 200 steps ~1.5, RL 60 steps
+model start per stage: phase1 ~6-8 min (data + tokenizer ~1, SFT 400 steps ~2, RL 60 steps
 ~2-3, evals ~1-2, partly alongside), phase2 ~3-4 min per arm (RL + its eval), i.e. one round
 on 4 GPUs and two (~7-8 min, so 30 steps) on 2, phase3 ~4-5 min (reward model, 20 general-RL
 steps, eval). On CPU (2 shared cores) a reasoning-RL step of cpu-small takes ~66 s.
