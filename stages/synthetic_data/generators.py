@@ -14,6 +14,7 @@ first can sometimes solve the second:
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
 import inspect
 import random
@@ -104,6 +105,37 @@ def get_generator(name: str) -> Generator:
 
 
 # -- arithmetic ------------------------------------------------------------------------------
+# Train / held-out split of the problem space, by construction: a problem belongs to the
+# held-out split when the hash of its expression ("37 + 48 - 15") falls in the first
+# HELDOUT_PERCENT buckets of 100. The split is a property of the problem, not of a seed or a
+# generator, so every generator and seed agree on it: a `train` file and a `heldout` file
+# never share a problem, whatever their seeds, sizes or difficulty parameters.
+Split = Literal["all", "train", "heldout"]
+HELDOUT_PERCENT = 10
+
+
+def split_of(expression: str) -> str:
+    """"heldout" or "train": where the problem written as `expression` belongs."""
+    bucket = int.from_bytes(hashlib.sha256(expression.encode()).digest()[:8], "big") % 100
+    return "heldout" if bucket < HELDOUT_PERCENT else "train"
+
+
+def _draw_in_split(n: int, split: str, draw: Callable[[], Any], what: str) -> list:
+    """n draws whose `expression` is in `split` (rejection sampling; "all" keeps every draw,
+    so its random stream is that of plain sampling)."""
+    out: list = []
+    attempts = 0
+    while len(out) < n:
+        attempts += 1
+        if attempts > 1000 * n + 1000:
+            raise ValueError(f"no {what} of these parameters falls in the {split!r} split "
+                             f"(the space is too small); widen the digits or terms")
+        task = draw()
+        if split == "all" or split_of(task.expression) == split:
+            out.append(task)
+    return out
+
+
 @dataclass(frozen=True)
 class ArithmeticTask:
     a: int
@@ -111,8 +143,12 @@ class ArithmeticTask:
     b: int
 
     @property
+    def expression(self) -> str:
+        return f"{self.a} {self.op} {self.b}"
+
+    @property
     def question(self) -> str:
-        return f"What is {self.a} {self.op} {self.b}?"
+        return f"What is {self.expression}?"
 
     @property
     def answer(self) -> int:
@@ -124,14 +160,20 @@ def _operand(rng: random.Random, min_digits: int, max_digits: int) -> int:
     return rng.randint(0 if d == 1 else 10 ** (d - 1), 10 ** d - 1)
 
 
-def sample_tasks(n: int, seed: int, min_digits: int, max_digits: int, ops: list[str]) -> list[ArithmeticTask]:
+def _check_digits(min_digits: int, max_digits: int) -> None:
     if min_digits > max_digits:
         raise ValueError(f"min_digits ({min_digits}) exceeds max_digits ({max_digits})")
+
+
+def sample_tasks(n: int, seed: int, min_digits: int, max_digits: int, ops: list[str],
+                 split: str = "all") -> list[ArithmeticTask]:
+    _check_digits(min_digits, max_digits)
     if not ops:
         raise ValueError("ops must name at least one of + - *")
     rng = random.Random(seed)
-    return [ArithmeticTask(_operand(rng, min_digits, max_digits), rng.choice(ops),
-                           _operand(rng, min_digits, max_digits)) for _ in range(n)]
+    return _draw_in_split(n, split, lambda: ArithmeticTask(
+        _operand(rng, min_digits, max_digits), rng.choice(ops), _operand(rng, min_digits, max_digits)),
+        "arithmetic problem")
 
 
 def _digits(x: int) -> list[int]:
@@ -184,13 +226,12 @@ def sub_steps(a: int, b: int) -> tuple[list[str], int]:
     return lines, int("".join(map(str, reversed(out))))
 
 
-def worked_solution(t: ArithmeticTask) -> str:
-    """The assistant's Long-CoT answer: <think> column-by-column work </think> boxed answer."""
-    a, b = t.a, t.b
-    if t.op == "+":
+def binary_steps(a: int, op: str, b: int) -> tuple[list[str], int]:
+    """The column-by-column work of one operation `a op b` (a, b >= 0) and its result."""
+    if op == "+":
         lines, r = add_steps(a, b)
         body = [f"Add {a} and {b} digit by digit, starting from the ones.", *lines]
-    elif t.op == "-":
+    elif op == "-":
         if a >= b:
             lines, r = sub_steps(a, b)
             body = [f"Subtract {b} from {a} digit by digit, starting from the ones.", *lines]
@@ -212,15 +253,25 @@ def worked_solution(t: ArithmeticTask) -> str:
             body.append(f"{total} + {p} = {total + p}")
             total += p
         r = total
+    body.append(f"So {a} {op} {b} = {r}.")
+    return body, r
+
+
+def _think_then_answer(body: list[str], answer: int) -> str:
+    return "<think>\n" + "\n".join(body) + "\n</think>\n" + f"The answer is \\boxed{{{answer}}}."
+
+
+def worked_solution(t: ArithmeticTask) -> str:
+    """The assistant's Long-CoT answer: <think> column-by-column work </think> boxed answer."""
+    body, r = binary_steps(t.a, t.op, t.b)
     assert r == t.answer, (t, r)
-    body.append(f"So {a} {t.op} {b} = {r}.")
-    return "<think>\n" + "\n".join(body) + "\n</think>\n" + f"The answer is \\boxed{{{r}}}."
+    return _think_then_answer(body, r)
 
 
 @register("arithmetic_cot", "Long-CoT SFT chats: integer + - * with column-by-column reasoning")
 def arithmetic_cot(n: int, seed: int, min_digits: Digits = 1, max_digits: Digits = 2,
-                   ops: list[Op] = ["+", "-"]) -> list[dict]:  # noqa: B006 (read-only default)
-    tasks = sample_tasks(n, seed, min_digits, max_digits, ops)
+                   ops: list[Op] = ["+", "-"], split: Split = "all") -> list[dict]:  # noqa: B006 (read-only default)
+    tasks = sample_tasks(n, seed, min_digits, max_digits, ops, split)
     return [{"id": f"arithmetic_cot-{seed}-{i}", "domain": "math",
              "messages": [{"role": "user", "content": t.question},
                           {"role": "assistant", "content": worked_solution(t)}]}
@@ -229,9 +280,105 @@ def arithmetic_cot(n: int, seed: int, min_digits: Digits = 1, max_digits: Digits
 
 @register("arithmetic_rl", "RL prompts with verifiable answers, same task format as arithmetic_cot")
 def arithmetic_rl(n: int, seed: int, min_digits: Digits = 1, max_digits: Digits = 2,
-                  ops: list[Op] = ["+", "-"]) -> list[dict]:  # noqa: B006
-    tasks = sample_tasks(n, seed, min_digits, max_digits, ops)
+                  ops: list[Op] = ["+", "-"], split: Split = "all") -> list[dict]:  # noqa: B006
+    tasks = sample_tasks(n, seed, min_digits, max_digits, ops, split)
     return [{"id": f"arithmetic_rl-{seed}-{i}", "domain": "math", "prompt": t.question,
+             "reference": {"answer": str(t.answer)}} for i, t in enumerate(tasks)]
+
+
+# -- multi-step arithmetic: a chain of + and - evaluated left to right -------------------------
+ChainOp = Literal["+", "-"]
+Terms = Annotated[int, Field(ge=2, le=8)]
+
+
+@dataclass(frozen=True)
+class ChainTask:
+    operands: tuple[int, ...]
+    ops: tuple[str, ...]  # len(operands) - 1
+
+    @property
+    def expression(self) -> str:
+        parts = [str(self.operands[0])]
+        for op, x in zip(self.ops, self.operands[1:]):
+            parts += [op, str(x)]
+        return " ".join(parts)
+
+    @property
+    def question(self) -> str:
+        return f"What is {self.expression}?"
+
+    @property
+    def answer(self) -> int:
+        total = self.operands[0]
+        for op, x in zip(self.ops, self.operands[1:]):
+            total = total + x if op == "+" else total - x
+        return total
+
+
+def sample_chains(n: int, seed: int, min_terms: int, max_terms: int, min_digits: int, max_digits: int,
+                  ops: list[str], split: str) -> list[ChainTask]:
+    """Chains whose running total never drops below zero (a "-" that would is drawn as "+"),
+    so every step is column work on non-negative numbers."""
+    _check_digits(min_digits, max_digits)
+    if min_terms > max_terms:
+        raise ValueError(f"min_terms ({min_terms}) exceeds max_terms ({max_terms})")
+    if not ops:
+        raise ValueError("ops must name at least one of + -")
+    rng = random.Random(seed)
+
+    def draw() -> ChainTask:
+        operands = [_operand(rng, min_digits, max_digits) for _ in range(rng.randint(min_terms, max_terms))]
+        chosen, total = [], operands[0]
+        for x in operands[1:]:
+            op = rng.choice(ops)
+            if op == "-" and x > total:
+                op = "+"
+            total = total + x if op == "+" else total - x
+            chosen.append(op)
+        return ChainTask(tuple(operands), tuple(chosen))
+    return _draw_in_split(n, split, draw, "chain")
+
+
+Work = Literal["columns", "compact"]
+
+
+def chain_solution(t: ChainTask, work: str = "columns") -> str:
+    """The chain left to right, each operation on the previous result: "columns" works each
+    one digit by digit (binary_steps); "compact" writes one line per operation
+    ("12 + 7 = 19"), a shorter chain of thought a small model learns from fewer tokens."""
+    body: list[str] = []
+    total = t.operands[0]
+    steps = list(zip(t.ops, t.operands[1:]))
+    for k, (op, x) in enumerate(steps, 1):
+        lines, total_next = binary_steps(total, op, x)
+        if work == "compact":
+            body.append(f"{total} {op} {x} = {total_next}")
+        else:
+            if len(steps) > 1:
+                body.append(f"Step {k}: {total} {op} {x}.")
+            body += lines
+        total = total_next
+    assert total == t.answer, (t, total)
+    return _think_then_answer(body, total)
+
+
+@register("chain_cot", "Long-CoT SFT chats: chains of + and - (2..8 terms), worked column by column or compactly")
+def chain_cot(n: int, seed: int, min_terms: Terms = 2, max_terms: Terms = 3, min_digits: Digits = 1,
+              max_digits: Digits = 2, ops: list[ChainOp] = ["+", "-"],  # noqa: B006
+              split: Split = "all", work: Work = "columns") -> list[dict]:
+    tasks = sample_chains(n, seed, min_terms, max_terms, min_digits, max_digits, ops, split)
+    return [{"id": f"chain_cot-{seed}-{i}", "domain": "math",
+             "messages": [{"role": "user", "content": t.question},
+                          {"role": "assistant", "content": chain_solution(t, work)}]}
+            for i, t in enumerate(tasks)]
+
+
+@register("chain_rl", "RL / evaluation prompts with verifiable answers, same task format as chain_cot")
+def chain_rl(n: int, seed: int, min_terms: Terms = 2, max_terms: Terms = 3, min_digits: Digits = 1,
+             max_digits: Digits = 2, ops: list[ChainOp] = ["+", "-"],  # noqa: B006
+             split: Split = "all") -> list[dict]:
+    tasks = sample_chains(n, seed, min_terms, max_terms, min_digits, max_digits, ops, split)
+    return [{"id": f"chain_rl-{seed}-{i}", "domain": "math", "prompt": t.question,
              "reference": {"answer": str(t.answer)}} for i, t in enumerate(tasks)]
 
 
@@ -260,10 +407,11 @@ def _rejected(t: ArithmeticTask, rng: random.Random, kind: str) -> str:
 @register("preference_pairs", "reward-model pairs: a correct worked answer vs a wrong/badly formatted one")
 def preference_pairs(n: int, seed: int, min_digits: Digits = 1, max_digits: Digits = 2,
                      ops: list[Op] = ["+", "-"],  # noqa: B006
-                     wrong_fraction: Annotated[float, Field(ge=0, le=1)] = 0.7) -> list[dict]:
+                     wrong_fraction: Annotated[float, Field(ge=0, le=1)] = 0.7,
+                     split: Split = "all") -> list[dict]:
     """`wrong_fraction` of the rejected answers are wrong; the rest are right but badly
     formatted (no <think> or no boxed answer)."""
-    tasks = sample_tasks(n, seed, min_digits, max_digits, ops)
+    tasks = sample_tasks(n, seed, min_digits, max_digits, ops, split)
     rng = random.Random(seed + 1)
     rows = []
     for i, t in enumerate(tasks):

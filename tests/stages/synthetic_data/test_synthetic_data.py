@@ -107,7 +107,7 @@ def test_config_rejects_unknown_generator_listing_known_ones():
 
 
 @pytest.mark.parametrize("params,needle", [
-    ({"digits": 3}, "digits: Extra inputs are not permitted (parameters of arithmetic_cot: min_digits, max_digits, ops)"),
+    ({"digits": 3}, "digits: Extra inputs are not permitted (parameters of arithmetic_cot: min_digits, max_digits, ops, split)"),
     ({"ops": ["/"]}, "ops.0"),
     ({"max_digits": 0}, "max_digits"),
     ({"min_digits": 3, "max_digits": 2}, "min_digits (3) exceeds max_digits (2)"),

@@ -1,0 +1,155 @@
+"""The `eval` stage: `python -m stages.eval.job --job job.json` (one process).
+
+For each model of `models` (an upstream stage's output, or any HF model dir / URI: this is
+also how a user scores their own checkpoints), in turn: its tokenizer renders every set's
+prompts with the chat template (prompts over `prompt_max_len` tokens are skipped and
+counted); the rollout engine (`stages.rl.engines.create_engine`, the one the RL stages
+sample with: bf16 on GPU by default) generates the responses of each decoding; the
+verifier of each row's domain scores them (`verifiers.verify_batch`).
+
+Outputs (job.output_dir): `stage_summary.json` (-> the manifest) with one record per model,
+set, decoding and domain (accuracy, pass_at_k, rows, responses, mean response length, share
+ended by EOS; domain "all" = the whole set) and `accuracy`, model -> set -> decoding ->
+accuracy; `responses.jsonl`, every response with its score and the verifier's reason. The
+same numbers go to MLflow as `<model>/<set>/<decoding>/<domain>/<metric>`.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from pipeline.stage_api import StageError, StageJob
+from pipeline.tracking import StageLogger, info
+from stages.common.entry import run_job
+from stages.common.rows import DataError
+from stages.eval.config import Decoding, EvalConfig
+from stages.eval.scoring import ALL_DOMAINS, Scored, summarize
+
+
+def load_set(job: StageJob, name: str, paths: list[str], limit: int | None) -> list[dict[str, Any]]:
+    """The set's rows (RL format, validated with the file and line of each problem)."""
+    from stages.reasoning_rl.data import load_rows
+    from verifiers import VERIFIERS
+
+    try:
+        rows = load_rows([(p, job.fetch(p)) for p in paths])
+    except DataError as e:
+        raise DataError(f"eval set {name!r}: {e}") from None
+    rows = rows[:limit] if limit is not None else rows
+    unknown = {r["domain"]: r["id"] for r in rows if r["domain"] not in VERIFIERS}
+    if unknown:
+        raise StageError(f"eval set {name!r}: domains with no registered verifier (first row of each): "
+                         f"{unknown}; known domains: {sorted(VERIFIERS)}")
+    return rows
+
+
+class ModelUnderEval:
+    """A model's tokenizer, decoder and rollout engine (the engine's memory is freed by close)."""
+
+    def __init__(self, job: StageJob, cfg: EvalConfig, name: str, ref: str):
+        import torch
+        from transformers import AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        from stages.common.chat import require_chat_template
+        from stages.common.distributed import resolve_device
+        from stages.common.hf_io import eos_token_ids_of
+        from stages.rl.decoding import make_decoder
+        from stages.rl.engines import create_engine
+
+        model_dir = Path(job.fetch(ref))
+        if not (model_dir / "config.json").is_file():
+            raise StageError(f"models.{name} = {ref}: {model_dir} is not a Hugging Face model dir (no config.json)")
+        hf_logging.disable_progress_bar()
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        require_chat_template(self.tokenizer, ref)
+        self.decode = make_decoder(self.tokenizer, eos_token_ids_of(model_dir))
+        own = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+        device = resolve_device(cfg.rollout.device, "rollout.device", own)
+        try:
+            self.engine = create_engine(cfg.rollout.engine, str(model_dir), device=device, dtype=cfg.rollout.dtype,
+                                        max_batch=cfg.rollout.max_batch,
+                                        max_len=cfg.prompt_max_len + cfg.max_new_tokens, seed=cfg.seed,
+                                        **cfg.rollout.options)
+        except (KeyError, ValueError, RuntimeError, FileNotFoundError) as e:
+            raise StageError(f"models.{name} = {ref}: cannot start the {cfg.rollout.engine} engine: {e}") from None
+
+    def close(self) -> None:
+        import torch
+
+        del self.engine
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def evaluate(model: ModelUnderEval, cfg: EvalConfig, rows: list[dict], prompt_ids: list[list[int]],
+             dec: Decoding, responses: TextIO, tag: dict[str, str]) -> dict[str, dict[str, float]]:
+    """Generate `dec.samples` responses per row, score them, write them to `responses`;
+    returns the summary per domain."""
+    from stages.rl.engines import RolloutRequest, SamplingParams
+    from verifiers import verify_batch
+
+    requests = [RolloutRequest(uid=f"{i}/{j}", prompt_ids=list(ids), max_new_tokens=cfg.max_new_tokens)
+                for i, ids in enumerate(prompt_ids) for j in range(dec.samples)]
+    sampling = SamplingParams(temperature=dec.temperature, top_p=dec.top_p, top_k=dec.top_k, seed=cfg.seed)
+    updates = model.engine.generate(requests, sampling)
+    texts = [model.decode(list(u.token_ids)) for u in updates]
+    row_of = [i for i in range(len(rows)) for _ in range(dec.samples)]
+    rewards = verify_batch([rows[i] for i in row_of], [str(t) for t in texts], num_workers=cfg.verifier_workers,
+                           timeout_s=cfg.verifier_timeout_s)
+    scored = []
+    for i, text, reward in zip(row_of, texts, rewards):
+        scored.append(Scored(i, rows[i]["domain"], float(reward.score), text.n_tokens, text.ended_by_eos))
+        responses.write(json.dumps({**tag, "id": rows[i]["id"], "domain": rows[i]["domain"], "response": str(text),
+                                    "score": reward.score, "reason": reward.reason, "tokens": text.n_tokens,
+                                    "ended_by_eos": text.ended_by_eos}, ensure_ascii=False) + "\n")
+    return summarize(scored, dec.pass_at)
+
+
+def main(job: StageJob) -> dict[str, Any]:
+    from stages.rl.prompts import render_prompts
+
+    cfg = EvalConfig.model_validate(job.config)
+    log = StageLogger.for_job(job)
+    out = Path(job.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    sets = {name: load_set(job, name, s.paths, s.limit) for name, s in cfg.sets.items()}
+    records: list[dict[str, Any]] = []
+    accuracy: dict[str, dict[str, dict[str, float]]] = {}
+    with open(out / "responses.jsonl", "w", encoding="utf-8") as responses:
+        for model_name, ref in cfg.models.items():
+            model = ModelUnderEval(job, cfg, model_name, ref)
+            for set_name, rows in sets.items():
+                kept, prompt_ids, _ = render_prompts(rows, model.tokenizer, cfg.prompt_max_len)
+                if not kept:
+                    raise StageError(f"eval set {set_name!r}: every prompt is longer than prompt_max_len="
+                                     f"{cfg.prompt_max_len} tokens for model {model_name!r}")
+                for dec_name, dec in cfg.decodings.items():
+                    t0 = time.perf_counter()
+                    tag = {"model": model_name, "set": set_name, "decoding": dec_name}
+                    per_domain = evaluate(model, cfg, kept, prompt_ids, dec, responses, tag)
+                    seconds = time.perf_counter() - t0
+                    for domain, m in per_domain.items():
+                        records.append({**tag, "domain": domain, **m, "prompts_skipped": len(rows) - len(kept),
+                                        "seconds": seconds})
+                        log.metrics(0, {f"{model_name}/{set_name}/{dec_name}/{domain}/{k}": v for k, v in m.items()})
+                    acc = per_domain[ALL_DOMAINS]["accuracy"]
+                    accuracy.setdefault(model_name, {}).setdefault(set_name, {})[dec_name] = acc
+                    extra = " ".join(f"{k} {v:.3f}" for k, v in per_domain[ALL_DOMAINS].items() if k.startswith("pass_at_"))
+                    info(f"eval: {model_name} on {set_name} ({dec_name}): accuracy {acc:.4f} over "
+                         f"{len(kept)} rows x {dec.samples} {extra} ({len(rows) - len(kept)} skipped as too long, "
+                         f"{seconds:.1f}s)")
+            model.close()
+    summary = {"accuracy": accuracy, "results": records}
+    (out / "stage_summary.json").write_text(json.dumps(summary, indent=2))
+    log.artifact(out / "stage_summary.json")
+    return summary
+
+
+if __name__ == "__main__":
+    sys.exit(run_job(main))
