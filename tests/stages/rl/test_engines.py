@@ -426,12 +426,19 @@ def test_vllm_engine_glue_against_a_fake_vllm(monkeypatch, model_dir):
             # the worker collective_rpc hands a callable to (vLLM's worker wrapper)
             self.worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model=FakeModel()))
             self.resets = 0
+            self.slept: list = []
 
         def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
             return [method(self.worker, *args, **(kwargs or {}))]
 
         def reset_prefix_cache(self):
             self.resets += 1
+
+        def sleep(self, level=1):
+            self.slept.append(level)
+
+        def wake_up(self, tags=None):
+            self.slept.append("awake")
 
     fake = types.ModuleType("vllm")
     fake.__version__ = "0.26.0"
@@ -492,6 +499,15 @@ def test_vllm_engine_glue_against_a_fake_vllm(monkeypatch, model_dir):
     eng2.update_weights([("module.model.norm.weight", torch.ones(2))])
     assert eng2.llm.worker.model_runner.model.loaded == ["model.norm.weight"] and eng2.llm.resets == 1
     assert eng2.last_sync_seconds is not None
+    # sleep mode: only with enable_sleep_mode; weights=True is vLLM's level 2
+    with pytest.raises(RuntimeError, match="enable_sleep_mode"):
+        eng2.sleep()
+    eng3 = base.ENGINES["vllm"](str(model_dir), device="cuda", enable_sleep_mode=True)
+    eng3.sleep()
+    eng3.wake()
+    eng3.sleep(weights=True)
+    eng3.wake()
+    assert eng3.llm.kw["enable_sleep_mode"] and eng3.llm.slept == [1, "awake", 2, "awake"]
     with pytest.raises(ValueError, match="cuda:0"):
         base.ENGINES["vllm"](str(model_dir), device="cuda:1")
     # an older vLLM has other APIs: refused by name, not half-run
