@@ -538,8 +538,13 @@ def sync_worker(spec: dict[str, Any]) -> None:
         module = engine = sync = None
         t0 = time.time()
         if placement.is_trainer:
+            config = AutoConfig.from_pretrained(path)
+            # the model's module (and torch._dynamo, which it imports) must be imported before
+            # zero.Init patches the tensor constructors: dynamo's import checks their signatures
+            with torch.device("meta"):
+                AutoModelForCausalLM.from_config(config)
             with deepspeed.zero.Init(config_dict_or_path=ds_config(3, 1.0, dtype == torch.bfloat16), dtype=dtype):
-                module = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=dtype)
+                module = AutoModelForCausalLM.from_config(config, dtype=dtype)
         if placement.is_engine:
             engine = create_engine("torch", str(path), device=str(ranks.device), dtype=spec["dtype"], max_batch=8,
                                    max_len=64)
