@@ -161,7 +161,7 @@ class Runner:
         payload = {"kind": spec.kind, "config": spec.config, "stage": spec.name, "storage": self.storage,
                    "recipe": "gpu-scaling", "work_root": str(Path(self.args.work) / "runs"),
                    "resources": self.resources(spec.gpus), "upstream": spec.upstream, "launcher": "torchrun"}
-        log = open(Path(self.args.work) / f"{spec.name}.log", "w")
+        log = open(Path(self.args.work) / f"{spec.name}.log", "a")  # a rerun (faults) keeps the first log
         return subprocess.Popen([sys.executable, __file__, "--worker", "stage", "--spec", json.dumps(payload)],
                                 stdout=log, stderr=subprocess.STDOUT, env=self.env(gpu_ids), cwd=ROOT,
                                 start_new_session=True)
@@ -481,6 +481,10 @@ def rl_metrics(out: Path, run: dict[str, Any]) -> dict[str, Any]:
             "rollout_seconds_mean": mean("rollout_seconds"), "step_seconds_mean": mean("step_seconds"),
             "train_seconds_mean": mean("train_seconds"), "weight_sync_seconds_mean": mean("weight_sync_seconds"),
             "engine_idle_fraction_mean": mean("engine_idle_fraction"),
+            # rank 0's wait for the step's batch (the slowest engine, the reward, the send) and
+            # the engines' sleep + wake: where the rest of step_seconds goes
+            "rollout_phase_seconds_mean": mean("rollout_phase_seconds"),
+            "engine_sleep_seconds_mean": mean("engine_sleep_seconds"),
             "generate_seconds_max_mean": mean("generate_seconds_max"),
             "generated_tokens_mean": mean("generated_tokens"), "train_tokens_mean": mean("train_tokens"),
             "generate_calls_mean": mean("generate_calls"), "slot_utilization_mean": mean("slot_utilization"),
