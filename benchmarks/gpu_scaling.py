@@ -694,6 +694,7 @@ def main() -> None:
         raise SystemExit("no GPU visible (use --smoke on CPU)")
     if args.budget_s is None:
         args.budget_s = 0 if args.smoke else 480
+    own_work = args.work is None  # a scratch dir this run made (removed at the end); a given one stays
     args.work = args.work or tempfile.mkdtemp(prefix="gpu_scaling_")
     Path(args.work).mkdir(parents=True, exist_ok=True)
     import torch
@@ -705,9 +706,8 @@ def main() -> None:
     report.log(f"gpu_scaling: {args.gpus} {'CPU rank(s) (smoke)' if args.smoke else 'GPU(s)'}, work dir {args.work}")
     Bench(args, report).all()
     report.log(f"done in {time.time() - started:.0f}s; results in {report.path}")
-    if not args.work.startswith(tempfile.gettempdir()):
-        return
-    shutil.rmtree(args.work, ignore_errors=True)
+    if own_work:
+        shutil.rmtree(args.work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ ranks either way: the default world, or a standalone group over both roles.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import traceback
@@ -85,14 +86,20 @@ def init_distributed(local_rank: int | None = None, *, world_of_one_without_laun
 
 def make_group(ranks: Ranks, name: str, members: Sequence[int]) -> Group | None:
     """The group of the global ranks `members` (in that order), or None on a rank outside it.
-    Every rank of the launch calls it (a subgroup of the default world is collective)."""
+    Every rank of the launch calls it, in the same order (a subgroup of the default world is
+    collective; a standalone group's rendezvous keys are numbered by that order, so a group
+    made again under the same `name` does not meet the earlier one's stale addresses)."""
     members = list(members)
     if ranks.store is None:
         sub = dist.new_group(members)
         return WorldGroup(sub, ranks.device) if ranks.rank in members else None
+    key = f"{name}/{next(_standalone_groups)}"
     if ranks.rank not in members:
         return None
-    return StandaloneGroup(ranks.store, name, members.index(ranks.rank), len(members), ranks.device)
+    return StandaloneGroup(ranks.store, key, members.index(ranks.rank), len(members), ranks.device)
+
+
+_standalone_groups = itertools.count()  # this process's make_group calls on a split launch
 
 
 def use_bf16(precision: str, on_gpu: bool) -> bool:
