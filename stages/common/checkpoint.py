@@ -1,12 +1,16 @@
 """Mid-stage checkpoints of the training stages, through the stage's CheckpointStore.
 
 One checkpoint (`checkpoints/step-NNNNNNNN/` of the stage's artifact dir) holds
-- the DeepSpeed state of every rank (module, optimizer, lr schedule), written by DeepSpeed;
+- the DeepSpeed state of every training rank (module, optimizer, lr schedule), written by
+  DeepSpeed (a rank that does not train, e.g. an RL rank that only generates, has none);
 - every rank's RNG state (python, numpy, torch, CUDA): `rng_rank00000.pt`, ...;
 - `state.json.gz`, written by rank 0: the step, the run's fingerprint and the `state_dict()`
-  of every Stateful the stage registered (its progress counters, the RL scheduler's pools,
-  metric history, ...), the torchtitan way: whatever must survive a restart is a Stateful
-  handed to the Checkpointer, not a field copied by hand.
+  of every Stateful the stage registered (its progress counters, metric history, ...), the
+  torchtitan way: whatever must survive a restart is a Stateful handed to the
+  Checkpointer, not a field copied by hand;
+- `rank_state_00000.json.gz`, ...: the per-rank Statefuls (`rank_state`), one file per rank
+  that holds any (each RL engine rank's scheduler shard: its pools, open groups, sampler
+  position), loaded back by the same rank.
 
 The fingerprint is the world size plus what the stage adds (SFT: the pack count, ...). A
 restart with a different fingerprint is refused before anything is loaded (DeepSpeed's ZeRO
@@ -15,7 +19,8 @@ a wrong position).
 
 Every node's local rank 0 uploads its ranks' files; rank 0 marks the step complete (and
 prunes older steps) once every node is done. On restart each node's local rank 0 restores
-the latest complete step and every rank loads its part.
+the latest complete step and every rank loads its part. The ranks synchronise over
+`Ranks.everyone` (all ranks of the launch, whatever role worlds they train in).
 """
 from __future__ import annotations
 
@@ -29,13 +34,16 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from pipeline.artifacts import CheckpointStore
 from pipeline.stage_api import StageError, StageJob
-from stages.common.distributed import Ranks, broadcast
+from stages.common.distributed import Ranks
 
 STATE_FILE = "state.json.gz"
+
+
+def rank_state_file(rank: int) -> str:
+    return f"rank_state_{rank:05d}.json.gz"
 
 
 class CheckpointError(StageError):
@@ -74,21 +82,29 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def read_state(step_dir: Path) -> dict[str, Any]:
-    """`state.json.gz` of a restored checkpoint directory: {"step", "fingerprint", "state"}."""
-    with gzip.open(Path(step_dir) / STATE_FILE, "rt", encoding="utf-8") as f:
+def read_state(step_dir: Path, name: str = STATE_FILE) -> dict[str, Any]:
+    """`state.json.gz` of a restored checkpoint directory: {"step", "fingerprint", "state"}
+    (or, with `name` = rank_state_file(r), rank r's Statefuls: {name: state_dict})."""
+    with gzip.open(Path(step_dir) / name, "rt", encoding="utf-8") as f:
         return json.load(f)
 
 
+def _write_json_gz(path: Path, obj: Any) -> None:
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        json.dump(obj, f)
+
+
 class Checkpointer:
-    """Saves and resumes a stage: DeepSpeed `engine`, RNG, and the Statefuls in `state`
-    (name -> object; None on a rank that does not hold that object, e.g. the RL scheduler
-    lives on rank 0: rank 0's state is the one saved)."""
+    """Saves and resumes a stage: DeepSpeed `engine` (None on a rank that does not train),
+    RNG, the Statefuls in `state` (name -> object; None on a rank that does not hold that
+    object: rank 0's state is the one saved, and every rank loads it) and the per-rank
+    Statefuls in `rank_state` (each rank saves and loads its own)."""
 
     def __init__(self, job: StageJob, engine, ranks: Ranks, state: dict[str, Stateful | None],
-                 fingerprint: dict[str, Any] | None = None):
+                 fingerprint: dict[str, Any] | None = None, rank_state: dict[str, Stateful | None] | None = None):
         self.store = CheckpointStore(job.stage_url, job.storage_options)
         self.engine, self.ranks, self.state = engine, ranks, state
+        self.rank_state = {k: s for k, s in (rank_state or {}).items() if s is not None}
         self.fingerprint = {"world size": ranks.world, **(fingerprint or {})}
         self.local_root = Path(job.work_dir) / "checkpoints"
 
@@ -100,21 +116,25 @@ class Checkpointer:
         r = self.ranks
         tag = self.tag(step)
         local = self.local_root / tag
+        group = r.everyone
         if r.local_rank == 0:  # leftovers of a killed run must not mix into this checkpoint
             shutil.rmtree(local, ignore_errors=True)
-        dist.barrier()
-        self.engine.save_checkpoint(str(self.local_root), tag=tag, save_latest=False)
+        group.barrier()
+        if self.engine is not None:
+            self.engine.save_checkpoint(str(self.local_root), tag=tag, save_latest=False)
+        local.mkdir(parents=True, exist_ok=True)
         torch.save(rng_state(), local / f"rng_rank{r.rank:05d}.pt")
+        if self.rank_state:
+            _write_json_gz(local / rank_state_file(r.rank), {k: s.state_dict() for k, s in self.rank_state.items()})
         if r.rank == 0:
-            saved = {"step": step, "fingerprint": self.fingerprint,
-                     "state": {k: s.state_dict() for k, s in self.state.items() if s is not None}}
-            with gzip.open(local / STATE_FILE, "wt", encoding="utf-8") as f:
-                json.dump(saved, f)
+            _write_json_gz(local / STATE_FILE, {"step": step, "fingerprint": self.fingerprint,
+                                                "state": {k: s.state_dict() for k, s in self.state.items()
+                                                          if s is not None}})
             self.store.clear(step)  # a stale, never completed upload of this step
-        dist.barrier()
+        group.barrier()
         if r.local_rank == 0:  # each node uploads its own ranks' files (one node: all of them)
             self.store.upload(local, step)
-        dist.barrier()
+        group.barrier()
         if r.rank == 0:
             self.store.mark_complete(step)
         if r.local_rank == 0:  # the store has it now; local copies would pile up
@@ -124,7 +144,7 @@ class Checkpointer:
         """Load the latest complete checkpoint into the engine, the RNG and every Stateful;
         returns its step, or None when the stage has none (a fresh start)."""
         r = self.ranks
-        step = broadcast(self.store.latest() if r.rank == 0 else None)
+        step = r.everyone.broadcast_object(self.store.latest() if r.rank == 0 else None, 0)
         if step is None:
             return None
         tag = self.tag(step)
@@ -132,25 +152,32 @@ class Checkpointer:
         if r.local_rank == 0:
             shutil.rmtree(root / tag, ignore_errors=True)
             self.store.restore(step, root / tag)
-        dist.barrier()
-        try:
-            saved = read_state(root / tag)
-        except (OSError, ValueError) as e:
-            raise CheckpointError(f"checkpoint {tag} of {self.store.stage_url}: {STATE_FILE} "
-                                  f"cannot be read ({type(e).__name__}: {e})") from e
+        r.everyone.barrier()
+        saved = self._read(root / tag, STATE_FILE)
         if saved["fingerprint"] != self.fingerprint:
             raise CheckpointError(
                 f"checkpoint {tag} of {self.store.stage_url} was written by a run with "
                 f"{_describe(saved['fingerprint'])}; this run has {_describe(self.fingerprint)}. "
                 "Resume with the same resources and data, or delete its checkpoints/")
-        path, _ = self.engine.load_checkpoint(str(root), tag=tag)
-        if path is None:
-            raise CheckpointError(f"checkpoint {tag} of {self.store.stage_url} has no loadable DeepSpeed state")
+        mine = self._read(root / tag, rank_state_file(r.rank)) if self.rank_state else {}
+        if self.engine is not None:
+            path, _ = self.engine.load_checkpoint(str(root), tag=tag)
+            if path is None:
+                raise CheckpointError(f"checkpoint {tag} of {self.store.stage_url} has no loadable DeepSpeed state")
         for name, obj in self.state.items():
             if obj is not None:
                 obj.load_state_dict(saved["state"][name])
+        for name, obj in self.rank_state.items():
+            obj.load_state_dict(mine[name])
         set_rng_state(torch.load(root / tag / f"rng_rank{r.rank:05d}.pt", weights_only=False))
         return step
+
+    def _read(self, step_dir: Path, name: str) -> dict[str, Any]:
+        try:
+            return read_state(step_dir, name)
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"checkpoint {step_dir.name} of {self.store.stage_url}: {name} "
+                                  f"cannot be read ({type(e).__name__}: {e})") from e
 
 
 def _describe(fingerprint: dict[str, Any]) -> str:

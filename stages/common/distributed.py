@@ -1,35 +1,57 @@
 """Process-group plumbing shared by the distributed stages: init (gloo on CPU, nccl on
-GPU), the rank's device, seeding, and the "one rank does it, the others follow" helpers
-(`local_first`, `rank0_do`, `broadcast`)."""
+GPU), the rank's device, seeding, the groups a launch's ranks talk over (their operations:
+stages/common/groups.py), and the "one rank does it, the others follow" helpers (`run_on`,
+`rank0_do`, `every_rank_do`, `local_first`, `broadcast`).
+
+How the ranks of a stage are grouped. Normally all of them form torch.distributed's default
+process group, the world DeepSpeed trains over. A stage whose ranks have different jobs (RL
+with split placement: some ranks train, the others only generate) gives each role a default
+world of its own instead: `init_distributed(split_last=k)` puts the last k ranks in one and
+the others in another, because DeepSpeed synchronises its whole default world (barriers in
+the ZeRO-3 set-up and in every checkpoint) and would wait for ranks that never train. The
+roles then talk over `StandaloneGroup`s: c10d backends of their own, made from the
+launcher's rendezvous store (`make_group`). `Ranks.everyone` is the group of all the stage's
+ranks either way: the default world, or a standalone group over both roles.
+"""
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import traceback
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from pipeline.stage_api import StageError
+from stages.common.groups import Group, StandaloneGroup, WorldGroup
 
 
+# -- joining --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Ranks:
-    """Where this process sits: global rank, world size, node-local rank, and its device."""
+    """Where this process sits: global rank and world size of the launch, node-local rank, its
+    device, and the group of all the launch's ranks (the default world, unless the launch was
+    split into role worlds: then a standalone group over both)."""
     rank: int
     world: int
     local_rank: int
     device: torch.device
     on_gpu: bool
+    everyone: Group = field(default_factory=WorldGroup, compare=False, repr=False)
+    store: Any = field(default=None, compare=False, repr=False)  # the rendezvous store of a split launch
 
 
-def init_distributed(local_rank: int | None = None, *, world_of_one_without_launcher: bool = False) -> Ranks:
+def init_distributed(local_rank: int | None = None, *, world_of_one_without_launcher: bool = False,
+                     split_last: int = 0) -> Ranks:
     """Join the process group (nccl when CUDA is available, else gloo) and select this
     rank's device. `local_rank` defaults to $LOCAL_RANK. With `world_of_one_without_launcher`
-    a process started without a launcher (no $RANK) becomes a world of one."""
+    a process started without a launcher (no $RANK) becomes a world of one. With
+    `split_last` = k > 0 the last k ranks get a default world of their own and the others
+    another (module docstring); 0 < k < world size."""
     import deepspeed
 
     on_gpu = torch.cuda.is_available()
@@ -38,13 +60,46 @@ def init_distributed(local_rank: int | None = None, *, world_of_one_without_laun
 
         os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
                            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
-    deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
     if local_rank is None:
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local_rank) if on_gpu else torch.device("cpu")
     if on_gpu:
         torch.cuda.set_device(device)
-    return Ranks(dist.get_rank(), dist.get_world_size(), local_rank, device, on_gpu)
+    backend = "nccl" if on_gpu else "gloo"
+    if not split_last:
+        deepspeed.init_distributed(dist_backend=backend)
+        return Ranks(dist.get_rank(), dist.get_world_size(), local_rank, device, on_gpu, WorldGroup(device=device))
+    store, rank, world = next(dist.rendezvous("env://"))
+    if not 0 < split_last < world:
+        raise ValueError(f"split_last must be in [1, world size - 1 = {world - 1}], got {split_last}")
+    first = world - split_last
+    role, members = ("last", range(first, world)) if rank >= first else ("first", range(first))
+    dist.init_process_group(backend, store=dist.PrefixStore(f"world/{role}", store),
+                            rank=rank - members.start, world_size=len(members))
+    # $WORLD_SIZE names the world of the default group from now on: DeepSpeed checks its
+    # process group against it ($RANK stays the launch's: rank 0 reports the stage's errors)
+    os.environ["WORLD_SIZE"] = str(len(members))
+    deepspeed.init_distributed(dist_backend=backend)
+    everyone = StandaloneGroup(store, "everyone", rank, world, device)
+    return Ranks(rank, world, local_rank, device, on_gpu, everyone, store)
+
+
+def make_group(ranks: Ranks, name: str, members: Sequence[int]) -> Group | None:
+    """The group of the global ranks `members` (in that order), or None on a rank outside it.
+    Every rank of the launch calls it, in the same order (a subgroup of the default world is
+    collective; a standalone group's rendezvous keys are numbered by that order, so a group
+    made again under the same `name` does not meet the earlier one's stale addresses)."""
+    members = list(members)
+    if ranks.store is None:
+        sub = dist.new_group(members)
+        return WorldGroup(sub, ranks.device) if ranks.rank in members else None
+    key = f"{name}/{next(_standalone_groups)}"
+    if ranks.rank not in members:
+        return None
+    return StandaloneGroup(ranks.store, key, members.index(ranks.rank), len(members), ranks.device)
+
+
+_standalone_groups = itertools.count()  # this process's make_group calls on a split launch
 
 
 def use_bf16(precision: str, on_gpu: bool) -> bool:
@@ -69,31 +124,55 @@ def seed_all(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+# -- one rank does it, the others follow ---------------------------------------------------------------
 def broadcast(obj: Any) -> Any:
-    """Rank 0's `obj` on every rank (the other ranks' argument is ignored)."""
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+    """Rank 0's `obj` on every rank of the default world (the other ranks' argument is ignored)."""
+    return WorldGroup().broadcast_object(obj, 0)
+
+
+def _failure(fn: Callable[[], Any], what: str) -> tuple[Any, str | None]:
+    """fn's result, or the message every rank raises when it fails: a StageError's own, else
+    "`what` failed: ..." (the traceback printed here)."""
+    try:
+        return fn(), None
+    except StageError as e:
+        return None, str(e)
+    except Exception as e:  # noqa: BLE001 - reported on every rank
+        traceback.print_exc()
+        return None, f"{what} failed: {type(e).__name__}: {e}"
+
+
+def run_on(group: Group, src: int, fn: Callable[[], Any], what: str, *, share: bool = False) -> Any:
+    """Run `fn` on member `src` of `group` and hand its failure to every member (StageError
+    everywhere, so a bad input stops all ranks with one message instead of leaving them
+    waiting). The result stays on `src`, or with `share` reaches every member."""
+    result, err = _failure(fn, what) if group.rank == src else (None, None)
+    if share:
+        result, err = group.broadcast_object((result, err), src)
+    else:
+        err = group.broadcast_object(err, src)
+    if err is not None:
+        raise StageError(err)
+    return result
 
 
 def rank0_do(rank: int, fn: Callable[[], Any], what: str) -> Any:
-    """Run `fn` on rank 0 and hand its failure to every rank (the result stays on rank 0), so a
-    bad input on rank 0 stops all ranks with the same message instead of leaving them waiting.
-    Every rank raises StageError: with the message of a StageError raised by `fn`, or
-    "`what` failed: ..." for anything else (its traceback printed on rank 0)."""
-    result: Any = None
-    err: str | None = None
-    if rank == 0:
-        try:
-            result = fn()
-        except StageError as e:
-            err = str(e)
-        except Exception as e:  # noqa: BLE001 - reported on every rank, then re-raised on rank 0
-            err = f"{what} failed: {type(e).__name__}: {e}"
-            traceback.print_exc()
-    status = broadcast(err)
-    if status is not None:
-        raise StageError(status)
+    """`run_on` for the default world: `fn` runs where `rank` is 0, its failure reaches every
+    rank, the result stays there."""
+    result, err = _failure(fn, what) if rank == 0 else (None, None)
+    err = broadcast(err)
+    if err is not None:
+        raise StageError(err)
+    return result
+
+
+def every_rank_do(group: Group, fn: Callable[[], Any], what: str) -> Any:
+    """Run `fn` on every member; if it fails anywhere, every member raises the first failure's
+    message (in member order) as a StageError."""
+    result, err = _failure(fn, what)
+    errors = [e for e in group.all_gather_objects(err) if e is not None]
+    if errors:
+        raise StageError(errors[0])
     return result
 
 

@@ -27,16 +27,16 @@ class TrainingJob:
     pad_id: int | None  # the pad token, else eos; None when it has neither
 
 
-def start_training_job(job: StageJob, cfg) -> TrainingJob:
+def start_training_job(job: StageJob, cfg, split_last: int = 0) -> TrainingJob:
     """`cfg` has `model`, `precision` and `seed`. A process started without a launcher is a
-    world of one."""
+    world of one. `split_last`: the ranks' role worlds (stages/common/distributed.py)."""
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     if cfg.precision == "bf16" and not torch.cuda.is_available():
         raise StageError("precision bf16 needs a GPU; use auto or fp32 on CPU")
-    ranks = init_distributed(world_of_one_without_launcher=True)
+    ranks = init_distributed(world_of_one_without_launcher=True, split_last=split_last)
     seed_all(cfg.seed)
     model_dir = Path(job.fetch(cfg.model))
     if not (model_dir / "config.json").is_file():

@@ -1,8 +1,8 @@
 """General RL's reasoning guard: what RLHF costs reasoning, measured.
 
-Before the first step and after the last one, rank 0 decodes the `reasoning_eval` set with the
-rollout engine (greedy by default; the engine holds the current policy) and scores it with the
-verifier; before / after / delta go to MLflow and to stage_summary.json. The "before" score is
+Before the first step and after the last one, engine 0 (rank 0 unless the placement is split)
+decodes the `reasoning_eval` set with its rollout engine (greedy by default; the engine holds
+the current policy) and scores it with the verifier; before / after / delta go to MLflow and to stage_summary.json. The "before" score is
 the hook's checkpointed state, so a resumed run reports the delta against the policy the stage
 started from. With `reasoning_eval: null` the guard only warns.
 """
@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.stage_api import StageError
 from pipeline.tracking import info
-from stages.common.distributed import rank0_do
 from stages.general_rl.config import GeneralRLConfig
 from stages.general_rl.prompts import reasoning_rows
 from stages.rl.prompts import render_prompts
@@ -71,12 +70,15 @@ class ReasoningGuard(RLHooks):
         self.rank = ctx.ranks.rank
         self.before: dict[str, float] | None = None
         self.eval_set = None
-        if self.cfg.reasoning_eval is not None:
-            self.eval_set = rank0_do(self.rank, lambda: load_reasoning_set(ctx), "loading the reasoning_eval set")
 
-    def _check(self, trainer: "RLTrainer", when: str) -> dict[str, float] | None:
-        return rank0_do(self.rank, lambda: reasoning_check(trainer.rollouts.engine, self.eval_set, self.ctx.decode,
-                                                           self.cfg), f"the reasoning check {when} training")
+    def _check(self, trainer: "RLTrainer", when: str) -> dict[str, float]:
+        """The check on engine 0 (the eval set loaded there first), its result on every rank."""
+        if self.eval_set is None:
+            self.eval_set = trainer.rollouts.on_engine0(lambda engine: load_reasoning_set(self.ctx),
+                                                        "loading the reasoning_eval set")
+        return trainer.rollouts.on_engine0(
+            lambda engine: reasoning_check(engine, self.eval_set, self.ctx.decode, self.cfg),
+            f"the reasoning check {when} training")
 
     def before_training(self, trainer: "RLTrainer") -> None:
         ev = self.cfg.reasoning_eval

@@ -5,8 +5,9 @@
     spec.py           RLSpec / RLContext / RLHooks: what a stage plugs in
     trainer.py        RLTrainer: set-up, the loop, checkpoints and resume, outputs
     prompts.py        PromptSet, render_prompts: the prompts a stage hands the trainer
-    rollouts.py       who generates: Rank0Rollouts (engine + reward + scheduler on rank 0)
-    weight_sync.py    how weights reach the engines: GatherToRank0
+    placement.py      which ranks train and which generate: colocated, or split (rollout.gpus)
+    rollouts.py       who generates: DataParallelRollouts (an engine + scheduler shard per engine rank)
+    weight_sync.py    how weights reach the engines: gathered into each, or broadcast over NCCL
     policy.py         the policy under DeepSpeed, DeepSpeedBackend, the learner's set-up
     learner.py        one update: pi_train(theta_old), then the loss, micro-batched
     loss.py           GRPO advantages, the IcePop / TIS / none corrections, mismatch stats

@@ -1,39 +1,34 @@
-"""Who generates the rollouts of an RL step, and how the trainer's ranks get them.
+"""Who generates the rollouts of an RL step, and how every rank gets them: `DataParallelRollouts`.
 
-One implementation today, `Rank0Rollouts`: rank 0 owns the rollout engine (`rollout.engine`
-on `rollout.device`; `auto` = rank 0's own device, i.e. colocated), the reward function and
-the scheduler (C3PO++ or sync, scheduler.py); each step rank 0 schedules the batch and
-broadcasts its samples to every rank. Data-parallel rollouts (an engine on every rank, the
-prompts sharded, samples all-gathered) are another `Rollouts`; the trainer only calls
-`next_batch` and checkpoints `stateful`. The engine is made here and nowhere else, through
-the one factory `stages.rl.engines.create_engine`.
+Every engine rank of the placement (placement.py: every rank when colocated, the last
+`rollout.gpus` ranks when split) runs a rollout engine on its own device and one shard of
+the scheduler (scheduler.py: groups sharded over the engines, never split; one global C3PO++
+token budget and retention rule). Engine 0 also holds the reward function: each step it
+scores the finished groups of every engine in one call, and sends the step's samples and
+stats to every rank (the trainers train on them). The engines' group is their default
+process world (all ranks when colocated, the engine ranks' own world when split); the
+samples reach the trainers over `Ranks.everyone`.
+
+Rank 0 loads the prompts (`RLSpec.load_prompts`) and hands them to the engines; a failure
+while an engine or the reward is built, or while a step is scored, stops every rank with
+one StageError. The engines are made here and nowhere else, through the one factory
+`stages.rl.engines.create_engine`. Colocated engines `sleep()` while their rank trains
+(`rollout.sleep`: release the KV cache, or the KV cache and the weights) and `wake()` before
+the weight sync; engines of a split placement own their GPU and never sleep.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 from stages.common.checkpoint import Stateful
-from stages.common.distributed import broadcast, rank0_do, resolve_device
+from stages.common.distributed import Ranks, every_rank_do, resolve_device, run_on
+from stages.common.groups import WorldGroup
 from stages.rl.engines.protocol import RolloutEngine, SamplingParams
+from stages.rl.placement import Placement
 from stages.rl.prompt_sampler import PromptSampler
 from stages.rl.prompts import PromptSet
 from stages.rl.scheduler import RewardFn, SchedulerConfig, TrainSample, make_scheduler
 from stages.rl.settings import RLConfig
-
-
-class Rollouts(Protocol):
-    engine: RolloutEngine | None     # this rank's engine, if it has one
-    reward_fn: RewardFn | None       # this rank's reward function, if it has one
-
-    def next_batch(self, version: int, step: int) -> tuple[list[TrainSample], dict[str, float]]:
-        """The samples of training step `step` (the same list on every rank), generated with
-        policy version `version`, and the scheduler's stats (rank 0; {} elsewhere)."""
-        ...
-
-    @property
-    def stateful(self) -> Stateful | None:
-        """What this rank checkpoints of the rollouts (rank 0's is the one saved)."""
-        ...
 
 
 def scheduler_config(cfg: RLConfig) -> SchedulerConfig:
@@ -43,48 +38,83 @@ def scheduler_config(cfg: RLConfig) -> SchedulerConfig:
                            min_group_size=cfg.c3po.min_group_size, adv_eps=cfg.adv_eps)
 
 
-class Rank0Rollouts:
-    def __init__(self, rank: int, engine: RolloutEngine | None, reward_fn: RewardFn | None, scheduler):
-        self.rank, self.engine, self.reward_fn, self.scheduler = rank, engine, reward_fn, scheduler
+class DataParallelRollouts:
+    def __init__(self, cfg: RLConfig, placement: Placement, ranks: Ranks, engine: RolloutEngine | None,
+                 reward_fn: RewardFn | None, scheduler, step_metrics: Callable[[RewardFn], dict[str, float]]):
+        self.cfg, self.placement, self.ranks = cfg, placement, ranks
+        self.engine, self.reward_fn, self.scheduler, self.step_metrics = engine, reward_fn, scheduler, step_metrics
+        self.totals: dict[str, int] = {}  # the scheduler counters over every engine (rank 0)
 
     @classmethod
-    def start(cls, cfg: RLConfig, rank: int, model_dir, train_device, prompts: PromptSet | None,
-              build_reward: Callable[[], RewardFn], decode: Callable[[list[int]], str]) -> "Rank0Rollouts":
-        """Rank 0 builds the engine, the reward function and the scheduler over `prompts`; a
-        failure there stops every rank with one StageError."""
+    def start(cls, cfg: RLConfig, placement: Placement, ranks: Ranks, model_dir, prompts: PromptSet | None,
+              build_reward: Callable[[], RewardFn], decode: Callable[[list[int]], str],
+              step_metrics: Callable[[RewardFn], dict[str, float]]) -> "DataParallelRollouts":
+        """Rank 0's `prompts` go to every rank; each engine rank builds its engine and scheduler
+        shard, engine 0 the reward function too."""
         from stages.rl.engines import create_engine
 
-        def start():
+        prompts = ranks.everyone.broadcast_object(prompts, 0)
+
+        def start() -> tuple[Any, Any, Any]:
+            if not placement.is_engine:
+                return None, None, None
             engine = create_engine(cfg.rollout.engine, str(model_dir),
-                                   device=resolve_device(cfg.rollout.device, "rollout.device", train_device),
+                                   device=resolve_device(cfg.rollout.device, "rollout.device", ranks.device),
                                    dtype=cfg.rollout.dtype, max_batch=cfg.rollout.max_batch,
                                    max_len=cfg.prompt_max_len + cfg.max_len, seed=cfg.seed, **cfg.rollout.options)
-            reward_fn = build_reward()
+            reward_fn = build_reward() if ranks.rank == placement.engine0 else None
             sampler = PromptSampler(prompts.groups, prompts.weights, seed=cfg.seed)
             sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, seed=cfg.seed)
             scheduler = make_scheduler(cfg.scheduler, engine, scheduler_config(cfg), prompts.rows,
-                                       prompts.prompt_ids, sampler, sampling, decode, reward_fn)
+                                       prompts.prompt_ids, sampler, sampling, decode, reward_fn,
+                                       peers=WorldGroup(device=ranks.device))
             return engine, reward_fn, scheduler
 
-        built = rank0_do(rank, start, "starting the rollout engine and the reward")
-        return cls(rank, *(built if rank == 0 else (None, None, None)))
+        built = every_rank_do(ranks.everyone, start, "starting the rollout engines and the reward")
+        return cls(cfg, placement, ranks, *built, step_metrics)
 
+    # -- a step ------------------------------------------------------------------------------------
     def next_batch(self, version: int, step: int) -> tuple[list[TrainSample], dict[str, float]]:
-        batch = rank0_do(self.rank, lambda: self.scheduler.next_batch(version), f"step {step}: rollouts")
-        samples = broadcast(batch.samples if self.rank == 0 else None)
-        return samples, (batch.stats if self.rank == 0 else {})
+        """The samples of training step `step`, generated with policy version `version`, on
+        every rank; the step's stats (scheduler + the reward's own metrics) with them."""
+        if self.scheduler is not None and self.ranks.rank != self.placement.engine0:
+            self.scheduler.next_batch(version)  # this engine's shard; engine 0 assembles the batch
 
+        def assemble() -> tuple[list[TrainSample], dict[str, float]]:
+            batch = self.scheduler.next_batch(version)
+            return batch.samples, {**batch.stats, **self.step_metrics(self.reward_fn)}
+
+        samples, stats = run_on(self.ranks.everyone, self.placement.engine0, assemble,
+                                f"step {step}: rollouts", share=True)
+        self.totals = {k.removeprefix("total_"): int(v) for k, v in stats.items() if k.startswith("total_")}
+        return samples, stats
+
+    def sleep(self) -> None:
+        """Colocated: release what `rollout.sleep` says while this rank trains."""
+        if self.engine is not None and not self.placement.split and self.cfg.rollout.sleep != "none":
+            self.engine.sleep(weights=self.cfg.rollout.sleep == "weights")
+
+    def wake(self) -> None:
+        if self.engine is not None and not self.placement.split and self.cfg.rollout.sleep != "none":
+            self.engine.wake()
+
+    def on_engine0(self, fn: Callable[[RolloutEngine], Any], what: str) -> Any:
+        """`fn(engine 0's engine)`, its result on every rank (a failure stops every rank)."""
+        return run_on(self.ranks.everyone, self.placement.engine0, lambda: fn(self.engine), what, share=True)
+
+    # -- checkpoints ---------------------------------------------------------------------------------
     @property
     def stateful(self) -> Stateful | None:
+        """This rank's scheduler shard (a per-rank Stateful; None on a rank without an engine)."""
         return self.scheduler
 
-    @property
-    def totals(self) -> dict[str, int]:
-        return dict(self.scheduler.totals) if self.scheduler is not None else {}
-
-    def pool_stats(self) -> dict[str, Any]:
-        """What the scheduler holds now (rank 0): after a resume, the restored pools."""
-        s = self.scheduler
-        return {"resumed_pool_rollouts": len(s.pool),
-                "resumed_pool_tokens": sum(len(r.token_ids) for r in s.pool.values()),
-                "resumed_waiting_rollouts": len(s.waiting)}
+    def resumed_stats(self) -> dict[str, Any]:
+        """After a resume (every rank calls it): what the engines hold, summed over them."""
+        sums = None
+        if self.scheduler is not None:
+            mine = self.scheduler.pool_counts() | {f"total_{k}": v for k, v in self.scheduler.totals.items()}
+            keys = sorted(mine)
+            sums = dict(zip(keys, map(int, self.scheduler.peers.all_reduce_sum([mine[k] for k in keys]))))
+        sums = self.ranks.everyone.broadcast_object(sums, self.placement.engine0)
+        self.totals = {k.removeprefix("total_"): v for k, v in sums.items() if k.startswith("total_")}
+        return {f"resumed_{k}": v for k, v in sums.items() if not k.startswith("total_")}

@@ -31,17 +31,30 @@ def _device_name(v: str) -> str:
     return v
 
 
-# where a model of the stage runs (rollout engine, reward model); auto = rank 0's own device
+# where a model of the stage runs (rollout engine, reward model); auto = the rank's own device
 # (stages.common.distributed.resolve_device)
 Device = Annotated[str, AfterValidator(_device_name)]
 
 
 class RolloutSettings(Strict):
+    """Who generates (stages/rl/placement.py): by default every rank runs a rollout engine next
+    to its trainer on its own GPU (colocated); with `gpus: k` the last k ranks only generate
+    and the others only train (split). Either way the prompts are sharded over the engines
+    and C3PO++ keeps one token budget for all of them (stages/rl/scheduler.py)."""
+
     engine: str = Field("torch", description="rollout engine name (stages.rl.engines.ENGINES)")
-    device: Device = Field("auto", description="cpu | cuda:N | auto (the trainer's rank-0 device: "
-                                                 "colocated on GPU, cpu otherwise)")
+    gpus: int | None = Field(None, ge=1, description=(
+        "split placement: the last `gpus` ranks (GPUs; CPU ranks on CPU) generate and the others "
+        "train; unset: colocated, every rank generates and trains"))
+    device: Device = Field("auto", description="cpu | cuda:N | auto (each engine rank's own device: "
+                                                 "its GPU, cpu on CPU ranks); cuda:N only with one engine")
     dtype: str = Field("auto", description="engine weights dtype (auto = bf16 on GPU, fp32 on CPU)")
     max_batch: int = Field(64, ge=1, description="sequences the engine decodes at once")
+    sleep: Literal["none", "cache", "weights"] = Field("cache", description=(
+        "colocated: what each engine releases while its rank trains: none, its KV cache (and "
+        "CUDA graphs), or the KV cache and its copy of the weights (the weight sync refills it)"))
+    sync_bucket_mb: int = Field(512, ge=1, description="weight sync: MiB of parameters gathered and "
+                                                       "sent to the engines at once")
     options: dict[str, Any] = Field({}, description="engine-specific keyword options")
 
 

@@ -45,7 +45,8 @@ class RLContext:
 
 class RLHooks:
     """Work before and after the training loop, called on every rank (a hook does rank-0 work
-    through `stages.common.distributed.rank0_do`). What it must remember across a restart is
+    through `stages.common.distributed.run_on`, or on engine 0 through
+    `trainer.rollouts.on_engine0`). What it must remember across a restart is
     its `state_dict()`. This base does nothing."""
 
     def before_training(self, trainer: "RLTrainer") -> None:

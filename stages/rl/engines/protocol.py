@@ -79,6 +79,17 @@ class RolloutEngine(Protocol):
         """Load new policy weights in place (after every trainer update)."""
         ...
 
+    def sleep(self, weights: bool = False) -> None:
+        """Release the engine's device memory while a colocated trainer steps: its KV cache
+        (and whatever depends on it, e.g. captured CUDA graphs), and with `weights` its copy
+        of the weights too. Nothing may be generated until `wake()`."""
+        ...
+
+    def wake(self) -> None:
+        """Undo `sleep`. Weights released by `sleep(weights=True)` come back as allocated but
+        undefined storage: `update_weights` must fill them before the next `generate`."""
+        ...
+
 
 class SyncTiming:
     """The weight-sync bookkeeping every engine keeps: `last_sync_seconds` (the protocol's),

@@ -27,6 +27,10 @@ stand-in of the same API (tests/stages/rl/test_engines.py). The calls it makes:
   separate worker process they are pickled (slow: small models only). Then the prefix cache
   is reset (`llm.reset_prefix_cache()`), so a continued rollout's prefix is re-encoded with
   the new weights instead of reusing KV computed by the old ones.
+- Sleep (colocated placement, while the trainer steps): `llm.sleep(level)` / `llm.wake_up()`
+  (V1's sleep mode, which needs the `enable_sleep_mode=True` LLM keyword: `rollout.options`).
+  Level 1 drops the KV cache and offloads the weights to CPU memory; level 2 (`weights`)
+  drops both, and the weight sync after `wake()` refills them.
 
 The model lives on the process's first visible GPU (vLLM uses cuda:0 of
 CUDA_VISIBLE_DEVICES); ask for device "cuda" / "cuda:0" and pin the GPU with
@@ -118,6 +122,19 @@ class VllmEngine(SyncTiming):
         self.llm = LLM(**kwargs, logprobs_mode="processed_logprobs")
         self._calls = 0
         self.last_stats: dict[str, float] = {}
+        self.sleep_mode = bool(llm_kwargs.get("enable_sleep_mode", False))
+
+    # ---------------------------------------------------------------- sleep
+    def sleep(self, weights: bool = False) -> None:
+        """The protocol's, through vLLM's sleep mode (module docstring)."""
+        if not self.sleep_mode:
+            raise RuntimeError("vllm engine: sleeping needs the engine built with rollout.options "
+                               "{enable_sleep_mode: true}, or rollout.sleep: none")
+        self.llm.sleep(level=2 if weights else 1)
+
+    def wake(self) -> None:
+        if self.sleep_mode:
+            self.llm.wake_up()
 
     # ---------------------------------------------------------------- generate
     def _params(self, s: SamplingParams, r: RolloutRequest):

@@ -44,7 +44,7 @@ def test_stage_runs_c3po_icepop_resumes_after_kill_and_publishes(tiny_policy, tm
     from pipeline.execute import adhoc_target, run_stage
     from pipeline.launch import StageFailed, build_command
     from pipeline.stage_api import Resources, StageJob
-    from stages.common.checkpoint import read_state
+    from stages.common.checkpoint import rank_state_file, read_state
     from stages.registry import STAGE_KINDS
 
     config = rl_config(tiny_policy)
@@ -75,13 +75,15 @@ def test_stage_runs_c3po_icepop_resumes_after_kill_and_publishes(tiny_policy, tm
     log = proc.communicate()[0]
     latest = store.latest()
     assert latest in (2, 3), log[-3000:]
-    saved = read_state(store.restore(latest, tmp_path / "inspect"))
-    assert saved["step"] == latest and saved["fingerprint"] == {"world size": 1}
-    state = saved["state"]["rollouts"]
+    restored = store.restore(latest, tmp_path / "inspect")
+    saved = read_state(restored)
+    assert saved["step"] == latest
+    assert saved["fingerprint"] == {"world size": 1, "rollout placement": "colocated: 1 engine"}
+    state = read_state(restored, rank_state_file(0))["rollouts"]  # the engine rank's pools
 
     # 2) the checkpoint was written by one rank: two ranks refuse it, naming both world sizes
     kw = dict(stage="rl", storage=storage, launcher="deepspeed", work_root=tmp_path / "work")
-    with pytest.raises(StageFailed, match="world size 1; this run has world size 2"):
+    with pytest.raises(StageFailed, match="world size 1, .*; this run has world size 2"):
         run_stage("reasoning_rl", config, resources=Resources(cpu_ranks=2), **kw)
 
     # 3) run_stage: resumes, finishes, publishes

@@ -15,9 +15,7 @@ import pytest
 import torch
 
 from stages.rl.engines import ENGINES, UNAVAILABLE, RolloutRequest, SamplingParams, create_engine
-
-VOCAB = 300
-EOS, PAD = 1, 0
+from tests.stages.rl.tiny_model import EOS, VOCAB, build_model, save_model
 # (engine, device, options): "torch-cpu-static" runs the GPU's bucketed bookkeeping (padded
 # batch and kv-length buckets, idle rows, compaction) on CPU, minus the graph capture
 CASES = [("torch", "cpu", {}), ("torch", "cpu", {"static_shapes": True}),
@@ -36,38 +34,9 @@ def one_thread():
     torch.set_num_threads(n)
 
 
-def _save_tokenizer(out: Path) -> None:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<pad>": PAD, "<eos>": EOS, **{f"w{i}": i for i in range(2, VOCAB)}}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>",
-                            pad_token="<pad>").save_pretrained(out)
-
-
-def _build_model(model_type: str = "qwen2", seed: int = 0):
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    cfg = AutoConfig.for_model(
-        model_type, vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, intermediate_size=128,
-        max_position_embeddings=256, tie_word_embeddings=(model_type == "qwen2"),
-        eos_token_id=EOS, pad_token_id=PAD, bos_token_id=None, initializer_range=0.2)
-    torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(cfg).eval()
-
-
-def _save_model(model, out: Path) -> Path:
-    model.save_pretrained(out)
-    _save_tokenizer(out)
-    return out
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
-    return _save_model(_build_model(), tmp_path_factory.mktemp("tiny_qwen2"))
+    return save_model(build_model(), tmp_path_factory.mktemp("tiny_qwen2"))
 
 
 def _open(name: str, device: str, options: dict, model_dir: Path, **kw):
@@ -237,12 +206,12 @@ def test_update_weights_changes_outputs_like_a_fresh_engine(case, model_dir, tmp
     eng = _open(*case, model_dir, eos_token_ids=[])
     reqs = [RolloutRequest(f"u{i}", p, 10) for i, p in enumerate(_prompts(3, seed=8))]
     before = eng.generate(reqs, GREEDY)
-    new = _build_model(seed=1)  # a different policy, same shapes
+    new = build_model(seed=1)  # a different policy, same shapes
     eng.update_weights(new.named_parameters())
     assert eng.last_sync_seconds is not None and eng.last_sync_seconds >= 0
     after = eng.generate(reqs, GREEDY)
     assert [u.token_ids for u in after] != [u.token_ids for u in before]
-    fresh = _open(*case, _save_model(new, tmp_path / "new"), eos_token_ids=[])
+    fresh = _open(*case, save_model(new, tmp_path / "new"), eos_token_ids=[])
     expected = fresh.generate(reqs, GREEDY)
     for a, e in zip(after, expected):
         assert a.token_ids == e.token_ids
@@ -285,8 +254,8 @@ def test_torch_logprobs_are_pre_truncation_under_top_k_top_p(torch_cpu, referenc
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen3"])
 def test_torch_engine_other_supported_architectures(model_type, tmp_path):
-    model = _build_model(model_type, seed=2)
-    eng = create_engine("torch", str(_save_model(model, tmp_path / model_type)), dtype="float32",
+    model = build_model(model_type, seed=2)
+    eng = create_engine("torch", str(save_model(model, tmp_path / model_type)), dtype="float32",
                         max_batch=2, max_len=64, eos_token_ids=[])
     reqs = [RolloutRequest(f"m{i}", p, 6) for i, p in enumerate(_prompts(3, seed=10))]
     for u, r in zip(eng.generate(reqs, SamplingParams(temperature=1.0, seed=1)), reqs):
@@ -300,7 +269,7 @@ def test_torch_engine_rejects_bad_input_clearly(model_dir, tmp_path):
         torch_cpu.generate([RolloutRequest("long", [5] * 100, 40)], GREEDY)
     with pytest.raises(ValueError, match=r"'oov'.*outside the vocabulary"):
         torch_cpu.generate([RolloutRequest("oov", [5, VOCAB + 3], 4)], GREEDY)
-    params = dict(_build_model(seed=3).named_parameters())
+    params = dict(build_model(seed=3).named_parameters())
     with pytest.raises(ValueError, match="match no engine parameter"):
         torch_cpu.update_weights([*params.items(), ("model.nonexistent.weight", torch.zeros(1))])
     with pytest.raises(ValueError, match="has shape"):
@@ -457,12 +426,19 @@ def test_vllm_engine_glue_against_a_fake_vllm(monkeypatch, model_dir):
             # the worker collective_rpc hands a callable to (vLLM's worker wrapper)
             self.worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model=FakeModel()))
             self.resets = 0
+            self.slept: list = []
 
         def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
             return [method(self.worker, *args, **(kwargs or {}))]
 
         def reset_prefix_cache(self):
             self.resets += 1
+
+        def sleep(self, level=1):
+            self.slept.append(level)
+
+        def wake_up(self, tags=None):
+            self.slept.append("awake")
 
     fake = types.ModuleType("vllm")
     fake.__version__ = "0.26.0"
@@ -523,6 +499,15 @@ def test_vllm_engine_glue_against_a_fake_vllm(monkeypatch, model_dir):
     eng2.update_weights([("module.model.norm.weight", torch.ones(2))])
     assert eng2.llm.worker.model_runner.model.loaded == ["model.norm.weight"] and eng2.llm.resets == 1
     assert eng2.last_sync_seconds is not None
+    # sleep mode: only with enable_sleep_mode; weights=True is vLLM's level 2
+    with pytest.raises(RuntimeError, match="enable_sleep_mode"):
+        eng2.sleep()
+    eng3 = base.ENGINES["vllm"](str(model_dir), device="cuda", enable_sleep_mode=True)
+    eng3.sleep()
+    eng3.wake()
+    eng3.sleep(weights=True)
+    eng3.wake()
+    assert eng3.llm.kw["enable_sleep_mode"] and eng3.llm.slept == [1, "awake", 2, "awake"]
     with pytest.raises(ValueError, match="cuda:0"):
         base.ENGINES["vllm"](str(model_dir), device="cuda:1")
     # an older vLLM has other APIs: refused by name, not half-run

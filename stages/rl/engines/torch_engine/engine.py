@@ -206,6 +206,10 @@ class TorchEngine(SyncTiming):
         self._calls = 0
         self._gen = torch.Generator(device=self.device)
         self.last_stats: dict[str, float] = {}
+        # sleep(weights=True): the parameters whose storage is released, with their shapes;
+        # after wake() their contents are undefined until update_weights
+        self._released: list[tuple[torch.nn.Parameter, torch.Size]] | None = None
+        self._stale_weights = False
 
     @property
     def use_graphs(self) -> bool:
@@ -214,6 +218,27 @@ class TorchEngine(SyncTiming):
     def free_cache(self) -> None:
         """Release the KV cache and captured graphs; the next generate reallocates them."""
         self.cache.free()
+
+    def sleep(self, weights: bool = False) -> None:
+        """The protocol's: the KV cache and the graphs captured over it go (`free_cache`); with
+        `weights` every parameter's storage goes too (its shape is kept for `wake`)."""
+        self.free_cache()
+        if weights and self._released is None:
+            unique = {id(p): p for p in self._params.values()}.values()  # a tied lm_head once
+            self._released = [(p, p.shape) for p in unique]
+            for p, _ in self._released:
+                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+
+    def wake(self) -> None:
+        """The protocol's: released weights get storage back (undefined until update_weights)."""
+        if self._released is None:
+            return
+        for p, shape in self._released:
+            p.data = torch.empty(shape, dtype=p.dtype, device=p.device)
+        self._released = None
+        self._stale_weights = True
 
     # ---------------------------------------------------------------- model pieces
     def _attn_qkv(self, attn, h: torch.Tensor, n: int, t: int):
@@ -323,6 +348,9 @@ class TorchEngine(SyncTiming):
     def generate(self, requests: list[RolloutRequest], sampling: SamplingParams,
                  finished_token_budget: int | None = None) -> list[RolloutUpdate]:
         t0 = time.perf_counter()
+        if self._released is not None or self._stale_weights:
+            raise RuntimeError("torch engine: generate after sleep(weights=True) needs wake() and then "
+                               "update_weights (the weights were released)")
         self._check(requests)
         mode = SamplingMode.of(sampling, self.vocab)
         call_seed = sampling.seed if sampling.seed is not None else self.seed * 1_000_003 + self._calls
@@ -464,6 +492,7 @@ class TorchEngine(SyncTiming):
                              f"were not sent, e.g. {missing[:5]}")
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+        self._stale_weights = False
         self._record_sync(t0)
 
 

@@ -1,0 +1,113 @@
+"""Data-parallel rollouts on several gloo ranks (torch engine on CPU), through the public
+pieces the RL trainer uses: the scheduler shards with one global C3PO++ budget, GRPO groups
+kept whole on one engine, a shard resumed from its state; the weight sync into every engine
+(colocated, ZeRO-3 gather) and by broadcast to engine ranks of their own (split)."""
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+
+import pytest
+import torch.multiprocessing as mp
+
+from pipeline.launch import free_port
+from stages.rl.prompt_sampler import PromptSampler
+from tests.stages.rl import dp_workers
+from tests.stages.rl.tiny_model import build_model, save_model
+
+C3PO = {"rollouts_per_prompt": 3, "max_new_tokens": 24, "pool_capacity": 12, "token_budget": 40,
+        "retention_limit": 100, "prompts_per_step": 3}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    return str(save_model(build_model(), tmp_path_factory.mktemp("tiny_dp")))
+
+
+def spawn(fn, world: int, tmp_path, model_dir: str, extra) -> list[dict]:
+    """`fn(rank, world, port, model_dir, out, extra)` on `world` gloo ranks; what each wrote."""
+    mp.start_processes(fn, args=(world, free_port(), model_dir, str(tmp_path), extra), nprocs=world,
+                       start_method="spawn")
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+@pytest.fixture(scope="module")
+def colocated(model_dir, tmp_path_factory) -> list[dict]:
+    """Two ranks, each an engine (and a trainer): scheduler shards, then the weight sync."""
+    return spawn(dp_workers.colocated, 2, tmp_path_factory.mktemp("colocated"), model_dir, C3PO)
+
+
+@pytest.fixture
+def shards(colocated) -> list[dict]:
+    return [r["shards"] for r in colocated]
+
+
+def test_one_global_token_budget_spent_in_rounds(shards):
+    phi = C3PO["token_budget"]
+    for step in range(3):
+        calls = [s["steps"][step]["calls"] for s in shards]
+        assert len(calls[0]) == len(calls[1]) >= 1  # both engines end the partition in the same round
+        spent = 0  # C, over both engines
+        for r0, r1 in zip(*calls):
+            remaining = phi - spent if spent < phi else phi
+            assert r0["budget"] == r1["budget"] == math.ceil(remaining / 2)  # each engine's share
+            spent += r0["finished_tokens"] + r1["finished_tokens"]
+        assert spent >= phi
+        stats = shards[0]["steps"][step]["stats"]
+        assert stats["budget_tokens"] == spent and stats["engines"] == 2
+        # the pool is global too: each engine decodes half of Omega
+        assert all(len(c["uids"]) == C3PO["pool_capacity"] // 2 for c in calls[0] + calls[1])
+        assert shards[1]["steps"][step]["samples"] == [] and shards[1]["steps"][step]["stats"] == {}
+
+
+def test_groups_stay_whole_on_one_engine_and_draw_the_global_prompt_stream(shards):
+    owner = {}
+    for rank, shard in enumerate(shards):
+        for step in shard["steps"]:
+            for call in step["calls"]:
+                for uid in call["uids"]:
+                    group = uid.split("/")[0]
+                    assert owner.setdefault(group, rank) == rank, f"{group} decoded on two engines"
+                    assert int(group[1:]) % 2 == rank  # engine i opens groups i, i+2, ...
+    stream = PromptSampler({"toy": list(range(10))}, None, seed=0)
+    draws = [stream.next() for _ in range(max(int(g[1:]) for g in owner) + 1)]
+    trained: dict[str, list[dict]] = defaultdict(list)
+    for step in shards[0]["steps"]:
+        for s in step["samples"]:
+            trained[s["group"]].append(s)
+    assert {owner[g] for g in trained} == {0, 1}  # the batch holds both engines' groups
+    for group, members in trained.items():
+        assert len(members) == C3PO["rollouts_per_prompt"]  # nothing purged: every member trained, once
+        assert {m["row"] for m in members} == {draws[int(group[1:])]}
+        assert sum(m["advantage"] for m in members) == pytest.approx(0.0, abs=1e-6)
+    uids = [s["uid"] for step in shards[0]["steps"] for s in step["samples"]]
+    assert len(uids) == len(set(uids))
+
+
+def test_a_shard_resumed_from_its_state_replays_the_step(shards):
+    assert shards[0]["pool_before_step_3"] and shards[1]["pool_before_step_3"]
+    assert shards[0]["replayed"] == shards[0]["steps"][2]["samples"]
+
+
+def test_sync_deals_the_step_groups_round_robin(shards):
+    calls = [s["sync"]["calls"] for s in shards]
+    assert [len(c) for c in calls] == [1, 1] and calls[0][0]["budget"] is None
+    assert [sorted({u.split("/")[0] for u in c[0]["uids"]}) for c in calls] == [["g0", "g2"], ["g1"]]
+    samples = shards[0]["sync"]["samples"]
+    assert len(samples) == C3PO["prompts_per_step"] * C3PO["rollouts_per_prompt"]
+    assert {s["group"] for s in samples} == {"g0", "g1", "g2"}
+
+
+def test_every_engine_holds_the_trainers_weights_bit_for_bit_after_a_sync(colocated, model_dir, tmp_path):
+    """Colocated: two ranks gather (ZeRO-3) and copy into their own engines. Split: two trainer
+    ranks (a world of their own, ZeRO-3 over both) and one engine rank, the weights broadcast
+    to it by trainer 0."""
+    split = [r["sync"] for r in spawn(dp_workers.split, 3, tmp_path, model_dir, None)]
+    together = [r["sync"] for r in colocated]
+    for records, engines in ((together, together), (split, split[-1:])):
+        for rec in engines:
+            assert rec["moved"], "the optimizer step must change the weights for the test to mean anything"
+            assert rec["differs"] == [] and rec["compared"] > 0
+            assert rec["buckets"] >= 3  # several buckets of 64 KiB
+        assert len({r["bytes"] for r in records}) == 1 and records[0]["bytes"] > 0
