@@ -58,15 +58,18 @@ while IFS= read -r line; do
 done <"$resolved" >"$wanted"
 
 rm -rf "$OUT"; mkdir -p "$OUT"
-grep -v '^deepspeed==' "$wanted" >"$resolved"
+# Pure-Python projects published as sdists only: built into wheels here (deepspeed's ops
+# JIT-build at run time, so its wheel needs no torch at build time).
+SDIST_ONLY="deepspeed langdetect"
+sdist_re="^($(echo $SDIST_ONLY | tr ' ' '|'))=="
+grep -Ev "$sdist_re" "$wanted" >"$resolved"
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PYTHON_VERSION" --implementation cp \
   $(for n in 17 24 27 28 31 34; do echo --platform manylinux_2_${n}_x86_64; done) \
   --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$OUT" -r "$resolved" 2>&1 | grep -v '^WARNING: Location' || true
-ds=$(grep '^deepspeed==' "$wanted" || true)
-if [[ -n "$ds" ]]; then  # an sdist: its pure-Python wheel builds without torch (ops JIT-build at run time)
-  src=$(mktemp -d); python3 -m pip download -q --no-deps --no-binary=:all: -d "$src" "$ds" 2>&1 | grep -v '^WARNING: Location' || true
-  python3 -m pip wheel -q --no-deps --no-build-isolation -w "$OUT" "$src"/deepspeed-* 2>&1 | grep -v '^WARNING: Location' || true
+for req in $(grep -E "$sdist_re" "$wanted" || true); do
+  src=$(mktemp -d); python3 -m pip download -q --no-deps --no-binary=:all: -d "$src" "$req" 2>&1 | grep -v '^WARNING: Location' || true
+  python3 -m pip wheel -q --no-deps --no-build-isolation -w "$OUT" "$src"/* 2>&1 | grep -v '^WARNING: Location' || true
   rm -rf "$src"
-fi
+done
 rm -f "$resolved" "$pin" "$wanted"
 echo "$OUT: $(ls "$OUT" | wc -l) wheels, $(du -sh "$OUT" | cut -f1)"
