@@ -61,7 +61,8 @@ def build_reward(ctx: RLContext) -> GeneralReward:
 
         rm_device = resolve_device(cfg.reward.rm_device, "reward.rm_device", ctx.ranks.device)
         try:
-            scorer = RewardScorer(ctx.job.fetch(cfg.reward_model), device=rm_device, batch_size=cfg.reward.rm_batch_size)
+            scorer = RewardScorer(ctx.job.fetch(cfg.reward_model), device=rm_device, batch_size=cfg.reward.rm_batch_size,
+                                  trust_remote_code=cfg.trust_remote_code)
         except FileNotFoundError as e:
             raise StageError(f"reward_model {cfg.reward_model}: {e}") from None
     return GeneralReward(cfg.reward, cfg.max_len, scorer=scorer, verify_batch=verify_batch,

@@ -86,10 +86,11 @@ def train_tokenizer(files: list[Path], spec: TokenizerSpec, model_max_length: in
 
 def check_reload(out: Path, trained, files: list[Path], n_texts: int = 200) -> None:
     """The saved tokenizer, loaded the way every later stage loads it, must tokenise like
-    the trained one and have the same size (model vocab = tokenizer size)."""
-    from transformers import AutoTokenizer
+    the trained one and have the same size (model vocab = tokenizer size). A model built
+    with custom code (ring_moe) is loaded trusting it: it is this stage's own code."""
+    from stages.common.hf_io import custom_code, load_tokenizer
 
-    loaded = AutoTokenizer.from_pretrained(out)
+    loaded = load_tokenizer(out, trust_remote_code=bool(custom_code(out)))
     texts = [t for _, t in zip(range(n_texts), iter_corpus(files, {"rows": 0, "chars": 0}))]
     texts.append(f"{IM_START}user\nWhat is 12 + 30?{IM_END}\n{IM_START}assistant\n{THINK}\nx\n{END_THINK}\n")
     if len(loaded) != len(trained):

@@ -6,12 +6,14 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from pipeline.stage_api import StageConfig, cosmetic
+from stages.common.hf_io import trust_remote_code_field
 from stages.registry import StageKind, register
 
 
 class SFTConfig(StageConfig):
     kind: Literal["sft"] = "sft"
     model: str = Field(description="HF model dir: ${stages.X.output} or a URI")
+    trust_remote_code: bool = trust_remote_code_field()
     data: str = Field(description="chat samples (jsonl/parquet file or dir); rows have `messages`")
     max_seq_len: int = Field(65536, ge=8, description="packed sequence length (paper: 64k)")
     packing: bool = True

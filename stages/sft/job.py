@@ -127,7 +127,8 @@ def main(job: StageJob) -> dict[str, Any] | None:
 
     # 2. model, optimizer, schedule, engine
     engine, scheduler, attn = supervised_engine(
-        cfg, setup, total_steps, lambda attn: load_causal_lm(model_dir, torch.float32, attn_implementation=attn))
+        cfg, setup, total_steps, lambda attn: load_causal_lm(model_dir, torch.float32, attn_implementation=attn,
+                                                      trust_remote_code=cfg.trust_remote_code))
 
     # 3. resume
     p = Progress()
