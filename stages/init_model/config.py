@@ -5,6 +5,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from data_curation.io import DataInput
 from pipeline.stage_api import StageConfig, Strict
 from stages.common.hf_io import trust_remote_code_field
 from stages.registry import StageKind, register
@@ -61,7 +62,8 @@ class TinyArchitecture(Strict):
 class TokenizerSpec(Strict):
     """A byte-level BPE trained locally (nothing is downloaded)."""
 
-    corpus: list[str] = Field(min_length=1, description="jsonl files/refs whose text trains the BPE")
+    corpus: list[str | DataInput] = Field(min_length=1, description="data inputs (any format the stages "
+                                          "read) whose text trains the BPE")
     vocab_size: int = Field(512, ge=300, le=262144, description=(
         "at most this many tokens, specials included (fewer when the corpus has fewer merges); "
         "the model's vocabulary is the trained tokenizer's size"))

@@ -23,7 +23,7 @@ from pipeline.stage_api import StageJob
 from pipeline.tracking import StageLogger, info
 from stages.common.entry import run_job
 from stages.common.hf_io import custom_code
-from stages.common.rows import data_files
+from stages.common.rows import input_rows
 from stages.init_model.config import InitModelConfig
 from stages.init_model.model import build_model, save_model
 from stages.init_model.pretrained import check_hf_model_dir, copy_pretrained, resolve_pretrained
@@ -49,14 +49,16 @@ def main(job: StageJob) -> dict[str, Any]:
         info(f"init_model: copied {n} files of {cfg.pretrained}")
     else:
         assert cfg.architecture is not None and cfg.tokenizer is not None  # the config guarantees it
-        files = [f for ref in cfg.tokenizer.corpus for f in data_files(job.fetch(ref), ref, "tokenizer corpus")]
-        tokenizer, stats = train_tokenizer(files, cfg.tokenizer, cfg.architecture.max_position_embeddings)
+        def corpus():
+            return (row for ref in cfg.tokenizer.corpus for row in input_rows(job.fetch, ref, "tokenizer corpus"))
+
+        tokenizer, stats = train_tokenizer(corpus, cfg.tokenizer, cfg.architecture.max_position_embeddings)
         info(f"init_model: trained a byte-level BPE of {len(tokenizer)} tokens on "
-             f"{stats['rows']} rows ({stats['chars']} chars) of {len(files)} file(s)")
+             f"{stats['rows']} rows ({stats['chars']} chars) of {len(cfg.tokenizer.corpus)} input(s)")
         model = build_model(cfg.architecture, tokenizer, cfg.seed)
         save_model(model, cfg.architecture.model_type, out)
         tokenizer.save_pretrained(out, save_jinja_files=False)  # template inline in tokenizer_config
-        check_reload(out, tokenizer, files)
+        check_reload(out, tokenizer, corpus)
         n_params = sum(p.numel() for p in model.parameters())
         summary = {"source": "architecture", "model_type": cfg.architecture.model_type,
                    "custom_code": sorted(custom_code(out).values()),
