@@ -1,37 +1,32 @@
 """The `vllm` rollout engine (GPU): vLLM sampling with per-token logprobs, weights updated
 in place after every trainer update, unfinished rollouts continued by resubmission.
 
-Written against the vLLM APIs that stayed put from 0.6 to the 0.1x V1 releases (looked up in
-vLLM's sources, not run here: this repository's CI machine has neither vLLM nor a GPU, so
-the contract tests skip this engine with the reason recorded in UNAVAILABLE):
+Written against vLLM 0.26 (the release that pins the GPU machines' torch 2.11), run there
+(benchmarks/RESULTS.md); CI has neither vLLM nor a GPU and drives this module against a
+stand-in of the same API (tests/stages/rl/test_engines.py). The calls it makes:
 - `vllm.LLM(model=..., dtype=..., seed=..., max_model_len=..., max_num_seqs=...,
-  gpu_memory_utilization=..., enable_prefix_caching=True, logprobs_mode=...)`;
-  `logprobs_mode="processed_logprobs"` (V1, >= ~0.10.2) makes the returned logprob that of
-  the temperature-scaled distribution, like the torch engine. Older vLLM lacks the
-  argument and returns raw (temperature-1) logprobs; this engine then refuses
-  temperatures other than 0 and 1 rather than report a different quantity.
-  NB: "processed" also applies top-k/top-p renormalisation, unlike the torch engine,
-  which reports pre-truncation logprobs; the two agree whenever top_k=0 and top_p=1
-  (the recipe's setting).
-- `llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=...), params)`
-  (from ~0.12 the prompt first goes through `llm.input_processor.process_inputs`),
-  `llm.llm_engine.step() -> list[RequestOutput]` (cumulative outputs),
-  `llm.llm_engine.abort_request([ids])`: the stepping loop that implements the
-  finished-token budget (C3PO++): once the finished rollouts' lengths reach the budget the
-  rest are aborted and return what they have.
-- `SamplingParams(n=1, temperature, top_p, top_k (-1 = off), seed, max_tokens,
-  logprobs=0, stop_token_ids, detokenize=False, output_kind=RequestOutputKind.DELTA)`;
-  `logprobs=0` returns the sampled token's logprob only; DELTA outputs carry only the new
-  tokens of each step (cumulative ones would copy whole 64k-token rollouts every step); finish_reason "stop" (EOS / stop token) -> "eos", "length" -> "length".
-- Weights: the model object's `load_weights(iterable of (hf_name, tensor))` (vLLM's own
-  loader: it stacks q/k/v and gate/up and skips a tied lm_head). The model is reached in
-  process: V1 with VLLM_ENABLE_V1_MULTIPROCESSING=0 (this engine sets it unless
-  `in_process=False`) exposes `llm.llm_engine.model_executor.driver_worker.worker.
-  model_runner.model`; V0 `...driver_worker.model_runner.model`. Otherwise
-  `llm.apply_model(fn)` (>= 0.8) ships CPU copies of the weights to the worker process
-  (slow; fine for small models). After loading, the prefix cache is reset
-  (`llm.reset_prefix_cache()`), so a continued rollout's prefix is re-encoded with the new
-  weights instead of reusing KV computed by the old ones.
+  gpu_memory_utilization=..., enable_prefix_caching=..., logprobs_mode="processed_logprobs")`:
+  the returned logprob is that of the temperature-scaled distribution, like the torch
+  engine's. "Processed" also applies top-k / top-p renormalisation (the torch engine reports
+  pre-truncation logprobs), so `reports_untruncated_logprobs` is False and the recipe guard
+  refuses top_p < 1 / top_k > 0 with IcePop or TIS on this engine.
+- `llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=...), params)`,
+  `llm.llm_engine.step() -> list[RequestOutput]` and `abort_request([ids])`: the stepping
+  loop that implements the finished-token budget (C3PO++): once the finished rollouts'
+  lengths reach the budget the rest are aborted and return what they have. Outputs carry the
+  request id we gave (vLLM suffixes its internal ids, not ours).
+- `SamplingParams(n=1, temperature, top_p, top_k (-1 = off), seed, max_tokens, logprobs=0,
+  stop_token_ids, detokenize=False, output_kind=RequestOutputKind.DELTA)`: `logprobs=0`
+  returns the sampled token's logprob only; DELTA outputs carry only each step's new tokens
+  (cumulative ones would copy whole 64k-token rollouts every step); finish_reason "stop"
+  (EOS / stop token) -> "eos", "length" -> "length".
+- Weights: `llm.collective_rpc(fn, kwargs=...)` runs `fn(worker, ...)` on the worker, which
+  feeds the model's own `load_weights(iterable of (hf_name, tensor))` (vLLM's loader stacks
+  q/k/v and gate/up and skips a tied lm_head). In process (VLLM_ENABLE_V1_MULTIPROCESSING=0,
+  set here unless `in_process=False`) the tensors are handed over without a copy; in a
+  separate worker process they are pickled (slow: small models only). Then the prefix cache
+  is reset (`llm.reset_prefix_cache()`), so a continued rollout's prefix is re-encoded with
+  the new weights instead of reusing KV computed by the old ones.
 
 The model lives on the process's first visible GPU (vLLM uses cuda:0 of
 CUDA_VISIBLE_DEVICES); ask for device "cuda" / "cuda:0" and pin the GPU with
@@ -40,7 +35,6 @@ CUDA_VISIBLE_DEVICES per process.
 from __future__ import annotations
 
 import hashlib
-import inspect
 import logging
 import os
 import time
@@ -65,11 +59,20 @@ except Exception as e:  # ImportError, or a broken CUDA/vLLM install raising any
     vllm = None
     VLLM_IMPORT_ERROR = f"{type(e).__name__}: {e}"
 
-_MODEL_PATHS = (  # where the in-process model object sits, newest vLLM first
-    "llm_engine.model_executor.driver_worker.worker.model_runner.model",
-    "llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner.model",
-    "llm_engine.model_executor.driver_worker.model_runner.model",
-)
+MIN_VLLM = (0, 26)  # the API this module is written against (module docstring)
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split(".")[:2]:
+        digits = "".join(c for c in piece if c.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def _load_weights(worker, weights) -> None:
+    """Runs on vLLM's worker (collective_rpc): the model's own loader takes HF names."""
+    worker.model_runner.model.load_weights(weights)
 
 
 def _strip(name: str) -> str:
@@ -113,16 +116,7 @@ class VllmEngine(SyncTiming):
                       gpu_memory_utilization=gpu_memory_utilization,
                       enable_prefix_caching=enable_prefix_caching, enforce_eager=enforce_eager,
                       **llm_kwargs)
-        self.raw_logprobs = False
-        try:
-            self.llm = LLM(**kwargs, logprobs_mode="processed_logprobs")
-        except TypeError as e:  # vLLM before logprobs_mode
-            if "logprobs_mode" not in str(e):
-                raise
-            log.warning("vllm engine: this vLLM (%s) has no logprobs_mode; logprobs are raw "
-                        "(temperature 1)", vllm.__version__)
-            self.llm = LLM(**kwargs)
-            self.raw_logprobs = True
+        self.llm = LLM(**kwargs, logprobs_mode="processed_logprobs")
         self._calls = 0
         self.last_stats: dict[str, float] = {}
 
@@ -135,27 +129,9 @@ class VllmEngine(SyncTiming):
             logprobs=0, stop_token_ids=list(self.eos_token_ids), detokenize=False,
             output_kind=RequestOutputKind.DELTA)
 
-    def _add(self, rid: str, prompt, params) -> None:
-        """Queue one request. vLLM >= ~0.12 turns prompts into EngineCoreRequests in the LLM
-        (`llm.input_processor`) and deprecates doing it in LLMEngine.add_request; older
-        versions take the prompt itself. Outputs and aborts use our id either way."""
-        engine = self.llm.llm_engine
-        proc = getattr(self.llm, "input_processor", None)
-        if proc is None or not hasattr(proc, "process_inputs"):
-            engine.add_request(rid, prompt, params)
-            return
-        accepted = inspect.signature(proc.process_inputs).parameters
-        kw = {}
-        if "supported_tasks" in accepted and hasattr(self.llm, "supported_tasks"):
-            kw["supported_tasks"] = self.llm.supported_tasks
-        engine.add_request(rid, proc.process_inputs(rid, prompt, params, **kw), params)
-
     def generate(self, requests: list[RolloutRequest], sampling: SamplingParams,
                  finished_token_budget: int | None = None) -> list[RolloutUpdate]:
         t0 = time.perf_counter()
-        if self.raw_logprobs and sampling.temperature not in (0.0, 1.0) and sampling.temperature > 0:
-            raise ValueError(f"vllm engine: this vLLM returns temperature-1 logprobs only; "
-                             f"temperature {sampling.temperature} would misreport pi_infer")
         for r in requests:
             need = len(r.prompt_ids) + len(r.generated_ids) + max(r.max_new_tokens, 0)
             if not r.prompt_ids or need > self.max_len:
@@ -183,8 +159,8 @@ class VllmEngine(SyncTiming):
                 for i, r in enumerate(requests):
                     if reason[i] is None:
                         rid = f"{call}-{i}-{r.uid}"
-                        self._add(rid, TokensPrompt(prompt_token_ids=r.prompt_ids + r.generated_ids),
-                                  self._params(sampling, r))
+                        engine.add_request(rid, TokensPrompt(prompt_token_ids=r.prompt_ids + r.generated_ids),
+                                           self._params(sampling, r))
                         live[rid] = i
             while live and not over_budget():
                 for out in engine.step():
@@ -214,34 +190,11 @@ class VllmEngine(SyncTiming):
                 for i, r in enumerate(requests)]
 
     # ---------------------------------------------------------------- weights
-    def _model(self):
-        for path in _MODEL_PATHS:
-            obj = self.llm
-            try:
-                for attr in path.split("."):
-                    obj = getattr(obj, attr)
-            except AttributeError:
-                continue
-            return obj
-        return None
-
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         t0 = time.perf_counter()
-        model = self._model()
-        if model is not None:
-            model.load_weights((_strip(n), t.detach()) for n, t in named_tensors)
-        elif hasattr(self.llm, "apply_model"):
-            weights = [(_strip(n), t.detach().cpu()) for n, t in named_tensors]
-
-            def load(m):  # runs in the worker; returns nothing big
-                m.load_weights(weights)
-
-            self.llm.apply_model(load)
-        else:
-            raise RuntimeError(f"vllm engine: cannot reach the model of vLLM {vllm.__version__} "
-                               f"(tried {', '.join(_MODEL_PATHS)} and LLM.apply_model)")
-        if hasattr(self.llm, "reset_prefix_cache"):
-            self.llm.reset_prefix_cache()
+        weights = ((_strip(n), t.detach()) for n, t in named_tensors)
+        self.llm.collective_rpc(_load_weights, kwargs={"weights": weights})
+        self.llm.reset_prefix_cache()
         torch.cuda.synchronize()
         self._record_sync(t0)
 
@@ -258,6 +211,9 @@ def make_vllm_engine(model_dir: str, *, device: str = "cuda", dtype: str = "auto
 if vllm is None:
     UNAVAILABLE["vllm"] = (f"vllm is not importable here ({VLLM_IMPORT_ERROR}); it needs "
                            f"`pip install ring-pipeline[vllm]` on a CUDA machine")
+elif _version_tuple(vllm.__version__) < MIN_VLLM:
+    UNAVAILABLE["vllm"] = (f"vllm {vllm.__version__} is older than {'.'.join(map(str, MIN_VLLM))}, "
+                           f"the API this engine is written against")
 else:
     register_engine("vllm")(make_vllm_engine)
     if not torch.cuda.is_available():

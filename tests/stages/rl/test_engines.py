@@ -423,8 +423,6 @@ def test_vllm_engine_glue_against_a_fake_vllm(monkeypatch, model_dir):
             self.prompts: dict[str, list[int]] = {}
             self.params: dict[str, FakeParams] = {}
             self.aborted: list[str] = []
-            self.model_executor = types.SimpleNamespace(driver_worker=types.SimpleNamespace(
-                worker=types.SimpleNamespace(model_runner=types.SimpleNamespace(model=FakeModel()))))
 
         def add_request(self, rid, prompt, params):
             self.prompts[rid] = list(prompt["prompt_token_ids"])
@@ -453,20 +451,21 @@ def test_vllm_engine_glue_against_a_fake_vllm(monkeypatch, model_dir):
                 self.live.pop(rid)
 
     class FakeLLM:
-        reject_logprobs_mode = False
-
         def __init__(self, **kw):
-            if "logprobs_mode" in kw and FakeLLM.reject_logprobs_mode:
-                raise TypeError("__init__() got an unexpected keyword argument 'logprobs_mode'")
             self.kw = kw
             self.llm_engine = FakeLLMEngine()
+            # the worker collective_rpc hands a callable to (vLLM's worker wrapper)
+            self.worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model=FakeModel()))
             self.resets = 0
+
+        def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+            return [method(self.worker, *args, **(kwargs or {}))]
 
         def reset_prefix_cache(self):
             self.resets += 1
 
     fake = types.ModuleType("vllm")
-    fake.__version__ = "0.0-fake"
+    fake.__version__ = "0.26.0"
     fake.LLM, fake.SamplingParams = FakeLLM, FakeParams
     fake.inputs = types.ModuleType("vllm.inputs")
     fake.inputs.TokensPrompt = dict
@@ -522,13 +521,12 @@ def test_vllm_engine_glue_against_a_fake_vllm(monkeypatch, model_dir):
     assert len(eng2.llm.llm_engine.aborted) == 1
     # weights: DeepSpeed prefix stripped, prefix cache reset, time recorded
     eng2.update_weights([("module.model.norm.weight", torch.ones(2))])
-    assert eng2._model().loaded == ["model.norm.weight"] and eng2.llm.resets == 1
+    assert eng2.llm.worker.model_runner.model.loaded == ["model.norm.weight"] and eng2.llm.resets == 1
     assert eng2.last_sync_seconds is not None
-    # a vLLM without logprobs_mode: temperature-1 logprobs only, other temperatures refused
-    FakeLLM.reject_logprobs_mode = True
-    old = base.ENGINES["vllm"](str(model_dir), device="cuda")
-    assert old.raw_logprobs
-    with pytest.raises(ValueError, match="temperature 0.7"):
-        old.generate(reqs[:1], SamplingParams(temperature=0.7))
     with pytest.raises(ValueError, match="cuda:0"):
         base.ENGINES["vllm"](str(model_dir), device="cuda:1")
+    # an older vLLM has other APIs: refused by name, not half-run
+    fake.__version__ = "0.25.2"
+    monkeypatch.setattr(base, "ENGINES", {})
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    assert "vllm" not in base.ENGINES and "older than 0.26" in base.UNAVAILABLE["vllm"]

@@ -1,0 +1,265 @@
+"""The vLLM rollout engine, run for real on a GPU (issue 20), next to the torch engine.
+
+    # on the GPU machine, after scripts/gpu_wheels.sh + scripts/gpu_vllm.sh's payload is installed
+    # into /tmp/site (PYTHONPATH=/tmp/site:$PWD):
+    python3 benchmarks/gpu_vllm_check.py --out "$OUT"
+    # here (CPU): the same orchestration with the torch engine standing in for vLLM
+    python benchmarks/gpu_vllm_check.py --smoke --out /tmp/vllm_smoke
+
+Parts, each in its own process (GPU memory is returned between them), each appending its result
+to OUT/vllm_check.json as soon as it ends:
+1. `contract`: the engine contract tests (tests/stages/rl/test_engines.py -k vllm) on this GPU.
+2. `decode`: one random-init model dir (default: the Qwen2-0.5B shape), batch 256, prompt 128,
+   512 new tokens, EOS off, temperature 1: the torch engine vs the vllm engine, both made with
+   `create_engine`, one warm-up call each, then the best of two timed calls; tokens/s.
+3. `rl`: a tiny SFT'd policy built through run_stage (synthetic_data -> init_model -> sft), then
+   reasoning_rl with C3PO++ + IcePop and `rollout.engine: vllm` for a few steps through run_stage;
+   the stage's per-step mismatch metrics (|log k|, masked fraction, mismatch KL) are reported.
+4. `mismatch`: vLLM's bf16 log-probs of sampled tokens vs the trainer's forward (the HF model in
+   bf16 and in fp32) on the SFT'd weights of part 3: mean |log k|, share of tokens outside
+   IcePop's [0.5, 5], and the k3 estimate of KL(pi_infer || pi_train).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+# every process here and below: NVLink multicast stays off (a shared host's GPUs can hang)
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
+            "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+os.environ.update(SAFE_ENV)
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def record(out: Path, part: str, result: dict) -> None:
+    path = out / "vllm_check.json"
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data[part] = result
+    path.write_text(json.dumps(data, indent=2))
+
+
+# -- part 2: decode --------------------------------------------------------------------------
+def part_decode(args, engine_names: list[str]) -> dict:
+    import torch
+
+    from stages.rl.engines import RolloutRequest, SamplingParams, create_engine
+
+    device = "cuda" if not args.smoke else "cpu"
+    with tempfile.TemporaryDirectory() as d:
+        model_dir = random_model_dir(Path(d), args)
+        g = torch.Generator().manual_seed(0)
+        prompts = torch.randint(0, args.vocab, (args.batch, args.prompt_len), generator=g).tolist()
+        reqs = [RolloutRequest(f"r{i}", p, args.new_tokens) for i, p in enumerate(prompts)]
+        out = {}
+        for name in engine_names:
+            opts = {"eos_token_ids": []}
+            if name == "vllm":
+                opts.update(gpu_memory_utilization=args.gpu_mem, enforce_eager=args.enforce_eager)
+            eng = create_engine(name, str(model_dir), device=device, dtype="auto", max_batch=args.batch,
+                                max_len=args.prompt_len + args.new_tokens + 8, seed=0, **opts)
+            sp = SamplingParams(temperature=1.0, seed=1)
+            eng.generate(reqs[: max(1, args.batch // 8)], sp)  # warm-up (graphs, compilation)
+            best = math.inf
+            for _ in range(2):
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                ups = eng.generate(reqs, sp)
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                best = min(best, time.perf_counter() - t0)
+            n = sum(len(u.token_ids) for u in ups)
+            out[name] = {"tokens": n, "seconds": best, "tokens_per_s": n / best}
+            log(f"decode {name}: {n} tokens in {best:.2f}s = {n / best:,.0f} tok/s")
+            del eng
+            if device == "cuda":
+                torch.cuda.empty_cache()
+        out["setup"] = {"batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+                        "hidden": args.hidden, "layers": args.layers, "vocab": args.vocab,
+                        "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu"}
+        return out
+
+
+def random_model_dir(d: Path, args) -> Path:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model("qwen2", hidden_size=args.hidden, num_hidden_layers=args.layers,
+                               num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+                               intermediate_size=args.intermediate, vocab_size=args.vocab,
+                               max_position_embeddings=4096, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(d / "model")
+    return d / "model"
+
+
+# -- part 3: reasoning_rl with engine vllm -------------------------------------------------------
+def part_rl(args, engine: str) -> dict:
+    from pipeline.execute import run_stage
+    from pipeline.stage_api import Resources
+
+    store, work = args.work / "store", args.work / "work"
+    gpu = not args.smoke
+    res = Resources(gpus_per_node=1) if gpu else Resources(cpu_ranks=1)
+    kw = dict(storage=str(store), work_root=work, launcher="deepspeed" if gpu else "local")
+    data = run_stage("synthetic_data", {"files": {
+        "sft.jsonl": {"generator": "arithmetic_cot", "n": 1500, "seed": 0, "params": {"max_digits": 1}},
+        "rl.jsonl": {"generator": "arithmetic_rl", "n": 256, "seed": 1, "params": {"max_digits": 1}}}},
+        stage="data", **kw)
+    base = run_stage("init_model", {
+        "architecture": {"model_type": "qwen2", "hidden_size": 256, "num_hidden_layers": 4,
+                         "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 512,
+                         "max_position_embeddings": 1024},
+        "tokenizer": {"corpus": ["${stages.data.output}/sft.jsonl"], "vocab_size": 512}},
+        stage="base", upstream={"data": data.url}, **kw)
+    sft = run_stage("sft", {"model": "${stages.base.output}", "data": "${stages.data.output}/sft.jsonl",
+                            "max_seq_len": 512, "epochs": 1, "max_steps": 60 if gpu else 8,
+                            "micro_batch_size": 8, "lr": 2.0e-3, "warmup_steps": 4, "zero_stage": 0,
+                            "checkpoint_every": 100},
+                    stage="sft", upstream={"base": base.url, "data": data.url}, resources=res, **kw)
+    rollout = {"engine": engine, "device": "auto", "max_batch": 64}
+    if engine == "vllm":
+        rollout["options"] = {"gpu_memory_utilization": args.gpu_mem, "enforce_eager": args.enforce_eager}
+    rl = run_stage("reasoning_rl", {
+        "model": "${stages.sft.output}", "data": "${stages.data.output}/rl.jsonl", "steps": args.rl_steps,
+        "prompts_per_step": 8, "rollouts_per_prompt": 8, "max_len": 128, "prompt_max_len": 128,
+        "lr": 1.0e-5, "correction": "icepop", "scheduler": "c3po",
+        "c3po": {"pool_capacity": 96, "token_budget": 4096, "retention_limit": 3},
+        "rollout": rollout, "verifier_workers": 2, "zero_stage": 0, "checkpoint_every": 100},
+        stage=f"rl-{engine}", upstream={"sft": sft.url, "data": data.url}, resources=res, **kw)
+    (args.work / "sft_model_url").write_text(sft.url)
+    metrics = [json.loads(line) for line in Path(_local(rl.url), "metrics.jsonl").read_text().splitlines()]
+    keys = ("reward_mean", "masked_fraction", "mismatch_kl", "abs_log_k_mean", "weight_sync_seconds",
+            "rollout_seconds", "step_seconds", "generated_tokens_per_second")
+    return {"summary": rl.summary, "per_step": [{k: m.get(k) for k in ("step", *keys) if k in m} for m in metrics]}
+
+
+def _local(url: str) -> str:
+    return url.removeprefix("file://")
+
+
+# -- part 4: mismatch --------------------------------------------------------------------------
+def part_mismatch(args, engine: str) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from stages.rl.engines import RolloutRequest, SamplingParams, create_engine
+
+    model_dir = _local((args.work / "sft_model_url").read_text().strip())
+    device = "cuda" if not args.smoke else "cpu"
+    opts = {}
+    if engine == "vllm":
+        opts.update(gpu_memory_utilization=args.gpu_mem, enforce_eager=args.enforce_eager)
+    eng = create_engine(engine, model_dir, device=device, dtype="auto", max_batch=64, max_len=512, seed=0, **opts)
+    from transformers import AutoTokenizer
+
+    from stages.common.chat import encode_prompt
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    prompts = [encode_prompt(tok, [{"role": "user", "content": f"What is {a} + {b}?"}])
+               for a, b in zip(range(10, 74), range(31, 95))]
+    ups = eng.generate([RolloutRequest(f"m{i}", p, 96) for i, p in enumerate(prompts)],
+                       SamplingParams(temperature=1.0, seed=3))
+    del eng
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    out = {"rollouts": len(ups), "tokens": sum(len(u.token_ids) for u in ups)}
+    for dtype in ([torch.bfloat16, torch.float32] if device == "cuda" else [torch.float32]):
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+        logk, k3 = [], []
+        with torch.no_grad():
+            for p, u in zip(prompts, ups):
+                if not u.token_ids:
+                    continue
+                ids = torch.tensor([p + u.token_ids], device=device)
+                logits = model(ids).logits[0, len(p) - 1:-1].float()
+                lp_train = torch.log_softmax(logits, -1).gather(1, ids[0, len(p):, None])[:, 0].cpu()
+                lp_infer = torch.tensor(u.logprobs)
+                d = lp_train - lp_infer  # log k = log pi_train - log pi_infer
+                logk.append(d)
+                k3.append(torch.exp(d) - 1 - d)  # E_infer[k - 1 - log k] >= 0: KL(infer || train)
+        lk = torch.cat(logk)
+        name = str(dtype).removeprefix("torch.")
+        out[f"trainer_{name}"] = {
+            "abs_log_k_mean": float(lk.abs().mean()), "abs_log_k_max": float(lk.abs().max()),
+            "outside_icepop_band": float(((lk < math.log(0.5)) | (lk > math.log(5.0))).float().mean()),
+            "mismatch_kl_k3": float(torch.cat(k3).mean())}
+        log(f"mismatch vs trainer {name}: {out[f'trainer_{name}']}")
+        del model
+    return out
+
+
+PARTS = ("contract", "decode", "rl", "mismatch")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/vllm_check")))
+    p.add_argument("--work", type=Path, default=Path("/tmp/vllm_check_work"))
+    p.add_argument("--parts", default=",".join(PARTS))
+    p.add_argument("--part", default=None, help=argparse.SUPPRESS)  # one part, in a child process
+    p.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, torch engine stands in for vllm")
+    p.add_argument("--hidden", type=int, default=896)
+    p.add_argument("--layers", type=int, default=24)
+    p.add_argument("--heads", type=int, default=14)
+    p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--intermediate", type=int, default=4864)
+    p.add_argument("--vocab", type=int, default=151936)
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=512)
+    p.add_argument("--rl-steps", type=int, default=4)
+    p.add_argument("--gpu-mem", type=float, default=0.35)
+    p.add_argument("--enforce-eager", action="store_true", help="vLLM without CUDA graphs / compilation")
+    args = p.parse_args()
+    if args.smoke:
+        args.hidden, args.layers, args.heads, args.kv_heads = 32, 2, 4, 2
+        args.intermediate, args.vocab, args.batch, args.prompt_len, args.new_tokens = 64, 256, 8, 8, 16
+        args.rl_steps = 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.work.mkdir(parents=True, exist_ok=True)
+    engine = "torch" if args.smoke else "vllm"
+
+    if args.part:  # a child: one part, result as JSON on the last line
+        fn = {"decode": lambda: part_decode(args, ["torch", engine] if engine != "torch" else ["torch"]),
+              "rl": lambda: part_rl(args, engine), "mismatch": lambda: part_mismatch(args, engine)}[args.part]
+        print("RESULT " + json.dumps(fn()), flush=True)
+        return 0
+
+    for part in args.parts.split(","):
+        log(f"part {part} ...")
+        t0 = time.time()
+        if part == "contract":
+            cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
+                   "tests/stages/rl/test_engines.py", "-k", "vllm"]
+        else:
+            cmd = [sys.executable, __file__, *sys.argv[1:], "--part", part]
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **SAFE_ENV})
+        tail = (proc.stdout + proc.stderr)[-3000:]
+        with open(args.out / "vllm_check.log", "a") as f:
+            f.write(f"==== {part} (rc {proc.returncode}, {time.time() - t0:.0f}s)\n{proc.stdout}\n{proc.stderr}\n")
+        result: dict = {"rc": proc.returncode, "seconds": round(time.time() - t0, 1)}
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        if lines:
+            result.update(json.loads(lines[-1][len("RESULT "):]))
+        else:
+            result["tail"] = tail
+        record(args.out, part, result)
+        log(f"part {part}: rc {proc.returncode} in {result['seconds']}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
