@@ -1,11 +1,17 @@
 """Data in and out: input discovery, robust row reading with quarantine, step parts.
 
-Inputs are fsspec URLs or local paths: jsonl/json files (optionally compressed), parquet,
-arrow files, Hugging Face dataset directories (`save_to_disk` output, or a directory of
-data files), directories of such files and globs. Arrow files and dataset directories are
-read through `datasets`, parquet in pyarrow row-group batches; JSON lines are read by this
+Inputs (`DataInput`: a path with an optional `split` and `revision`, or just the path) are
+fsspec URLs or local paths: jsonl/json files (optionally compressed), parquet, arrow files,
+Hugging Face dataset directories (`save_to_disk` output, or a directory of data files),
+directories of such files, globs, and hub dataset ids `org/name` (a snapshot from the local
+Hugging Face cache; offline with HF_HUB_OFFLINE=1). Splits: a saved DatasetDict, and a
+directory (or hub dataset) whose file names carry split names (`train.jsonl`,
+`data/test-00000-of-00001.parquet`, as `datasets` infers them), must be given a `split`;
+their splits are never merged silently. Arrow files and dataset directories are read
+through `datasets`, parquet in pyarrow row-group batches; JSON lines are read by this
 module line by line, because a bad line must be quarantined with its reason instead of
-failing the whole load (and ranges of one big file are read in parallel).
+failing the whole load (and ranges of one big file are read in parallel). The training
+stages read through the same discovery (stages/common/rows.py).
 
 Inside a run, rows move between steps as parquet "parts" with fixed internal columns:
 `_row` (stable row id = source index << 40 | 1-based line or row number in the source),
@@ -19,13 +25,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator
 
 import fsspec
 
-from data_curation._base import CurationError
+from pydantic import Field
+
+from data_curation._base import CurationError, Strict
 from data_curation.row_schema import FieldMap, RowError, RowPolicy, dump_row, extract
 
 ROW_SHIFT = 40
@@ -69,7 +78,70 @@ def _info_identity(info: dict) -> dict:
     return {k: str(v) for k, v in keep.items()}
 
 
+# -- the Hugging Face hub (through its local cache) -------------------------------------
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+$")
+
+
+def is_hub_id(value: str) -> bool:
+    """`org/name` that is not a local path: a Hugging Face hub repository (as transformers and
+    datasets read such a name)."""
+    return "://" not in value and bool(_HUB_ID.match(value)) and not os.path.exists(value)
+
+
+def _hub_offline() -> bool:
+    # read at call time (huggingface_hub reads it once, at import)
+    return os.environ.get("HF_HUB_OFFLINE", "0").strip().upper() in ("1", "ON", "YES", "TRUE")
+
+
+def hub_cache_dir() -> str:
+    """The hub cache in effect now: HF_HUB_CACHE, else HF_HOME/hub, else huggingface_hub's default."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.environ["HF_HUB_CACHE"]
+    if os.environ.get("HF_HOME"):
+        return os.path.join(os.environ["HF_HOME"], "hub")
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    return HF_HUB_CACHE
+
+
+def hub_snapshot(repo_id: str, repo_type: str, revision: str | None) -> tuple[str, str]:
+    """(local directory, commit) of a hub repo's snapshot: from the local cache with
+    HF_HUB_OFFLINE=1, else downloaded into it as needed. CurationError says what is missing."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError,
+                                        RevisionNotFoundError)
+
+    cache, offline = hub_cache_dir(), _hub_offline()
+    what = f"hub {repo_type} {repo_id} (revision {revision or 'main'})"
+    try:
+        path = snapshot_download(repo_id, repo_type=repo_type, revision=revision, cache_dir=cache,
+                                 local_files_only=offline)
+    except LocalEntryNotFoundError:
+        raise CurationError(
+            f"{what} is not in the Hugging Face cache {cache}" + (" and HF_HUB_OFFLINE is set" if offline else "")
+            + f": download it first (`hf download {repo_id}"
+            + (" --repo-type dataset" if repo_type == "dataset" else "") + "`), or give a local path") from None
+    except (RepositoryNotFoundError, RevisionNotFoundError) as e:
+        raise CurationError(f"{what}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+    except (HfHubHTTPError, OSError) as e:
+        raise CurationError(f"{what} cannot be fetched: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+    return path, Path(path).name
+
+
 # -- input discovery ------------------------------------------------------------------
+class DataInput(Strict):
+    """One data input as a config names it; a plain string is `{path: ...}`."""
+
+    path: str = Field(description="file, directory, glob, fsspec URL, saved dataset dir, or hub dataset id org/name")
+    split: str | None = Field(None, description="the split to read, where the input has splits "
+                              "(a saved DatasetDict, split-named files, a hub dataset)")
+    revision: str | None = Field(None, description="hub dataset ids only: branch, tag or commit")
+
+
+def as_input(value: "str | DataInput") -> DataInput:
+    return value if isinstance(value, DataInput) else DataInput(path=value)
+
+
 @dataclass
 class Source:
     url: str                 # normalised URL of the file or dataset directory
@@ -113,12 +185,22 @@ def _file_format(path: str) -> tuple[str, str | None] | None:
     return None
 
 
-def discover(urls: list[str], storage_options: dict | None = None) -> list[Source]:
-    """Expand input URLs (files, directories, globs, dataset dirs) into ordered sources."""
-    if not urls:
+def discover(inputs: "list[str | DataInput]", storage_options: dict | None = None) -> list[Source]:
+    """Expand inputs (files, directories, globs, dataset dirs, hub dataset ids) into ordered
+    sources, each split selected as the input says."""
+    if not inputs:
         raise CurationError("no input data given")
     out: list[Source] = []
-    for raw in urls:
+    for item in inputs:
+        inp = as_input(item)
+        raw, split = inp.path, inp.split
+        if is_hub_id(raw):
+            local, _ = hub_snapshot(raw, "dataset", inp.revision)
+            out.extend(_discover_dir(*fs_path("file://" + local), lambda p: "file://" + p, raw, split))
+            continue
+        if inp.revision is not None:
+            raise CurationError(f"input {raw}: `revision` selects a version of a hub dataset (org/name), "
+                                "not of a path")
         url = norm_url(raw)
         fs, path = fs_path(url, storage_options)
         proto = url.split("://", 1)[0]
@@ -137,8 +219,11 @@ def discover(urls: list[str], storage_options: dict | None = None) -> list[Sourc
             paths = [path]
         for p in paths:
             if fs.isdir(p):
-                out.extend(_discover_dir(fs, p, to_url, raw))
+                out.extend(_discover_dir(fs, p, to_url, raw, split))
             else:
+                if split is not None:
+                    raise CurationError(f"input {raw}: a file has no splits; `split` goes with a dataset "
+                                        "directory or a hub dataset")
                 fmt = _file_format(p)
                 if fmt is None:
                     raise CurationError(
@@ -148,23 +233,57 @@ def discover(urls: list[str], storage_options: dict | None = None) -> list[Sourc
     return out
 
 
-def _discover_dir(fs, path: str, to_url, raw: str) -> list[Source]:
+def _discover_dir(fs, path: str, to_url, raw: str, split: str | None) -> list[Source]:
     names = {p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(path, detail=False)}
     if "dataset_dict.json" in names:
         with fs.open(join(path, "dataset_dict.json"), "r") as f:
             splits = json.load(f)["splits"]
-        return [Source(to_url(path), "hf", _dir_identity(fs, join(path, s)), split=s) for s in splits]
+        chosen = _choose_split(raw, "a saved DatasetDict", splits, split)
+        return [Source(to_url(path), "hf", _dir_identity(fs, join(path, chosen)), split=chosen)]
     if "state.json" in names and "dataset_info.json" in names:
+        if split is not None:
+            raise CurationError(f"input {raw}: a saved Dataset has no splits (a DatasetDict has); drop `split`")
         return [Source(to_url(path), "hf", _dir_identity(fs, path))]
     files = sorted(p for p in fs.find(path) if _file_format(p) is not None and not _skipped(path, p))
     if not files:
         raise CurationError(f"input {raw}: directory has no .jsonl/.json/.parquet/.arrow files "
                             "and is not a saved dataset")
+    by_split = _files_by_split(path, files) if to_url("").startswith("file://") else None
+    if split is not None or (by_split is not None and len(by_split) > 1):
+        if by_split is None:
+            raise CurationError(f"input {raw}: split selection needs a local directory or a hub dataset "
+                                "(fetch a remote one first)")
+        files = by_split[_choose_split(raw, "a directory whose file names carry splits", list(by_split), split)]
     out = []
     for p in files:
         fmt, comp = _file_format(p)
         out.append(Source(to_url(p), fmt, _info_identity(fs.info(p)), compression=comp))
     return out
+
+
+def _choose_split(raw: str, what: str, splits: list[str], split: str | None) -> str:
+    if split is None:
+        raise CurationError(f"input {raw} is {what} with splits {splits}: name the one to read "
+                            f"(`split: {splits[0]}`); splits are never merged")
+    if split not in splits:
+        raise CurationError(f"input {raw} has no split {split!r}; its splits are {splits}")
+    return split
+
+
+def _files_by_split(path: str, files: list[str]) -> dict[str, list[str]]:
+    """{split: its data files} of a local directory by `datasets`' naming conventions
+    (`train.jsonl`, `data/test-00000-of-00001.parquet`, `validation/`...); a directory whose
+    names carry no split is all "train", as `datasets` reads it."""
+    from datasets.data_files import DataFilesDict, get_data_patterns
+
+    try:
+        patterns = get_data_patterns(path)
+        resolved = DataFilesDict.from_patterns(patterns, base_path=path)
+    except Exception:  # noqa: BLE001 - nothing datasets recognises: one split of every file
+        return {"train": files}
+    wanted = set(files)
+    out = {str(k): [f for f in v if f in wanted] for k, v in resolved.items()}
+    return {k: v for k, v in out.items() if v} or {"train": files}
 
 
 # metadata files of artifacts / datasets that sit next to data files

@@ -79,13 +79,12 @@ def build_command(entry: str, job_path: Path, resources: Resources, launcher: La
         cmd += ["--num_gpus", str(resources.ranks_per_node), "--module", entry]
         return cmd + module_args
     if launcher == "torchrun":
-        cmd = [sys.executable, "-m", "torch.distributed.run",
-               "--nnodes", str(resources.nodes), "--nproc-per-node", str(resources.ranks_per_node)]
-        if resources.nodes > 1:
-            cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"$MASTER_ADDR:{port}"]
-        else:
-            cmd += ["--master-port", port]
-        return cmd + ["-m", entry, *module_args]
+        if resources.nodes > 1:  # one torchrun per hostfile host, started here or over ssh
+            return [sys.executable, "-m", "pipeline.torchrun_hosts", "--hostfile", str(resources.hostfile),
+                    "--nodes", str(resources.nodes), "--nproc-per-node", str(resources.ranks_per_node),
+                    "--port", port, "--", "-m", entry, *module_args]
+        return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+                "--nproc-per-node", str(resources.ranks_per_node), "--master-port", port, "-m", entry, *module_args]
     raise ValueError(f"unknown launcher {launcher!r}")
 
 

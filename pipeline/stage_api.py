@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from data_curation.benchmarks import EvalSuite
 
@@ -47,8 +47,15 @@ class Resources(Strict):
     nodes: int = Field(1, ge=1)
     gpus_per_node: int = Field(0, ge=0, description="0 = CPU ranks on gloo")
     cpu_ranks: int = Field(1, ge=1, description="local ranks per node when gpus_per_node is 0")
-    hostfile: str | None = Field(None, description="deepspeed hostfile for multi-node runs")
+    hostfile: str | None = Field(None, description="the nodes of a multi-node run: one `hostname slots=N` "
+                                 "per line (DeepSpeed's format, for both launchers)")
     master_port: int | None = Field(None, ge=1024, le=65535, description="default: a free port")
+
+    @model_validator(mode="after")
+    def _hosts(self) -> "Resources":
+        if self.nodes > 1 and not self.hostfile:
+            raise ValueError(f"nodes={self.nodes} needs `hostfile` (one `hostname slots=N` line per node)")
+        return self
 
     @property
     def ranks_per_node(self) -> int:

@@ -1,14 +1,77 @@
-"""Hugging Face model I/O of the training stages: the attention implementation to load with,
-loading a causal LM, and the one way a trained model is written (a HF directory with the input
-model's tokenizer files)."""
+"""Hugging Face model I/O of the stages and the rollout engines: the attention implementation
+to load with, every load of a model directory (config, tokenizer, causal LM, sequence
+classifier), and the one way a trained model is written (a HF directory with the input model's
+tokenizer and custom code files).
+
+Custom code: a model directory whose config.json (or tokenizer_config.json) has an `auto_map`
+brings its own modelling code (`*.py` files next to the weights). Running it is the user's
+decision, per stage: `trust_remote_code: true` in the stage's config (recorded with the config
+in the manifest). Every load here takes that decision as an argument; a directory with custom
+code loaded without it is refused with a StageError naming the files and the setting, before
+transformers is asked (which would prompt on a terminal, or fail with a message about hub
+repositories)."""
 from __future__ import annotations
 
 import json
 import logging
 import shutil
 from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from pipeline.stage_api import StageError
 
 log = logging.getLogger(__name__)
+
+TRUST_REMOTE_CODE_HELP = (
+    "run the modelling code that a model directory brings (`auto_map` in its config.json, e.g. "
+    "init_model's ring_moe, or a hub model with custom code); off by default, recorded in the manifest")
+
+
+def trust_remote_code_field() -> Any:
+    """The `trust_remote_code` field of every stage config that loads a model."""
+    return Field(False, description=TRUST_REMOTE_CODE_HELP)
+
+
+def custom_code(model_dir: str | Path) -> dict[str, str]:
+    """The `auto_map` entries of a model directory (config.json and tokenizer_config.json):
+    auto class -> `module.Class` of its own code; empty for a model transformers knows."""
+    out: dict[str, str] = {}
+    for name in ("config.json", "tokenizer_config.json"):
+        path = Path(model_dir) / name
+        if path.is_file():
+            try:
+                auto_map = json.loads(path.read_text()).get("auto_map") or {}
+            except (json.JSONDecodeError, AttributeError):
+                continue  # the load that follows reports the broken file
+            for k, v in auto_map.items():
+                out[k] = v if isinstance(v, str) else next((x for x in v if x), "")
+    return out
+
+
+def check_code_trust(model_dir: str | Path, trust_remote_code: bool, what: str = "model") -> None:
+    """StageError when `model_dir` brings custom code and the stage does not trust it."""
+    code = custom_code(model_dir)
+    if code and not trust_remote_code:
+        files = sorted({f"{v.split('.')[0]}.py" for v in code.values() if "." in v})
+        raise StageError(
+            f"{what} {model_dir} brings its own modelling code ({', '.join(files)}; auto_map in its "
+            f"config: {', '.join(sorted(code))}): set `trust_remote_code: true` on this stage to run it")
+
+
+def load_config(model_dir: str | Path, *, trust_remote_code: bool, what: str = "model"):
+    from transformers import AutoConfig
+
+    check_code_trust(model_dir, trust_remote_code, what)
+    return AutoConfig.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code)
+
+
+def load_tokenizer(model_dir: str | Path, *, trust_remote_code: bool, what: str = "model"):
+    from transformers import AutoTokenizer
+
+    check_code_trust(model_dir, trust_remote_code, what)
+    return AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code)
 
 # files of the input model dir that the trained model replaces, or that are a stage's
 # bookkeeping rather than part of the model
@@ -31,18 +94,30 @@ def choose_attn(attn_implementation: str, on_gpu: bool) -> str:
     return "sdpa"
 
 
-def load_causal_lm(model_dir: str | Path, dtype, **kwargs):
+def load_causal_lm(model_dir: str | Path, dtype, *, trust_remote_code: bool, **kwargs):
     """AutoModelForCausalLM from a HF directory in `dtype` (transformers >= 4.56 names the
     keyword `dtype`)."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, **kwargs)
+    check_code_trust(model_dir, trust_remote_code)
+    return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, trust_remote_code=trust_remote_code,
+                                                **kwargs)
+
+
+def load_sequence_classifier(model_dir: str | Path, dtype, *, trust_remote_code: bool, **kwargs):
+    """AutoModelForSequenceClassification (the reward model) from a HF directory in `dtype`."""
+    from transformers import AutoModelForSequenceClassification
+
+    check_code_trust(model_dir, trust_remote_code)
+    return AutoModelForSequenceClassification.from_pretrained(
+        str(model_dir), dtype=dtype, trust_remote_code=trust_remote_code, **kwargs)
 
 
 def save_hf_model(engine, module, model_dir: Path, out: Path, zero_stage: int, rank: int) -> None:
     """`module` (the HF model inside the DeepSpeed `engine`) written to `out` as a HF directory,
-    with the input model dir's tokenizer files. Every rank calls it (ZeRO-3 gathers the weights
-    onto rank 0); rank 0 writes."""
+    with the input model dir's tokenizer files and custom code (`*.py`, which config.json's
+    `auto_map` names: the written model loads like its input). Every rank calls it (ZeRO-3
+    gathers the weights onto rank 0); rank 0 writes."""
     state_dict = None
     if zero_stage == 3:
         full = engine._zero3_consolidated_16bit_state_dict()
@@ -60,7 +135,7 @@ def save_hf_model(engine, module, model_dir: Path, out: Path, zero_stage: int, r
     module.save_pretrained(out, state_dict=state_dict)
 
 
-def eos_token_ids_of(model_dir: str | Path) -> list[int]:
+def eos_token_ids_of(model_dir: str | Path, *, trust_remote_code: bool) -> list[int]:
     """EOS ids of an HF model dir: generation_config.json, config.json and the tokenizer's."""
     path = Path(model_dir)
     ids: list[int] = []
@@ -74,9 +149,9 @@ def eos_token_ids_of(model_dir: str | Path) -> list[int]:
         if (path / name).exists():
             add(json.loads((path / name).read_text()).get("eos_token_id"))
     if any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+        check_code_trust(path, trust_remote_code)
         try:
-            from transformers import AutoTokenizer
-            add(AutoTokenizer.from_pretrained(str(path)).eos_token_id)
+            add(load_tokenizer(path, trust_remote_code=trust_remote_code).eos_token_id)
         except Exception as e:  # a model dir without a loadable tokenizer still decodes
             log.warning("could not load the tokenizer of %s (%s); EOS ids from the configs only: %s", path, e, ids)
     return ids

@@ -1,26 +1,34 @@
-"""The one reader of the stages' data files: rows of jsonl / json / parquet files (a file, or a
-directory of them), each with where it came from.
+"""The one reader of the stages' data: rows of an input, each with where it came from.
 
-- `.jsonl`: one JSON value per line (blank lines skipped); a row is located by its line,
-  `file:LINE`, so a parse error names the line too.
-- `.json`: a list of rows (or JSON lines under a .json name, as `datasets` accepts); `file
-  row N` (1-based) for a list.
-- `.parquet`: read in record batches with pyarrow; `file row N` (1-based).
+An input is what a stage config names (`data_curation.io.DataInput`, or its path alone): a
+file, a directory, a glob, a URL or an upstream artifact (fetched by the job, sha256-checked),
+a `datasets.save_to_disk` directory, or a hub dataset id `org/name` from the local Hugging
+Face cache; with `split:` where the input has splits. Which files and splits an input means
+is decided by `data_curation.io.discover`, the reader curation uses too, so curate and the
+training stages accept the same inputs.
+
+- `.jsonl` / `.json` / `.ndjson` (optionally compressed): one JSON value per line, blank lines
+  skipped, a row located as `file:LINE`; a file that is one JSON list is a list of rows,
+  `file row N`. JSON is read strictly (no NaN, no overflowing numbers, no
+  nesting deeper than 100), exactly as curation reads it.
+- `.parquet`, `.arrow` and saved datasets: read in record batches, `file row N` (1-based;
+  a dataset split is named `dir[split]`).
 Rows are read as they are: no schema is imposed across rows (RL rows of different domains
-carry differently shaped `reference`s in one file). Errors name the data (`what`, e.g. "sft
-data"), the file, the line or row and the cause.
+carry differently shaped `reference`s in one file). A row that cannot be parsed is, by
+default, a DataError naming the data (`what`), the file, the line or row and the cause; with
+`keep_bad=True` it is yielded with `error` set, for stages that skip and count bad rows.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
+from data_curation import io
+from data_curation._base import CurationError
 from pipeline.stage_api import StageError
 
-DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
-_PARQUET_BATCH = 1024
+_BATCH = 1024
 
 
 class DataError(StageError):
@@ -29,77 +37,89 @@ class DataError(StageError):
 
 @dataclass(frozen=True)
 class Row:
-    file: Path
-    number: int   # .jsonl: the line; otherwise the 1-based record number
-    data: Any
+    file: str
+    number: int   # JSON lines: the line; otherwise the 1-based record number
+    data: Any     # None when `error` is set
     by_line: bool = True
+    error: str | None = None  # why the row could not be read (keep_bad=True only)
 
     @property
     def where(self) -> str:
         return f"{self.file}:{self.number}" if self.by_line else f"{self.file} row {self.number}"
 
 
-def data_files(path: Path, source: str, what: str = "data") -> list[Path]:
-    """The data files of `path` (itself, or the files under a directory, recursive, sorted,
-    hidden ones left out); `source` is the input as the user wrote it."""
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in DATA_SUFFIXES
-                       and not any(part.startswith(".") for part in p.relative_to(path).parts))
-        if not files:
-            raise DataError(f"{what} {source}: directory {path} holds no {'/'.join(DATA_SUFFIXES)} file")
-        return files
-    if path.suffix not in DATA_SUFFIXES:
-        raise DataError(f"{what} {source}: {path.name} is not a {'/'.join(DATA_SUFFIXES)} file")
-    return [path]
+def input_rows(fetch: Callable[[str], Path], value: "str | io.DataInput", what: str = "data",
+               keep_bad: bool = False) -> Iterator[Row]:
+    """Every row of the input `value`, in order; `fetch` is the job's (StageJob.fetch)."""
+    inp = io.as_input(value)
+    if not io.is_hub_id(inp.path):
+        inp = inp.model_copy(update={"path": str(fetch(inp.path))})
+    try:
+        sources = io.discover([inp])
+    except CurationError as e:
+        raise DataError(f"{what} {io.as_input(value).path}: {e}") from None
+    for src in sources:
+        rows = _json_rows(src, what) if src.fmt == "jsonl" else _batch_rows(src, what)
+        for row in rows:
+            if row.error is not None and not keep_bad:
+                raise DataError(f"{what} {row.where}: {row.error}")
+            yield row
 
 
-def read_rows(files: list[Path], what: str = "data") -> Iterator[Row]:
-    """Every row of every file, in order."""
-    for f in files:
-        if f.suffix == ".parquet":
-            yield from _parquet_rows(f, what)
-        elif f.suffix == ".json":
-            yield from _json_rows(f, what)
-        else:
-            yield from _jsonl_rows(f, f.read_text(encoding="utf-8"), what)
+def _label(src: io.Source) -> str:
+    path = io.local_path(src.url)
+    return f"{path}[{src.split}]" if src.split else path
 
 
-def _jsonl_rows(f: Path, text: str, what: str) -> Iterator[Row]:
-    for lineno, line in enumerate(text.splitlines(), 1):
+def _json_rows(src: io.Source, what: str) -> Iterator[Row]:
+    import fsspec
+
+    label = _label(src)
+    with fsspec.open(src.url, "rb", compression=src.compression) as f:
+        data = f.read()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        text = None
+    if text is not None and text.lstrip().startswith("["):
+        try:
+            rows = io.parse_line(text)
+        except ValueError as e:
+            if "Extra data" in str(e):  # JSON lines whose first row is a list
+                rows = None
+            else:
+                raise DataError(f"{what} {label}: a .json file that starts with `[` holds one list of rows; "
+                                f"{e}") from None
+    else:
+        rows = None
+    if rows is not None:  # text starting with `[` that parses whole: a list
+        for i, row in enumerate(rows, 1):
+            yield Row(label, i, row, by_line=False)
+        return
+    for lineno, raw in enumerate(data.split(b"\n"), 1):
+        try:
+            line = raw.decode("utf-8").removeprefix("\ufeff").rstrip("\r")
+        except UnicodeDecodeError as e:
+            yield Row(label, lineno, None, error=f"not valid UTF-8 (byte {e.start} of the line)")
+            continue
         if not line.strip():
             continue
         try:
-            yield Row(f, lineno, json.loads(line))
-        except json.JSONDecodeError as e:
-            raise DataError(f"{what} {f}:{lineno}: not valid JSON ({e.msg})") from None
+            yield Row(label, lineno, io.parse_line(line))
+        except ValueError as e:
+            yield Row(label, lineno, None, error=str(e))
 
 
-def _json_rows(f: Path, what: str) -> Iterator[Row]:
-    text = f.read_text(encoding="utf-8")
+def _batch_rows(src: io.Source, what: str) -> Iterator[Row]:
+    label = _label(src)
+    n = 0
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        if e.msg == "Extra data":  # JSON lines under a .json name
-            yield from _jsonl_rows(f, text, what)
-            return
-        raise DataError(f"{what} {f}:{e.lineno}: not valid JSON ({e.msg})") from None
-    if not isinstance(data, list):
-        raise DataError(f"{what} {f}: a .json data file holds a list of rows (or one row per line), "
-                        f"not a {type(data).__name__}")
-    for i, row in enumerate(data, 1):
-        yield Row(f, i, row, by_line=False)
-
-
-def _parquet_rows(f: Path, what: str) -> Iterator[Row]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        batches = pq.ParquetFile(f).iter_batches(batch_size=_PARQUET_BATCH)
-        n = 0
-        for batch in batches:
-            for row in batch.to_pylist():
+        for batch in io.iter_batches(src, None, _BATCH):
+            keys = list(batch)
+            for values in zip(*(batch[k] for k in keys)):
                 n += 1
-                yield Row(f, n, row, by_line=False)
-    except (pa.ArrowException, OSError) as e:
-        raise DataError(f"{what} {f}: cannot be read as parquet: {type(e).__name__}: {e}") from None
+                yield Row(label, n, dict(zip(keys, values)), by_line=False)
+    except CurationError as e:
+        raise DataError(f"{what} {label}: {e}") from None
+    except (OSError, ValueError) as e:  # pyarrow / datasets: not a readable table
+        raise DataError(f"{what} {label}: cannot be read as {src.fmt}: {type(e).__name__}: {e}") from None

@@ -14,7 +14,7 @@ from pipeline.tracking import StageLogger
 from stages.common.chat import require_chat_template
 from stages.common.deepspeed_setup import ds_config, hf_zero3_context, initialize, lr_factor, param_groups
 from stages.common.distributed import Ranks, init_distributed, seed_all, use_bf16
-from stages.common.hf_io import choose_attn
+from stages.common.hf_io import choose_attn, load_tokenizer
 
 
 @dataclass(frozen=True)
@@ -25,12 +25,13 @@ class TrainingJob:
     model_dir: Path   # the input model, a local Hugging Face directory
     tokenizer: Any    # its tokenizer (it has a chat template)
     pad_id: int | None  # the pad token, else eos; None when it has neither
+    trust_remote_code: bool  # the stage runs the model dir's own code (stages/common/hf_io.py)
 
 
 def start_training_job(job: StageJob, cfg, split_last: int = 0) -> TrainingJob:
-    """`cfg` has `model`, `precision` and `seed`. A process started without a launcher is a
-    world of one. `split_last`: the ranks' role worlds (stages/common/distributed.py)."""
-    from transformers import AutoTokenizer
+    """`cfg` has `model`, `precision`, `seed` and `trust_remote_code`. A process started
+    without a launcher is a world of one. `split_last`: the ranks' role worlds
+    (stages/common/distributed.py)."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -41,11 +42,11 @@ def start_training_job(job: StageJob, cfg, split_last: int = 0) -> TrainingJob:
     model_dir = Path(job.fetch(cfg.model))
     if not (model_dir / "config.json").is_file():
         raise StageError(f"model {cfg.model}: {model_dir} is not a Hugging Face model dir (no config.json)")
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = load_tokenizer(model_dir, trust_remote_code=cfg.trust_remote_code, what=f"model {cfg.model}:")
     require_chat_template(tokenizer, cfg.model)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     return TrainingJob(ranks, use_bf16(cfg.precision, ranks.on_gpu), StageLogger.for_job(job), model_dir,
-                       tokenizer, pad_id)
+                       tokenizer, pad_id, cfg.trust_remote_code)
 
 
 def supervised_engine(cfg, setup: TrainingJob, total_steps: int, load_model: Callable[[str], torch.nn.Module]):

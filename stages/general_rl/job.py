@@ -31,8 +31,8 @@ def load_prompts(ctx: RLContext) -> PromptSet:
     from verifiers import VERIFIERS
 
     cfg: GeneralRLConfig = ctx.cfg  # type: ignore[assignment]
-    sources = {name: [(p, ctx.job.fetch(p)) for p in src.paths] for name, src in cfg.data.items()}
-    rows, by_source, skipped = load_sources(sources, set(VERIFIERS))
+    sources = {name: src.paths for name, src in cfg.data.items()}
+    rows, by_source, skipped = load_sources(ctx.job.fetch, sources, set(VERIFIERS))
     kept, prompt_ids, index = render_prompts(rows, ctx.tokenizer, cfg.prompt_max_len)
     new_pos = {old: new for new, old in enumerate(index)}
     by_source = {s: [new_pos[i] for i in idx if i in new_pos] for s, idx in by_source.items()}
@@ -61,7 +61,8 @@ def build_reward(ctx: RLContext) -> GeneralReward:
 
         rm_device = resolve_device(cfg.reward.rm_device, "reward.rm_device", ctx.ranks.device)
         try:
-            scorer = RewardScorer(ctx.job.fetch(cfg.reward_model), device=rm_device, batch_size=cfg.reward.rm_batch_size)
+            scorer = RewardScorer(ctx.job.fetch(cfg.reward_model), device=rm_device, batch_size=cfg.reward.rm_batch_size,
+                                  trust_remote_code=cfg.trust_remote_code)
         except FileNotFoundError as e:
             raise StageError(f"reward_model {cfg.reward_model}: {e}") from None
     return GeneralReward(cfg.reward, cfg.max_len, scorer=scorer, verify_batch=verify_batch,

@@ -24,9 +24,9 @@ from __future__ import annotations
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from stages.common.rows import DataError, data_files, read_rows
+from stages.common.rows import DataError, input_rows
 from stages.reward_model.data import PairProblem, normalise_row
 
 WHAT = "general_rl data"
@@ -90,16 +90,16 @@ def prompt_row(row: Any, where: str, known_domains: set[str]) -> dict[str, Any] 
     return out
 
 
-def load_sources(sources: dict[str, list[tuple[str, Path]]], known_domains: set[str]
+def load_sources(fetch: Callable[[str], Path], sources: dict[str, list[str]], known_domains: set[str]
                  ) -> tuple[list[dict], dict[str, list[int]], Counter]:
-    """source -> [(as written, local path)] -> (rows, row indices per source, skipped counts)."""
+    """source -> its inputs (fetched with `fetch`) -> (rows, row indices per source, skipped counts)."""
     rows: list[dict] = []
     by_source: dict[str, list[int]] = {}
     skipped: Counter = Counter()
     for name, paths in sources.items():
         seen: Counter = Counter()
-        for written, path in paths:
-            for src in read_rows(data_files(path, written, WHAT), WHAT):
+        for written in paths:
+            for src in input_rows(fetch, written, WHAT):
                 row = src.data
                 r = prompt_row(row, src.where, known_domains)
                 if r is None:
@@ -112,7 +112,7 @@ def load_sources(sources: dict[str, list[tuple[str, Path]]], known_domains: set[
                 by_source.setdefault(name, []).append(len(rows))
                 rows.append(r)
         if name not in by_source:
-            raise PromptDataError(f"prompt source {name!r} ({[w for w, _ in paths]}) holds no usable prompt")
+            raise PromptDataError(f"prompt source {name!r} ({paths}) holds no usable prompt")
     return rows, by_source, skipped
 
 

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 
 def load_reasoning_set(ctx: RLContext) -> dict[str, Any]:
-    from stages.common.rows import data_files, read_rows
+    from stages.common.rows import input_rows
     from verifiers import VERIFIERS
 
     cfg: GeneralRLConfig = ctx.cfg  # type: ignore[assignment]
@@ -31,7 +31,7 @@ def load_reasoning_set(ctx: RLContext) -> dict[str, Any]:
     if ev.domain not in VERIFIERS:
         raise StageError(f"reasoning_eval.domain {ev.domain!r} has no verifier; known: {sorted(VERIFIERS)}")
     what = "reasoning_eval data"
-    raw = [row.data for row in read_rows(data_files(ctx.job.fetch(ev.data), ev.data, what), what)]
+    raw = [row.data for row in input_rows(ctx.job.fetch, ev.data, what)]
     rows = reasoning_rows(raw, ev, ev.data)
     kept, ids, _ = render_prompts([{**r, "messages": [{"role": "user", "content": r["prompt"]}]} for r in rows],
                                   ctx.tokenizer, cfg.prompt_max_len)

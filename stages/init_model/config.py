@@ -5,14 +5,36 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from data_curation.io import DataInput
 from pipeline.stage_api import StageConfig, Strict
+from stages.common.hf_io import trust_remote_code_field
 from stages.registry import StageKind, register
 
 
-class TinyArchitecture(Strict):
-    """A causal LM built from a config (random init), for smoke runs and tests."""
+class MoESpec(Strict):
+    """The experts of a `ring_moe` model (stages/init_model/ring_moe/: Ling 2.0's design)."""
 
-    model_type: Literal["qwen2", "llama"] = "qwen2"
+    num_experts: int = Field(8, ge=2)
+    num_experts_per_tok: int = Field(2, ge=1, description="k: routed experts per token")
+    moe_intermediate_size: int = Field(64, ge=8, description="hidden size of one routed expert")
+    shared_expert_intermediate_size: int = Field(128, ge=8, description="hidden size of the shared expert")
+    first_k_dense_replace: int = Field(1, ge=0, description="the first k layers have a dense MLP")
+    routed_scaling_factor: float = Field(1.0, gt=0, description="scale of the routed experts' weights")
+
+    @model_validator(mode="after")
+    def _k(self) -> "MoESpec":
+        if self.num_experts_per_tok > self.num_experts:
+            raise ValueError(f"num_experts_per_tok ({self.num_experts_per_tok}) exceeds num_experts "
+                             f"({self.num_experts})")
+        return self
+
+
+class TinyArchitecture(Strict):
+    """A causal LM built from a config (random init), for smoke runs and tests. `ring_moe` is
+    the Mixture-of-Experts design of the paper's policy, written as custom code: its model
+    directories load with `trust_remote_code: true`."""
+
+    model_type: Literal["qwen2", "llama", "ring_moe"] = "qwen2"
     hidden_size: int = Field(64, ge=8)
     num_hidden_layers: int = Field(2, ge=1)
     num_attention_heads: int = Field(4, ge=1)
@@ -20,6 +42,7 @@ class TinyArchitecture(Strict):
     intermediate_size: int = Field(128, ge=8)
     max_position_embeddings: int = Field(2048, ge=16)
     tie_word_embeddings: bool = True
+    moe: MoESpec | None = Field(None, description="the experts; required by (and only for) ring_moe")
 
     @model_validator(mode="after")
     def _heads(self) -> "TinyArchitecture":
@@ -27,13 +50,20 @@ class TinyArchitecture(Strict):
             raise ValueError("hidden_size must be divisible by num_attention_heads")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be divisible by num_key_value_heads")
+        if (self.model_type == "ring_moe") != (self.moe is not None):
+            raise ValueError("`moe` goes with model_type ring_moe, and ring_moe needs `moe` "
+                             f"(`moe: {{}}` for the defaults); model_type is {self.model_type!r}")
+        if self.moe is not None and self.moe.first_k_dense_replace > self.num_hidden_layers:
+            raise ValueError(f"moe.first_k_dense_replace ({self.moe.first_k_dense_replace}) exceeds "
+                             f"num_hidden_layers ({self.num_hidden_layers})")
         return self
 
 
 class TokenizerSpec(Strict):
     """A byte-level BPE trained locally (nothing is downloaded)."""
 
-    corpus: list[str] = Field(min_length=1, description="jsonl files/refs whose text trains the BPE")
+    corpus: list[str | DataInput] = Field(min_length=1, description="data inputs (any format the stages "
+                                          "read) whose text trains the BPE")
     vocab_size: int = Field(512, ge=300, le=262144, description=(
         "at most this many tokens, specials included (fewer when the corpus has fewer merges); "
         "the model's vocabulary is the trained tokenizer's size"))
@@ -42,7 +72,12 @@ class TokenizerSpec(Strict):
 class InitModelConfig(StageConfig):
     kind: Literal["init_model"] = "init_model"
     pretrained: str | None = Field(
-        None, description="existing HF model dir/URI (cluster recipes); else built from `architecture`")
+        None, description="an existing HF model: a local dir, an fsspec URL (s3://...), or a hub id "
+        "`org/name` resolved through the Hugging Face cache (offline with HF_HUB_OFFLINE=1); "
+        "else the model is built from `architecture`")
+    revision: str | None = Field(None, description="hub id only: branch, tag or commit (default main); "
+                                 "a 40-hex commit makes the input exact")
+    trust_remote_code: bool = trust_remote_code_field()
     architecture: TinyArchitecture | None = None
     tokenizer: TokenizerSpec | None = None
     seed: int = 0
@@ -56,6 +91,8 @@ class InitModelConfig(StageConfig):
         if self.pretrained is not None and self.tokenizer is not None:
             raise ValueError("`tokenizer` is only used with `architecture`; a `pretrained` model "
                              "brings its own tokenizer")
+        if self.revision is not None and (self.pretrained is None or "://" in self.pretrained):
+            raise ValueError("`revision` selects a version of a hub model: it needs `pretrained: org/name`")
         return self
 
 

@@ -1,11 +1,14 @@
 """The `init_model` stage: the base model every later stage starts from.
 
 Two sources (exactly one per recipe):
-- `pretrained`: an existing Hugging Face model directory (local path, URL or an upstream
-  artifact), fetched, checked and copied into the output as it is (pretrained.py);
+- `pretrained`: an existing Hugging Face model directory (local path, fsspec URL, an upstream
+  artifact, or a hub id resolved through the Hugging Face cache), checked (loading its
+  config and tokenizer, its own code only with `trust_remote_code`) and copied into the
+  output as it is (pretrained.py);
 - `architecture` + `tokenizer`: a byte-level BPE trained locally on the corpus files with the
   chat special tokens and template (tokenizer.py), and a causal LM built from a config with
-  seeded random weights (model.py).
+  seeded random weights (model.py): dense qwen2 / llama, or the MoE `ring_moe`, written with
+  its custom code files.
 
 Run: `python -m stages.init_model.job --job job.json` (one process).
 """
@@ -19,10 +22,11 @@ from typing import Any
 from pipeline.stage_api import StageJob
 from pipeline.tracking import StageLogger, info
 from stages.common.entry import run_job
-from stages.common.rows import data_files
+from stages.common.hf_io import custom_code
+from stages.common.rows import input_rows
 from stages.init_model.config import InitModelConfig
-from stages.init_model.model import build_model
-from stages.init_model.pretrained import check_hf_model_dir, copy_pretrained
+from stages.init_model.model import build_model, save_model
+from stages.init_model.pretrained import check_hf_model_dir, copy_pretrained, resolve_pretrained
 from stages.init_model.tokenizer import check_reload, train_tokenizer
 
 
@@ -35,26 +39,29 @@ def main(job: StageJob) -> dict[str, Any]:
     out = Path(job.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     if cfg.pretrained is not None:
-        src = job.fetch(cfg.pretrained)
-        warnings = check_hf_model_dir(src, cfg.pretrained)
+        src, origin = resolve_pretrained(cfg.pretrained, cfg.revision, job.fetch)
+        warnings = check_hf_model_dir(src, cfg.pretrained, cfg.trust_remote_code)
         for w in warnings:
             info(f"init_model: warning: {w}")
         n = copy_pretrained(src, out)
-        summary: dict[str, Any] = {"source": "pretrained", "pretrained": cfg.pretrained,
-                                   "files": n, "warnings": warnings}
+        summary: dict[str, Any] = {"source": "pretrained", "pretrained": cfg.pretrained, **origin,
+                                   "files": n, "warnings": warnings, "trust_remote_code": cfg.trust_remote_code}
         info(f"init_model: copied {n} files of {cfg.pretrained}")
     else:
         assert cfg.architecture is not None and cfg.tokenizer is not None  # the config guarantees it
-        files = [f for ref in cfg.tokenizer.corpus for f in data_files(job.fetch(ref), ref, "tokenizer corpus")]
-        tokenizer, stats = train_tokenizer(files, cfg.tokenizer, cfg.architecture.max_position_embeddings)
+        def corpus():
+            return (row for ref in cfg.tokenizer.corpus for row in input_rows(job.fetch, ref, "tokenizer corpus"))
+
+        tokenizer, stats = train_tokenizer(corpus, cfg.tokenizer, cfg.architecture.max_position_embeddings)
         info(f"init_model: trained a byte-level BPE of {len(tokenizer)} tokens on "
-             f"{stats['rows']} rows ({stats['chars']} chars) of {len(files)} file(s)")
+             f"{stats['rows']} rows ({stats['chars']} chars) of {len(cfg.tokenizer.corpus)} input(s)")
         model = build_model(cfg.architecture, tokenizer, cfg.seed)
-        model.save_pretrained(out)
+        save_model(model, cfg.architecture.model_type, out)
         tokenizer.save_pretrained(out, save_jinja_files=False)  # template inline in tokenizer_config
-        check_reload(out, tokenizer, files)
+        check_reload(out, tokenizer, corpus)
         n_params = sum(p.numel() for p in model.parameters())
         summary = {"source": "architecture", "model_type": cfg.architecture.model_type,
+                   "custom_code": sorted(custom_code(out).values()),
                    "parameters": n_params, "vocab_size": len(tokenizer),
                    "tokenizer_corpus_rows": stats["rows"], "tokenizer_corpus_chars": stats["chars"]}
         info(f"init_model: built {cfg.architecture.model_type} with {n_params:,} parameters, "

@@ -1,12 +1,19 @@
-"""`init_model` from an existing Hugging Face model directory: checked (config.json, weights,
-tokenizer present; config and tokenizer load), then copied into the output as it is."""
+"""`init_model` from an existing Hugging Face model: found (a local directory, an fsspec URL
+or upstream artifact fetched by the job, or a hub id `org/name` resolved through the local
+Hugging Face cache), checked (config.json, weights, tokenizer present; config and tokenizer
+load, the model's own code only with `trust_remote_code`), then copied into the output as
+it is, custom code files included."""
 from __future__ import annotations
 
 import os
 import shutil
 from pathlib import Path
+from typing import Any, Callable
 
+from data_curation._base import CurationError
+from data_curation.io import is_hub_id, hub_snapshot
 from pipeline.stage_api import StageError
+from stages.common.hf_io import load_config, load_tokenizer
 
 # bookkeeping of a published artifact, not part of a model directory
 ARTIFACT_FILES = {"_SUCCESS", "_FAILED", "manifest.json", "stage_summary.json"}
@@ -16,8 +23,20 @@ WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.ind
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
 
 
-def check_hf_model_dir(path: Path, source: str) -> list[str]:
-    """Raise InitModelError naming what is missing; return warnings (e.g. no chat template)."""
+def resolve_pretrained(pretrained: str, revision: str | None, fetch: Callable[[str], Path]
+                       ) -> tuple[Path, dict[str, Any]]:
+    """The local directory of `pretrained` and where it came from (a hub id: its commit)."""
+    if not is_hub_id(pretrained):
+        return Path(fetch(pretrained)), {}
+    try:
+        path, commit = hub_snapshot(pretrained, "model", revision)
+    except CurationError as e:
+        raise StageError(f"pretrained model {pretrained}: not a local directory, and as a {e}") from None
+    return Path(path), {"hub_revision": revision or "main", "hub_commit": commit}
+
+
+def check_hf_model_dir(path: Path, source: str, trust_remote_code: bool) -> list[str]:
+    """StageError naming what is missing or does not load; returns warnings (e.g. no chat template)."""
     if not path.is_dir():
         raise StageError(f"pretrained model {source}: {path} is not a directory "
                              "(expected a Hugging Face model directory)")
@@ -32,14 +51,17 @@ def check_hf_model_dir(path: Path, source: str) -> list[str]:
         found = sorted(p.name for p in path.iterdir())
         raise StageError(f"pretrained model {source} ({path}) is missing: {', '.join(missing)}. "
                              f"Files found: {found[:20]}")
-    from transformers import AutoConfig, AutoTokenizer
-
+    what = f"pretrained model {source}:"
     try:
-        config = AutoConfig.from_pretrained(path)
+        config = load_config(path, trust_remote_code=trust_remote_code, what=what)
+    except StageError:
+        raise
     except Exception as e:  # noqa: BLE001 - re-raised with the file named
         raise StageError(f"pretrained model {source}: {path / 'config.json'} does not load: {e}") from e
     try:
-        tok = AutoTokenizer.from_pretrained(path)
+        tok = load_tokenizer(path, trust_remote_code=trust_remote_code, what=what)
+    except StageError:
+        raise
     except Exception as e:  # noqa: BLE001
         raise StageError(f"pretrained model {source}: the tokenizer in {path} does not load: {e}") from e
     warnings = []

@@ -4,10 +4,10 @@ template (`<|im_start|>role\ncontent<|im_end|>\n`, a `<think>` section in assist
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from pipeline.stage_api import StageError
-from stages.common.rows import read_rows
+from stages.common.rows import Row
 from stages.init_model.config import TokenizerSpec
 
 IM_START, IM_END, PAD = "<|im_start|>", "<|im_end|>", "<|pad|>"
@@ -42,16 +42,20 @@ def _strings(value: Any) -> Iterator[str]:
             yield from _strings(v)
 
 
-def iter_corpus(files: list[Path], stats: dict[str, int]) -> Iterator[str]:
-    """Every string of every row of the corpus files (stages/common/rows.py reads them)."""
-    for row in read_rows(files, "tokenizer corpus"):
+# () -> the corpus rows, from the start (read with stages.common.rows.input_rows)
+Corpus = Callable[[], Iterator[Row]]
+
+
+def iter_corpus(corpus: Corpus, stats: dict[str, int]) -> Iterator[str]:
+    """Every string of every row of the corpus."""
+    for row in corpus():
         stats["rows"] += 1
         for s in _strings(row.data):
             stats["chars"] += len(s)
             yield s
 
 
-def train_tokenizer(files: list[Path], spec: TokenizerSpec, model_max_length: int):
+def train_tokenizer(corpus: Corpus, spec: TokenizerSpec, model_max_length: int):
     """A byte-level BPE over the corpus; returns a transformers fast tokenizer with the
     chat special tokens and template."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -71,9 +75,9 @@ def train_tokenizer(files: list[Path], spec: TokenizerSpec, model_max_length: in
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
     stats = {"rows": 0, "chars": 0}
-    tok.train_from_iterator(iter_corpus(files, stats), trainer)
+    tok.train_from_iterator(iter_corpus(corpus, stats), trainer)
     if stats["chars"] == 0:
-        raise StageError(f"tokenizer corpus {[str(f) for f in files]} holds no text")
+        raise StageError(f"tokenizer corpus {spec.corpus} holds no text")
     # the chat markers are special (skipped when decoding with skip_special_tokens);
     # <think> / </think> stay in decoded text but are never split
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in (PAD, IM_START, IM_END)])
@@ -84,13 +88,14 @@ def train_tokenizer(files: list[Path], spec: TokenizerSpec, model_max_length: in
     return hf, stats
 
 
-def check_reload(out: Path, trained, files: list[Path], n_texts: int = 200) -> None:
+def check_reload(out: Path, trained, corpus: Corpus, n_texts: int = 200) -> None:
     """The saved tokenizer, loaded the way every later stage loads it, must tokenise like
-    the trained one and have the same size (model vocab = tokenizer size)."""
-    from transformers import AutoTokenizer
+    the trained one and have the same size (model vocab = tokenizer size). A model built
+    with custom code (ring_moe) is loaded trusting it: it is this stage's own code."""
+    from stages.common.hf_io import custom_code, load_tokenizer
 
-    loaded = AutoTokenizer.from_pretrained(out)
-    texts = [t for _, t in zip(range(n_texts), iter_corpus(files, {"rows": 0, "chars": 0}))]
+    loaded = load_tokenizer(out, trust_remote_code=bool(custom_code(out)))
+    texts = [t for _, t in zip(range(n_texts), iter_corpus(corpus, {"rows": 0, "chars": 0}))]
     texts.append(f"{IM_START}user\nWhat is 12 + 30?{IM_END}\n{IM_START}assistant\n{THINK}\nx\n{END_THINK}\n")
     if len(loaded) != len(trained):
         raise RuntimeError(f"tokenizer saved to {out} loads with {len(loaded)} tokens, trained with "

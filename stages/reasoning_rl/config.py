@@ -10,20 +10,40 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from data_curation.io import DataInput
+from pipeline.stage_api import Strict
 from stages.registry import StageKind, register
 from stages.rl.settings import RLConfig
 
 
+class RLFields(Strict):
+    """Which field of a row holds each part of an RL task."""
+
+    prompt: str = Field("prompt", description="the question (a string)")
+    reference: str = Field("reference", description="what the verifier checks against (any JSON)")
+    domain: str = Field("domain", description="the verifier's domain (math, code, logic, ifeval, ...)")
+    id: str = Field("id", description="optional row id (default: the row's file:line)")
+
+
+class RLData(DataInput):
+    """RL rows and where their parts are (stages/reasoning_rl/data.py)."""
+
+    fields: RLFields = RLFields()
+    default_domain: str | None = Field(None, min_length=1, description="the domain of rows without one "
+                                       "(a dataset of one domain rarely has the field)")
+
+
 class ReasoningRLConfig(RLConfig):
     kind: Literal["reasoning_rl"] = "reasoning_rl"
-    data: str | list[str] = Field(description="RL rows (jsonl/json/parquet files or dirs) with "
-                                              "domain, prompt, reference (id optional)")
+    data: str | RLData | list[str | RLData] = Field(description=(
+        "RL rows: data inputs (files, dirs, saved or hub datasets; see RLData for `split`, field "
+        "names and a default domain) with a domain, a prompt and a reference (id optional)"))
     domain_weights: dict[str, float] | None = Field(
         None, description="sampling weight per domain; default: proportional to row counts")
 
     @field_validator("data")
     @classmethod
-    def _data(cls, v: str | list[str]) -> str | list[str]:
+    def _data(cls, v: str | RLData | list[str | RLData]) -> str | RLData | list[str | RLData]:
         if isinstance(v, list) and not v:
             raise ValueError("data: give at least one file or directory")
         return v
@@ -40,8 +60,9 @@ class ReasoningRLConfig(RLConfig):
         return v
 
     @property
-    def data_list(self) -> list[str]:
-        return [self.data] if isinstance(self.data, str) else list(self.data)
+    def data_list(self) -> list[RLData]:
+        return [d if isinstance(d, RLData) else RLData(path=d)
+                for d in (self.data if isinstance(self.data, list) else [self.data])]
 
 
 KIND = register(StageKind(

@@ -1,43 +1,49 @@
-"""RL task rows: jsonl / json / parquet files (or directories of them), read by
-stages/common/rows.py, with `domain`, `prompt`, `reference` (and optionally `id`, `extraction`,
-anything else the verifier reads).
+"""RL task rows: any data input the stages read (stages/common/rows.py), each row with a
+domain, a prompt and a reference (and optionally an id, `extraction`, anything else the
+verifier reads), under the field names its `RLData.fields` gives; rows without a domain
+field take `RLData.default_domain`. A row comes out in the canonical shape: `domain`,
+`prompt`, `reference`, `id` (the row's location when it has none) and its other fields, plus
+`messages` (its prompt as one user turn: what the policy is prompted with,
+stages/rl/prompts.py renders it).
 
-Errors name the file and line (jsonl) or row (json, parquet) and the field. A row without an
-`id` gets its location as id. Each row also gets `messages` (its prompt as one user turn):
-what the policy is prompted with (stages/rl/prompts.py renders it).
+Errors (a bad row stops the stage) name the file and line (jsonl) or row, and the field.
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from stages.common.rows import DataError, Row, data_files, read_rows
+from stages.common.rows import DataError, Row, input_rows
+from stages.reasoning_rl.config import RLData
 
 WHAT = "RL data"
 
 
-def validate_row(row: Row) -> dict[str, Any]:
-    data, where = row.data, row.where
-    if not isinstance(data, dict):
-        raise DataError(f"{WHAT} {where}: a row must be a JSON object, got {type(data).__name__}")
-    for key in ("domain", "prompt"):
-        if not isinstance(data.get(key), str) or not data[key].strip():
-            raise DataError(f"{WHAT} {where}: field {key!r} must be a non-empty string (got {data.get(key)!r})")
-    if "reference" not in data:
-        raise DataError(f"{WHAT} {where}: field 'reference' is missing (what the verifier checks against)")
-    out = dict(data)
-    if out.get("id") is None:
-        out["id"] = where
-    out["messages"] = [{"role": "user", "content": data["prompt"]}]
+def validate_row(row: Row, data: RLData) -> dict[str, Any]:
+    value, where, f = row.data, row.where, data.fields
+    if not isinstance(value, dict):
+        raise DataError(f"{WHAT} {where}: a row must be a JSON object, got {type(value).__name__}")
+    domain = value.get(f.domain)
+    if domain is None and data.default_domain is not None:
+        domain = data.default_domain
+    for key, v in ((f.domain, domain), (f.prompt, value.get(f.prompt))):
+        if not isinstance(v, str) or not v.strip():
+            hint = " (or set default_domain)" if key == f.domain else ""
+            raise DataError(f"{WHAT} {where}: field {key!r} must be a non-empty string{hint} (got {v!r})")
+    if f.reference not in value:
+        raise DataError(f"{WHAT} {where}: field {f.reference!r} is missing (what the verifier checks against)")
+    out = {k: v for k, v in value.items() if k not in (f.domain, f.prompt, f.reference, f.id)}
+    out.update(domain=domain, prompt=value[f.prompt], reference=value[f.reference],
+               id=where if value.get(f.id) is None else value[f.id])
+    out["messages"] = [{"role": "user", "content": out["prompt"]}]
     return out
 
 
-def load_rows(sources: list[tuple[str, Path]]) -> list[dict[str, Any]]:
-    """(source as written in the config, local path) -> validated rows, in file order."""
-    rows = [validate_row(row) for source, path in sources
-            for row in read_rows(data_files(path, source, WHAT), WHAT)]
+def load_rows(fetch: Callable[[str], Path], inputs: list[RLData]) -> list[dict[str, Any]]:
+    """The validated rows of every input, in order (`fetch`: the job's)."""
+    rows = [validate_row(row, inp) for inp in inputs for row in input_rows(fetch, inp, WHAT)]
     if not rows:
-        raise DataError(f"{WHAT} {[s for s, _ in sources]} holds no rows")
+        raise DataError(f"{WHAT} {[i.path for i in inputs]} holds no rows")
     return rows
 
 

@@ -27,7 +27,7 @@ def load_prompts(ctx: RLContext) -> PromptSet:
     from verifiers import VERIFIERS
 
     cfg = ctx.cfg
-    rows = load_rows([(src, ctx.job.fetch(src)) for src in cfg.data_list])
+    rows = load_rows(ctx.job.fetch, cfg.data_list)
     kept, prompt_ids, _ = render_prompts(rows, ctx.tokenizer, cfg.prompt_max_len)
     skipped = len(rows) - len(kept)
     if not kept:

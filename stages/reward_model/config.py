@@ -6,6 +6,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from pipeline.stage_api import StageConfig, cosmetic
+from stages.common.hf_io import trust_remote_code_field
 from stages.registry import StageKind, register
 
 
@@ -13,6 +14,7 @@ class RewardModelConfig(StageConfig):
     kind: Literal["reward_model"] = "reward_model"
     model: str = Field(description="HF causal-LM dir (base or SFT): ${stages.X.output} or a URI; "
                                    "a sequence-classification head (one label) is put on it")
+    trust_remote_code: bool = trust_remote_code_field()
     data: str = Field(description="preference pairs (jsonl/parquet file or dir): prompt/chosen/"
                                   "rejected rows, or arena rows with a `winner` field (see data.py)")
     eval_data: str | None = Field(

@@ -21,7 +21,7 @@ first reply is preferred; a tie has label 1/2 (kept with `ties: half`, else coun
 `ties_dropped` and left out: a tie is not a bad row).
 
 Quarantine (a row left out, with a reason, written to `quarantine.jsonl`):
-missing_field, bad_type, bad_messages, bad_winner (unknown winner value), no_response
+unreadable (not valid JSON / UTF-8), missing_field, bad_type, bad_messages, bad_winner (unknown winner value), no_response
 (a reply with no assistant text), identical (the two replies are the same after
 whitespace normalisation, or after removing the thinking part when `strip_thinking`),
 too_long (the prompt alone fills `max_seq_len`), identical_after_truncation (the replies
@@ -274,6 +274,8 @@ def encode_pairs(rows: Iterable[Row], tokenizer, *, strip: bool, max_len: int,
         stats.rows += 1
         row, where = src.data, src.where
         try:
+            if src.error is not None:
+                raise PairProblem("unreadable", src.error)
             pair = normalise_row(row, where, stats.rows - 1, strip)
             if pair.label == 0.0:  # arena "model_b": the second reply is the preferred one
                 pair.chosen, pair.rejected, pair.label = pair.rejected, pair.chosen, 1.0

@@ -40,8 +40,8 @@ from stages.common.checkpoint import Checkpointer, StatefulDataclass
 from stages.common.data_plan import DataPlan
 from stages.common.distributed import local_first
 from stages.common.entry import run_job
-from stages.common.hf_io import save_hf_model
-from stages.common.rows import data_files, read_rows
+from stages.common.hf_io import load_sequence_classifier, save_hf_model
+from stages.common.rows import input_rows
 from stages.common.training_job import start_training_job, supervised_engine
 from stages.reward_model.bt import PairwiseCounts, bradley_terry_loss
 from stages.reward_model.config import RewardModelConfig
@@ -64,8 +64,8 @@ class Progress(StatefulDataclass):
 def load_pairs(job: StageJob, source: str, tokenizer, cfg: RewardModelConfig
                ) -> tuple[list[tuple[Any, EncodedPair]], PairStats, list[dict]]:
     stats, quarantine = PairStats(), []
-    files = data_files(job.fetch(source), source, "reward_model data")
-    pairs = list(encode_pairs(read_rows(files, "reward_model data"), tokenizer, strip=cfg.strip_thinking,
+    rows = input_rows(job.fetch, source, "reward_model data", keep_bad=True)
+    pairs = list(encode_pairs(rows, tokenizer, strip=cfg.strip_thinking,
                               max_len=cfg.max_seq_len, ties=cfg.ties, stats=stats, quarantine=quarantine))
     bad = sum(stats.quarantined.values())
     if stats.rows and bad / stats.rows > cfg.max_bad_fraction:
@@ -122,7 +122,6 @@ def evaluate(engine, pairs: list[EncodedPair], batch: int, pad_id: int, device: 
 
 # -- the stage -------------------------------------------------------------------------------
 def main(job: StageJob) -> dict[str, Any] | None:
-    from transformers import AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
     cfg = RewardModelConfig.model_validate(job.config)
@@ -163,8 +162,8 @@ def main(job: StageJob) -> dict[str, Any] | None:
 
     # 2. model, optimizer, schedule, engine
     def load_model(attn: str):
-        model = AutoModelForSequenceClassification.from_pretrained(
-            model_dir, num_labels=1, dtype=torch.float32, attn_implementation=attn)
+        model = load_sequence_classifier(model_dir, torch.float32, num_labels=1, attn_implementation=attn,
+                                         trust_remote_code=cfg.trust_remote_code)
         model.config.pad_token_id = pad_id
         return model
 

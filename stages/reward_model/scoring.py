@@ -1,6 +1,6 @@
 """Batched inference with a trained reward model (a `reward_model` stage output).
 
-    scorer = RewardScorer(model_dir, device="cpu", batch_size=16)
+    scorer = RewardScorer(model_dir, device="cpu", batch_size=16, trust_remote_code=False)
     scores = scorer.score(prompts, responses)   # prompts: str or message lists; one float each
 
 The prompt + response are rendered exactly as in training (stages.reward_model.data:
@@ -24,8 +24,8 @@ META = "reward_model.json"  # written by the stage next to the weights
 
 class RewardScorer:
     def __init__(self, model_dir: str | Path, device: str | torch.device = "cpu", batch_size: int = 16,
-                 max_seq_len: int | None = None, dtype: torch.dtype | None = None):
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+                 max_seq_len: int | None = None, dtype: torch.dtype | None = None, *, trust_remote_code: bool):
+        from stages.common.hf_io import load_sequence_classifier, load_tokenizer
 
         model_dir = Path(model_dir)
         meta_path = model_dir / META
@@ -36,8 +36,8 @@ class RewardScorer:
         self.device = torch.device(device)
         if dtype is None:
             dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.model = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=dtype).to(self.device)
+        self.tokenizer = load_tokenizer(model_dir, trust_remote_code=trust_remote_code, what="reward model")
+        self.model = load_sequence_classifier(model_dir, dtype, trust_remote_code=trust_remote_code).to(self.device)
         self.model.eval()
         self.pad_id = self.model.config.pad_token_id
         if self.pad_id is None:

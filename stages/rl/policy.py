@@ -76,7 +76,7 @@ def build_policy(cfg: RLConfig, model_dir: Path, ranks: Ranks, bf16: bool, pad_i
     (which switches its dropout off) under DeepSpeed, with the reference model when
     `kl_coef > 0`."""
     dtype = torch.bfloat16 if bf16 else torch.float32
-    model = load_causal_lm(model_dir, dtype)
+    model = load_causal_lm(model_dir, dtype, trust_remote_code=cfg.trust_remote_code)
     frozen = freeze_parameters(model, cfg.frozen_param_patterns)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
@@ -85,7 +85,7 @@ def build_policy(cfg: RLConfig, model_dir: Path, ranks: Ranks, bf16: bool, pad_i
                               betas=cfg.adam_betas, weight_decay=cfg.weight_decay)
     ref_model = None
     if cfg.kl_coef > 0:
-        ref_model = load_causal_lm(model_dir, dtype).to(ranks.device).eval()
+        ref_model = load_causal_lm(model_dir, dtype, trust_remote_code=cfg.trust_remote_code).to(ranks.device).eval()
         ref_model.requires_grad_(False)
     high = cfg.clip_eps_high if cfg.clip_eps_high is not None else cfg.clip_eps
     loss_cfg = LossConfig(correction=cfg.correction, alpha=cfg.icepop_alpha, beta=cfg.icepop_beta,

@@ -61,7 +61,8 @@ class DataParallelRollouts:
             engine = create_engine(cfg.rollout.engine, str(model_dir),
                                    device=resolve_device(cfg.rollout.device, "rollout.device", ranks.device),
                                    dtype=cfg.rollout.dtype, max_batch=cfg.rollout.max_batch,
-                                   max_len=cfg.prompt_max_len + cfg.max_len, seed=cfg.seed, **cfg.rollout.options)
+                                   max_len=cfg.prompt_max_len + cfg.max_len, seed=cfg.seed,
+                                   trust_remote_code=cfg.trust_remote_code, **cfg.rollout.options)
             reward_fn = build_reward() if ranks.rank == placement.engine0 else None
             sampler = PromptSampler(prompts.groups, prompts.weights, seed=cfg.seed)
             sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, seed=cfg.seed)

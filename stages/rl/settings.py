@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from pipeline.stage_api import StageConfig, Strict, cosmetic
+from stages.common.hf_io import trust_remote_code_field
 
 # engines whose reported log-prob of a sampled token is that of the untruncated
 # softmax(logits / T), whatever top_p / top_k do to the sampling (each engine class declares
@@ -75,6 +76,7 @@ class RLConfig(StageConfig):
     """The fields of both RL kinds (see the module docstring); subclasses add `kind` and `data`."""
 
     model: str = Field(description="HF policy dir: ${stages.X.output} or a URI")
+    trust_remote_code: bool = trust_remote_code_field()
     steps: int = Field(ge=1, description="training steps (one optimizer update each, x updates_per_batch)")
     prompts_per_step: int = Field(480, ge=1, description="sync: prompts per step (C3PO++ sizes from it)")
     rollouts_per_prompt: int = Field(8, ge=1, description="G, the GRPO group size")

@@ -72,8 +72,8 @@ class RLTrainer:
         self.ranks = ranks = setup.ranks
         self.rank = ranks.rank
         tokenizer = setup.tokenizer
-        eos = set(eos_token_ids_of(setup.model_dir)) | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None
-                                                        else set())
+        eos = set(eos_token_ids_of(setup.model_dir, trust_remote_code=cfg.trust_remote_code)) | (
+            {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
         self.ctx = ctx = RLContext(job, cfg, ranks, setup.model_dir, tokenizer, make_decoder(tokenizer, sorted(eos)),
                                    setup.log)
         self.log = ctx.log

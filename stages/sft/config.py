@@ -5,14 +5,52 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from pipeline.stage_api import StageConfig, cosmetic
+from data_curation.io import DataInput
+from pipeline.stage_api import StageConfig, Strict, cosmetic
+from stages.common.hf_io import trust_remote_code_field
 from stages.registry import StageKind, register
+
+
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                  "chatgpt": "assistant", "model": "assistant", "system": "system", "tool": "tool",
+                  "function": "tool", "observation": "tool"}
+
+
+class SFTFields(Strict):
+    """Where each format keeps its parts (the common names by default)."""
+
+    messages: str = "messages"
+    role: str = "role"
+    content: str = "content"
+    conversations: str = "conversations"
+    sharegpt_from: str = "from"
+    sharegpt_value: str = "value"
+    sharegpt_roles: dict[str, str] = Field(default_factory=lambda: dict(SHAREGPT_ROLES), description=(
+        "ShareGPT `from` value -> chat role (user / assistant / system / tool)"))
+    instruction: str = "instruction"
+    input: str = "input"
+    output: str = "output"
+    system: str = Field("system", description="alpaca / prompt-completion rows: an optional system prompt field")
+    prompt: str = "prompt"
+    completion: str = "completion"
+
+
+class SFTData(DataInput):
+    """SFT rows and their format (stages/sft/data.py turns each into chat `messages`):
+    messages: `{messages: [{role, content}, ...]}`; sharegpt: `{conversations: [{from, value}]}`;
+    alpaca: `{instruction, input?, output, system?}`; prompt_completion: `{prompt, completion}`
+    (each a string, or a list of messages); auto: the first of these whose field the row has."""
+
+    format: Literal["auto", "messages", "sharegpt", "alpaca", "prompt_completion"] = "auto"
+    fields: SFTFields = SFTFields()
 
 
 class SFTConfig(StageConfig):
     kind: Literal["sft"] = "sft"
     model: str = Field(description="HF model dir: ${stages.X.output} or a URI")
-    data: str = Field(description="chat samples (jsonl/parquet file or dir); rows have `messages`")
+    trust_remote_code: bool = trust_remote_code_field()
+    data: str | SFTData = Field(description="chat samples: a data input (file, dir, saved dataset, hub "
+                                "dataset; see SFTData for `split`, `format` and field names) or its path")
     max_seq_len: int = Field(65536, ge=8, description="packed sequence length (paper: 64k)")
     packing: bool = True
     epochs: int = Field(3, ge=1)
@@ -37,6 +75,10 @@ class SFTConfig(StageConfig):
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = Field(
         "auto", description="auto = flash_attention_2 on GPU when flash-attn is installed, else sdpa")
     checkpoint_every: int = cosmetic(50, ge=1, description="optimizer steps between checkpoints")
+
+    @property
+    def data_input(self) -> SFTData:
+        return self.data if isinstance(self.data, SFTData) else SFTData(path=self.data)
 
     @model_validator(mode="after")
     def _warmup_fits(self) -> "SFTConfig":

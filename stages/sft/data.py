@@ -1,13 +1,20 @@
 """SFT data: chat rows -> tokens + loss targets -> packed sequences.
 
 Rules (the stage's data contract):
-- Input: jsonl/json/parquet files, or a directory of them (recursive, sorted), read by
-  stages/common/rows.py. A row needs `messages`: a non-empty list of {role: str, content: str}
-  with at least one assistant turn whose content is not empty. Other fields are ignored.
-- Malformed rows: `on_bad_row="fail"` (default) stops the stage at the first one, naming
-  file, line (jsonl) or row and reason. `"skip"` leaves them out, counts them
-  per reason and reports them (log line + stage_summary.json `data.bad_rows`, with the
-  first examples' file/row/reason). Nothing is dropped without being counted.
+- Input: any data input the stages read (stages/common/rows.py: jsonl/json/parquet/arrow
+  files, directories, saved datasets, hub datasets, a `split`). Each row becomes chat
+  `messages` by its format (`SFTData.format`, field names in `SFTData.fields`):
+  `messages` (a list of {role, content}), `sharegpt` (`conversations` of {from, value},
+  `from` mapped to a role by `sharegpt_roles`), `alpaca` (`instruction` + optional `input`
+  as the user turn, `output` as the answer, optional `system`), `prompt_completion`
+  (`prompt` and `completion`, each a string or a list of messages); `auto` takes the first
+  of these whose field the row has. The result needs a non-empty list of {role: str,
+  content: str} with at least one assistant turn whose content is not empty. Other fields
+  are ignored.
+- Malformed rows (unreadable JSON included): `on_bad_row="fail"` (default) stops the stage
+  at the first one, naming file, line (jsonl) or row and reason. `"skip"` leaves them out,
+  counts them per reason and reports them (log line + stage_summary.json `data.bad_rows`,
+  with the first examples' file/row/reason). Nothing is dropped without being counted.
 - Tokens: the tokenizer's chat template renders the whole conversation; the loss is on
   assistant turns only (their `<think>` section, the answer and the closing eos token).
   Everything else (system/user turns, role headers, the text after eos) is masked (-100).
@@ -36,6 +43,7 @@ import torch
 
 from stages.common.chat import render_chat
 from stages.common.rows import DataError, Row
+from stages.sft.config import SFTData, SFTFields
 
 MAX_EXAMPLES = 20
 
@@ -71,11 +79,117 @@ class DataStats:
                 "tokens": self.tokens, "target_tokens": self.target_tokens}
 
 
-def check_messages(row: dict) -> tuple[str, str] | None:
-    """None if the row is a usable chat; else (reason key, human-readable reason)."""
-    msgs = row.get("messages")
-    if msgs is None:
-        return "no_messages", "no `messages` field"
+class RowProblem(ValueError):
+    """A row that cannot be a training chat: (reason key, human-readable reason)."""
+
+    def __init__(self, key: str, reason: str):
+        super().__init__(reason)
+        self.key, self.reason = key, reason
+
+
+def _turns(value: Any, f: SFTFields, field: str) -> list[dict]:
+    """A list of messages, {role, content} under the configured names."""
+    if not isinstance(value, list):
+        raise RowProblem("bad_messages", f"`{field}` must be a list of messages")
+    out = []
+    for j, m in enumerate(value):
+        if not isinstance(m, dict):
+            raise RowProblem("bad_message", f"{field}[{j}] is not an object")
+        out.append({"role": m.get(f.role), "content": m.get(f.content)})
+    return out
+
+
+def _from_messages(row: dict, f: SFTFields) -> list[dict]:
+    if row.get(f.messages) is None:
+        raise RowProblem("no_messages", f"no `{f.messages}` field")
+    return _turns(row[f.messages], f, f.messages)
+
+
+def _from_sharegpt(row: dict, f: SFTFields) -> list[dict]:
+    conv = row.get(f.conversations)
+    if conv is None:
+        raise RowProblem("no_messages", f"no `{f.conversations}` field")
+    if not isinstance(conv, list):
+        raise RowProblem("bad_messages", f"`{f.conversations}` must be a list")
+    out = []
+    for j, m in enumerate(conv):
+        if not isinstance(m, dict):
+            raise RowProblem("bad_message", f"{f.conversations}[{j}] is not an object")
+        who = m.get(f.sharegpt_from)
+        if who not in f.sharegpt_roles:
+            raise RowProblem("bad_message", f"{f.conversations}[{j}].{f.sharegpt_from} is {who!r}, not one of "
+                             f"{sorted(f.sharegpt_roles)} (fields.sharegpt_roles maps them to roles)")
+        out.append({"role": f.sharegpt_roles[who], "content": m.get(f.sharegpt_value)})
+    return out
+
+
+def _system(row: dict, f: SFTFields) -> list[dict]:
+    system = row.get(f.system)
+    if system is None or system == "":
+        return []
+    if not isinstance(system, str):
+        raise RowProblem("bad_message", f"`{f.system}` must be a string")
+    return [{"role": "system", "content": system}]
+
+
+def _text(row: dict, key: str, required: bool = True) -> str:
+    v = row.get(key)
+    if v is None and not required:
+        return ""
+    if not isinstance(v, str):
+        raise RowProblem("no_messages" if v is None else "bad_message",
+                         f"`{key}` is {'missing' if v is None else type(v).__name__}, expected a string")
+    return v
+
+
+def _from_alpaca(row: dict, f: SFTFields) -> list[dict]:
+    instruction, extra = _text(row, f.instruction), _text(row, f.input, required=False)
+    user = f"{instruction}\n\n{extra}" if extra.strip() else instruction
+    return [*_system(row, f), {"role": "user", "content": user},
+            {"role": "assistant", "content": _text(row, f.output)}]
+
+
+def _from_prompt_completion(row: dict, f: SFTFields) -> list[dict]:
+    def part(key: str, role: str) -> list[dict]:
+        v = row.get(key)
+        if isinstance(v, str):
+            return [{"role": role, "content": v}]
+        if v is None:
+            raise RowProblem("no_messages", f"no `{key}` field")
+        return _turns(v, f, key)
+    prompt = part(f.prompt, "user")
+    return [*(_system(row, f) if isinstance(row.get(f.prompt), str) else []), *prompt,
+            *part(f.completion, "assistant")]
+
+
+# format -> (the field that identifies it, row -> messages); `auto` tries them in this order
+FORMATS = {
+    "messages": (lambda f: f.messages, _from_messages),
+    "sharegpt": (lambda f: f.conversations, _from_sharegpt),
+    "alpaca": (lambda f: f.instruction, _from_alpaca),
+    "prompt_completion": (lambda f: f.completion, _from_prompt_completion),
+}
+
+
+def row_messages(row: Any, data: SFTData) -> list[dict]:
+    """The chat messages of a row in `data`'s format; RowProblem when it has none."""
+    if not isinstance(row, dict):
+        raise RowProblem("bad_row", "a row must be a JSON object")
+    f, fmt = data.fields, data.format
+    if fmt == "auto":
+        fmt = next((name for name, (key, _) in FORMATS.items() if row.get(key(f)) is not None), None)
+        if fmt is None:
+            looked = ", ".join(f"`{key(f)}` ({name})" for name, (key, _) in FORMATS.items())
+            raise RowProblem("no_messages", f"the row has none of the fields {looked}")
+    msgs = FORMATS[fmt][1](row, f)
+    problem = check_messages(msgs)
+    if problem is not None:
+        raise RowProblem(*problem)
+    return msgs
+
+
+def check_messages(msgs: Any) -> tuple[str, str] | None:
+    """None if `msgs` is a usable chat; else (reason key, human-readable reason)."""
     if not isinstance(msgs, list) or not msgs:
         return "bad_messages", "`messages` must be a non-empty list"
     has_answer = False
@@ -125,25 +239,27 @@ def tokenize_chat(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]
     return ids, targets
 
 
-def build_samples(rows: Iterator[Row], tokenizer, max_seq_len: int,
-                  on_bad_row: str) -> tuple[list[Sample], DataStats]:
+def build_samples(rows: Iterator[Row], tokenizer, max_seq_len: int, on_bad_row: str,
+                  data: SFTData) -> tuple[list[Sample], DataStats]:
+    """Samples of the rows (`data`: their format); rows read with `keep_bad=True`."""
     stats = DataStats()
     samples: list[Sample] = []
     for r in rows:
         stats.rows += 1
-        row = r.data
-        problem = check_messages(row) if isinstance(row, dict) else ("bad_row", "a row must be a JSON object")
-        if problem is not None:
-            key, reason = problem
-            where = f"{r.where}: {reason}"
+        try:
+            if r.error is not None:
+                raise RowProblem("unreadable", r.error)
+            messages = row_messages(r.data, data)
+        except RowProblem as p:
+            where = f"{r.where}: {p.reason}"
             if on_bad_row == "fail":
                 raise DataError(f"sft data {where} (set on_bad_row: skip to leave such rows out "
-                                "and count them)")
-            stats.bad_rows[key] += 1
+                                "and count them)") from None
+            stats.bad_rows[p.key] += 1
             if len(stats.bad_examples) < MAX_EXAMPLES:
                 stats.bad_examples.append(where)
             continue
-        messages = [{"role": m["role"], "content": m["content"]} for m in row["messages"]]
+        messages = [{"role": m["role"], "content": m["content"]} for m in messages]
         ids, targets = tokenize_chat(tokenizer, messages)
         if len(ids) > max_seq_len:
             stats.truncated += 1

@@ -41,7 +41,7 @@ from stages.common.data_plan import DataPlan
 from stages.common.distributed import local_first
 from stages.common.entry import run_job
 from stages.common.hf_io import load_causal_lm, save_hf_model
-from stages.common.rows import data_files, read_rows
+from stages.common.rows import input_rows
 from stages.common.training_job import start_training_job, supervised_engine
 from stages.sft.config import SFTConfig
 from stages.sft.data import build_samples, collate, pack_samples
@@ -97,8 +97,8 @@ def main(job: StageJob) -> dict[str, Any] | None:
         raise StageError(f"model {cfg.model}: its tokenizer has no eos token")
 
     def load_data():
-        files = data_files(job.fetch(cfg.data), cfg.data, "sft data")
-        return build_samples(read_rows(files, "sft data"), tokenizer, cfg.max_seq_len, cfg.on_bad_row)
+        rows = input_rows(job.fetch, cfg.data_input, "sft data", keep_bad=True)
+        return build_samples(rows, tokenizer, cfg.max_seq_len, cfg.on_bad_row, cfg.data_input)
 
     samples, stats = local_first(local_rank, load_data)
     if not samples:
@@ -127,7 +127,8 @@ def main(job: StageJob) -> dict[str, Any] | None:
 
     # 2. model, optimizer, schedule, engine
     engine, scheduler, attn = supervised_engine(
-        cfg, setup, total_steps, lambda attn: load_causal_lm(model_dir, torch.float32, attn_implementation=attn))
+        cfg, setup, total_steps, lambda attn: load_causal_lm(model_dir, torch.float32, attn_implementation=attn,
+                                                      trust_remote_code=cfg.trust_remote_code))
 
     # 3. resume
     p = Progress()

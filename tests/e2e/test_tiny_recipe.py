@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -63,8 +64,11 @@ def test_whole_recipe_runs_and_each_stage_does_its_job(tiny_run):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model_dir = glob.glob(f"{tmp_path}/store/tiny/general_rl-*")[0]
-    AutoModelForCausalLM.from_pretrained(model_dir)
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    # the policy is a ring_moe: its custom code travelled with every model artifact
+    assert {p.name for p in Path(model_dir).glob("*_ring_moe.py")} == {"configuration_ring_moe.py",
+                                                                      "modeling_ring_moe.py"}
+    AutoModelForCausalLM.from_pretrained(model_dir, trust_remote_code=True)
+    tok = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=True)
     assert "<|im_start|>assistant" in tok.apply_chat_template(
         [{"role": "user", "content": "1+1?"}], tokenize=False, add_generation_prompt=True)
 

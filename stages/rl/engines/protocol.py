@@ -109,7 +109,9 @@ class SyncTiming:
 
 # Every factory has the signature
 #   (model_dir: str, *, device: str = "cpu", dtype: str = "auto", max_batch: int = 64,
-#    max_len: int = 4096, seed: int = 0, **engine_options) -> RolloutEngine
+#    max_len: int = 4096, seed: int = 0, trust_remote_code: bool = False,
+#    **engine_options) -> RolloutEngine
+# (trust_remote_code: run the model dir's own modelling code; stages/common/hf_io.py)
 EngineFactory = Callable[..., RolloutEngine]
 ENGINES: dict[str, EngineFactory] = {}
 UNAVAILABLE: dict[str, str] = {}  # engine name -> why it cannot be used on this machine

@@ -100,7 +100,7 @@ class VllmEngine(SyncTiming):
                  max_batch: int = 64, max_len: int = 4096, seed: int = 0,
                  gpu_memory_utilization: float = 0.4, enable_prefix_caching: bool = True,
                  enforce_eager: bool = False, in_process: bool = True,
-                 eos_token_ids: list[int] | None = None, **llm_kwargs):
+                 eos_token_ids: list[int] | None = None, trust_remote_code: bool = False, **llm_kwargs):
         if vllm is None:
             raise RuntimeError(f"vllm engine: vllm is not importable ({VLLM_IMPORT_ERROR})")
         if not torch.cuda.is_available():
@@ -113,8 +113,9 @@ class VllmEngine(SyncTiming):
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self.max_len, self.seed = int(max_len), int(seed)
         self.eos_token_ids = (list(eos_token_ids) if eos_token_ids is not None
-                              else eos_token_ids_of(model_dir))
+                              else eos_token_ids_of(model_dir, trust_remote_code=trust_remote_code))
         kwargs = dict(model=model_dir, dtype="bfloat16" if dtype == "auto" else dtype, seed=seed,
+                      trust_remote_code=trust_remote_code,
                       max_model_len=max_len, max_num_seqs=max_batch,
                       gpu_memory_utilization=gpu_memory_utilization,
                       enable_prefix_caching=enable_prefix_caching, enforce_eager=enforce_eager,

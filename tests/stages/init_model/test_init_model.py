@@ -129,7 +129,7 @@ def test_bad_corpus_line_names_file_and_line(tmp_path, capsys):
     job_path = tmp_path / "job.json"
     job.write(job_path)
     assert run_job(init_model_job.main, ["--job", str(job_path)]) == 2
-    assert f"{corpus}:2: not valid JSON" in capsys.readouterr().err
+    assert f"{corpus}:2: invalid JSON" in capsys.readouterr().err
 
 
 def test_corpus_strings_cover_every_string_field():
@@ -145,7 +145,100 @@ def test_corpus_strings_cover_every_string_field():
     ({"pretrained": "x", "tokenizer": {"corpus": ["c.jsonl"]}}, "`tokenizer` is only used with `architecture`"),
     ({"architecture": {"hidden_size": 60, "num_attention_heads": 8}, "tokenizer": {"corpus": ["c"]}},
      "divisible"),
+    ({"architecture": {"model_type": "ring_moe"}, "tokenizer": {"corpus": ["c"]}}, "ring_moe needs `moe`"),
+    ({"architecture": {"moe": {}}, "tokenizer": {"corpus": ["c"]}}, "`moe` goes with model_type ring_moe"),
+    ({"architecture": {"model_type": "ring_moe", "moe": {"num_experts": 4, "num_experts_per_tok": 5}},
+      "tokenizer": {"corpus": ["c"]}}, "num_experts_per_tok (5) exceeds num_experts (4)"),
+    ({"architecture": {"model_type": "ring_moe", "num_hidden_layers": 2, "moe": {"first_k_dense_replace": 3}},
+      "tokenizer": {"corpus": ["c"]}}, "first_k_dense_replace (3) exceeds num_hidden_layers (2)"),
+    ({"pretrained": "s3://bucket/model", "revision": "main"}, "`revision` selects a version of a hub model"),
 ])
 def test_config_errors(config, needle):
     with pytest.raises(ValidationError, match=re.escape(needle)):
         InitModelConfig.model_validate({"kind": "init_model", **config})
+
+
+# -- ring_moe: the paper's MoE design as custom code; hub ids from the local cache -----------------
+MOE = {"model_type": "ring_moe", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+       "num_key_value_heads": 2, "intermediate_size": 64,
+       "moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+               "shared_expert_intermediate_size": 32, "first_k_dense_replace": 1}}
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("moe")
+    corpus = tmp / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"messages": CHAT}) + "\n" for _ in range(20)))
+    job = _job(tmp, {"architecture": MOE, "tokenizer": {"corpus": [str(corpus)], "vocab_size": 300}})
+    summary = init_model_job.main(job)
+    assert summary["model_type"] == "ring_moe" and "modeling_ring_moe.RingMoeForCausalLM" in summary["custom_code"]
+    return Path(job.output_dir)
+
+
+def _run(tmp_path, config: dict, name: str) -> tuple[int, str, Path]:
+    job = _job(tmp_path, config, name)
+    job.write(tmp_path / f"{name}.json")
+    from contextlib import redirect_stderr
+    from io import StringIO
+
+    err = StringIO()
+    with redirect_stderr(err):
+        rc = run_job(init_model_job.main, ["--job", str(tmp_path / f"{name}.json")])
+    return rc, err.getvalue(), Path(job.output_dir)
+
+
+def test_ring_moe_is_written_with_its_code_and_loads_only_when_trusted(moe_dir):
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    from pipeline.stage_api import StageError
+    from stages.common.hf_io import load_causal_lm
+
+    for f in ("configuration_ring_moe.py", "modeling_ring_moe.py", "config.json", "model.safetensors"):
+        assert (moe_dir / f).is_file(), f
+    assert set(json.loads((moe_dir / "config.json").read_text())["auto_map"]) >= {
+        "AutoConfig", "AutoModelForCausalLM", "AutoModelForSequenceClassification"}
+    with pytest.raises(StageError, match=r"brings its own modelling code .*trust_remote_code: true"):
+        load_causal_lm(moe_dir, torch.float32, trust_remote_code=False)
+    model = AutoModelForCausalLM.from_pretrained(moe_dir, trust_remote_code=True)
+    names = dict(model.named_parameters())
+    # layer 0 dense (first_k_dense_replace), layer 1 the MoE block in qwen2_moe's layout
+    assert "model.layers.0.mlp.gate_proj.weight" in names and "model.layers.0.mlp.gate.weight" not in names
+    assert names["model.layers.1.mlp.gate.weight"].shape == (4, 32)
+    assert torch.equal(names["model.layers.1.mlp.gate.expert_bias"], torch.zeros(4))
+    assert names["model.layers.1.mlp.experts.gate_up_proj"].shape == (4, 32, 32)
+    assert names["model.layers.1.mlp.experts.down_proj"].shape == (4, 32, 16)
+    assert "model.layers.1.mlp.shared_expert_gate.weight" in names
+    # the router picks by score + bias but weights by the unbiased, normalised scores
+    gate = model.model.layers[1].mlp.gate
+    h = torch.randn(5, 32)
+    with torch.no_grad():
+        gate.expert_bias.copy_(torch.tensor([0.0, 0.0, 0.0, 100.0]))
+        logits, weights, index = gate(h)
+    assert (index == 3).any(dim=-1).all()  # the bias forces expert 3 into every top-k
+    scores = torch.sigmoid(logits)
+    torch.testing.assert_close(weights, scores.gather(-1, index) / scores.gather(-1, index).sum(-1, keepdim=True))
+    rm = AutoModelForSequenceClassification.from_pretrained(moe_dir, trust_remote_code=True, num_labels=1)
+    assert rm(input_ids=torch.tensor([[3, 4, 5]])).logits.shape == (1, 1)
+
+
+def test_hub_model_from_a_prepopulated_cache_loads_offline(moe_dir, tmp_path, monkeypatch):
+    from tests.stages.common.hub_cache import cache_repo
+
+    cache = tmp_path / "hub"
+    commit = cache_repo(cache, "model", "org/tiny-moe", moe_dir)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    rc, err, _ = _run(tmp_path, {"pretrained": "org/tiny-moe"}, "untrusted")
+    assert rc == 2 and "modeling_ring_moe.py" in err and "trust_remote_code: true" in err
+    rc, err, out = _run(tmp_path, {"pretrained": "org/tiny-moe", "trust_remote_code": True}, "hub")
+    assert rc == 0, err
+    summary = json.loads((out / "stage_summary.json").read_text())
+    assert summary["hub_commit"] == commit and summary["trust_remote_code"] is True
+    for f in ("modeling_ring_moe.py", "configuration_ring_moe.py", "model.safetensors", "tokenizer.json"):
+        assert (out / f).read_bytes() == (moe_dir / f).read_bytes()
+    rc, err, _ = _run(tmp_path, {"pretrained": "org/tiny-moe", "revision": commit, "trust_remote_code": True},
+                      "pinned")
+    assert rc == 0, err
+    rc, err, _ = _run(tmp_path, {"pretrained": "org/absent"}, "absent")
+    assert rc == 2 and "org/absent" in err and "not in the Hugging Face cache" in err and "HF_HUB_OFFLINE" in err

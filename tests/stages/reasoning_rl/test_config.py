@@ -3,13 +3,14 @@ router bias."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 from pydantic import ValidationError
 
 from stages.common.rows import DataError
-from stages.reasoning_rl.config import ReasoningRLConfig
+from stages.reasoning_rl.config import ReasoningRLConfig, RLData
 from stages.reasoning_rl.data import load_rows, rows_by_domain
 from stages.registry import STAGE_KINDS
 from stages.rl.learner import freeze_parameters
@@ -55,16 +56,16 @@ def test_data_errors_name_file_line_and_field(tmp_path):
     f = tmp_path / "rl.jsonl"
     f.write_text(json.dumps(good) + "\n\n" + json.dumps({**good, "prompt": ""}) + "\n")
     with pytest.raises(DataError, match=rf"{f}:3: field 'prompt'"):
-        load_rows([("rl.jsonl", f)])
+        load_rows(Path, [RLData(path=str(f))])
     f.write_text(json.dumps({"domain": "math", "prompt": "x"}) + "\n")
     with pytest.raises(DataError, match=rf"{f}:1: field 'reference' is missing"):
-        load_rows([("rl.jsonl", f)])
+        load_rows(Path, [RLData(path=str(f))])
     f.write_text("{not json\n")
-    with pytest.raises(DataError, match=rf"{f}:1: not valid JSON"):
-        load_rows([("rl.jsonl", f)])
+    with pytest.raises(DataError, match=rf"{f}:1: invalid JSON"):
+        load_rows(Path, [RLData(path=str(f))])
     (tmp_path / "nothing").mkdir()
-    with pytest.raises(DataError, match="holds no"):
-        load_rows([("empty dir", tmp_path / "nothing")])
+    with pytest.raises(DataError, match="directory has no .jsonl"):
+        load_rows(Path, [RLData(path=str(tmp_path / "nothing"))])
 
 
 def test_rows_from_dirs_and_parquet_get_ids_and_domains(tmp_path):
@@ -76,7 +77,7 @@ def test_rows_from_dirs_and_parquet_get_ids_and_domains(tmp_path):
     (d / "a.jsonl").write_text(json.dumps({"domain": "math", "prompt": "p1", "reference": "1"}) + "\n")
     pq.write_table(pa.Table.from_pylist([{"id": "x", "domain": "logic", "prompt": "p2", "reference": "2"}]),
                    d / "b.parquet")
-    rows = load_rows([("data", d)])
+    rows = load_rows(Path, [RLData(path=str(d))])
     assert [r["domain"] for r in rows] == ["math", "logic"]
     assert rows[0]["id"].endswith("a.jsonl:1") and rows[1]["id"] == "x"
     assert rows_by_domain(rows) == {"math": [0], "logic": [1]}

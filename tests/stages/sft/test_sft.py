@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from stages.common.deepspeed_setup import lr_factor
-from stages.common.rows import DataError, data_files, read_rows
-from stages.sft.config import SFTConfig
+from stages.common.rows import DataError, input_rows
+from stages.sft.config import SFTConfig, SFTData
 from stages.sft.data import Sample, build_samples, collate, pack_samples, tokenize_chat
 from stages.sft.job import packed_logits, packed_loss_sum
 from tests.stages.stage_kill import kill_after_first_checkpoint
@@ -137,6 +137,11 @@ def _write_rows(path: Path, rows: list) -> Path:
 
 
 GOOD = {"messages": chat("What is 1 + 1?", "<think>\n1 + 1 = 2\n</think>\n\\boxed{2}")}
+MESSAGES = SFTData(path="-")
+
+
+def rows_of(path) -> list:
+    return list(input_rows(Path, str(path), "sft data", keep_bad=True))
 
 
 @pytest.mark.slow
@@ -146,8 +151,8 @@ def test_malformed_rows_fail_naming_file_and_row_or_are_counted(tok, tmp_path):
             GOOD]
     f = _write_rows(tmp_path / "chats.jsonl", rows)
     with pytest.raises(DataError, match=re.escape(f"{f}:3: no `messages` field")):
-        build_samples(read_rows(data_files(f, "x")), tok, 512, "fail")
-    samples, stats = build_samples(read_rows(data_files(f, "x")), tok, 512, "skip")
+        build_samples(rows_of(f), tok, 512, "fail", MESSAGES.model_copy(update={"format": "messages"}))
+    samples, stats = build_samples(rows_of(f), tok, 512, "skip", MESSAGES.model_copy(update={"format": "messages"}))
     assert len(samples) == 3 and stats.rows == 5
     assert stats.bad_rows == {"no_messages": 1, "no_assistant": 1}
     assert stats.bad_examples[0] == f"{f}:3: no `messages` field"
@@ -162,15 +167,15 @@ def test_directory_of_jsonl_and_parquet(tok, tmp_path):
     (d / "sub").mkdir(parents=True)
     _write_rows(d / "a.jsonl", [GOOD, GOOD])
     datasets.Dataset.from_list([GOOD] * 3).to_parquet(str(d / "sub" / "b.parquet"))
-    files = data_files(d, "x")
-    assert [p.name for p in files] == ["a.jsonl", "b.parquet"]
-    samples, stats = build_samples(read_rows(files), tok, 512, "fail")
+    rows = rows_of(d)
+    assert [Path(r.file).name for r in rows] == ["a.jsonl"] * 2 + ["b.parquet"] * 3
+    samples, stats = build_samples(rows, tok, 512, "fail", MESSAGES)
     assert stats.samples == 5 and len({tuple(s.input_ids) for s in samples}) == 1
     (tmp_path / "empty").mkdir()
-    with pytest.raises(DataError, match="holds no"):
-        data_files(tmp_path / "empty", "x")
-    with pytest.raises(DataError, match="is not a"):
-        data_files(_write_rows(tmp_path / "rows.csv", [GOOD]), "x")
+    with pytest.raises(DataError, match="directory has no .jsonl"):
+        rows_of(tmp_path / "empty")
+    with pytest.raises(DataError, match="cannot tell its format"):
+        rows_of(_write_rows(tmp_path / "rows.csv", [GOOD]))
 
 
 @pytest.mark.slow
@@ -179,7 +184,7 @@ def test_long_samples_are_truncated_and_counted(tok, tmp_path):
     rows = [GOOD, {"messages": chat("What is 7 + 8?", long_answer)},
             {"messages": chat("x " * 400, "<think>\nshort\n</think>\n\\boxed{0}")}]
     f = _write_rows(tmp_path / "long.jsonl", rows)
-    samples, stats = build_samples(read_rows([f]), tok, 64, "fail")
+    samples, stats = build_samples(rows_of(f), tok, 64, "fail", MESSAGES)
     assert stats.truncated == 2 and stats.no_target_after_truncation == 1 and stats.samples == 2
     assert all(len(s) <= 64 for s in samples)
     cut = max(samples, key=len)

@@ -7,9 +7,12 @@ cuda_graphs.py):
   float32 on CPU.
 - Keeps a static KV cache `[slots, kv_heads, capacity, head_dim]` per layer (kv_cache.py) and
   runs the model's own modules (embeddings, RMSNorms, q/k/v/o projections, rotary embedding,
-  MLP, lm_head) around it; only attention and the cache are ours. That covers the Llama
-  family the pipeline builds (qwen2, llama; qwen3 too). Other model types are refused with
-  a clear message (use the vllm engine for them).
+  MLP, lm_head) around it; only attention, the cache and the MoE dispatch (moe.py: static
+  shapes, graph-safe) are ours. Models are accepted by structure, not by name: decoder layers
+  with q/k/v/o projections (qwen3's q/k norms too), full attention, and a dense gate/up/down
+  MLP or a MoE block of transformers' fused-experts layout (qwen2/llama/qwen3, qwen2_moe /
+  qwen3_moe, init_model's ring_moe); anything else is refused with a clear message (use the
+  vllm engine for it).
 - Continuous batching over `max_batch` slots: requests are prefilled (prompt +
   generated_ids, right-padded, one causal forward) into free slots, then decoded one token
   per step for all busy slots; finished slots are refilled from the pending requests once
@@ -48,17 +51,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from stages.common.hf_io import eos_token_ids_of, load_causal_lm
+from stages.common.hf_io import eos_token_ids_of, load_causal_lm, load_config
 from stages.rl.engines.protocol import IGNORED_PREFIXES, RolloutRequest, RolloutUpdate, SamplingParams, SyncTiming
 
 from .attention import DecodeAttention, rotate_half
 from .cuda_graphs import DecodeGraphs
 from .kv_cache import KVCache, pow2_at_least
+from .moe import feed_forward
 from .sampling import SamplingMode, sample
+from .structure import check_structure
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "qwen3")
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
@@ -133,9 +137,8 @@ class TorchEngine(SyncTiming):
                  max_batch: int = 64, max_len: int = 4096, seed: int = 0,
                  cuda_graphs: bool | None = None, static_shapes: bool | None = None,
                  eos_token_ids: list[int] | None = None, prefill_chunk_tokens: int = 16384,
-                 decode_attention: str = "auto", refill_min_free: int | None = None):
-        from transformers import AutoConfig
-
+                 decode_attention: str = "auto", refill_min_free: int | None = None,
+                 trust_remote_code: bool = False):
         path = Path(model_dir)
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"torch engine: {model_dir} is not a Hugging Face model "
@@ -157,16 +160,13 @@ class TorchEngine(SyncTiming):
         if use_graphs and not self.static_shapes:
             raise ValueError("torch engine: cuda_graphs=True needs static_shapes=True")
 
-        config = AutoConfig.from_pretrained(str(path))
-        if config.model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(f"torch engine: model_type {config.model_type!r} of {model_dir} is not "
-                             f"supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)}); use the "
-                             f"vllm engine for other architectures")
+        config = load_config(path, trust_remote_code=trust_remote_code)
         if getattr(config, "use_sliding_window", False) or any(
                 t != "full_attention" for t in (getattr(config, "layer_types", None) or [])):
             raise ValueError(f"torch engine: {model_dir} uses sliding-window attention, which "
                              f"this engine does not implement; use the vllm engine")
-        model = load_causal_lm(path, self.dtype)
+        check_structure(config, model_dir, trust_remote_code)
+        model = load_causal_lm(path, self.dtype, trust_remote_code=trust_remote_code)
         self.model = model.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
         self.config = config
         inner = self.model.model
@@ -182,6 +182,7 @@ class TorchEngine(SyncTiming):
             use_graphs = False
         self.graphs = DecodeGraphs(self.device, use_graphs)
         self.layers = list(inner.layers)
+        self.mlps = [feed_forward(layer.mlp, f"layer {i} mlp of {model_dir}") for i, layer in enumerate(self.layers)]
         attn0 = self.layers[0].self_attn
         self.n_heads = int(config.num_attention_heads)
         self.n_kv = int(getattr(config, "num_key_value_heads", None) or self.n_heads)
@@ -189,7 +190,7 @@ class TorchEngine(SyncTiming):
         self.scaling = float(getattr(attn0, "scaling", self.head_dim ** -0.5))
         self.vocab = int(self.model.get_output_embeddings().weight.shape[0])
         self.eos_token_ids = (list(eos_token_ids) if eos_token_ids is not None
-                              else eos_token_ids_of(path))
+                              else eos_token_ids_of(path, trust_remote_code=trust_remote_code))
 
         self.attention = DecodeAttention(decode_attention, self.device, self.dtype, self.n_heads, self.n_kv,
                                          self.head_dim, self.scaling)
@@ -281,7 +282,7 @@ class TorchEngine(SyncTiming):
             # right padding: a real token never attends to the pads after it
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling)
             x = x + attn.o_proj(o.transpose(1, 2).reshape(n, t, -1))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + self.mlps[li](layer.post_attention_layernorm(x))
         last = x[torch.arange(n, device=dev), lens - 1]
         noise = None
         if not mode.greedy:
@@ -317,7 +318,7 @@ class TorchEngine(SyncTiming):
             else:
                 o = self.attention.masked(qg, kc, vc, mask, kvb)
             x = x + attn.o_proj(o.reshape(nb, 1, self.n_heads * self.head_dim))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + self.mlps[li](layer.post_attention_layernorm(x))
         noise = None if mode.greedy else c.noise[:nb]
         tok_new, lp = sample(self._logits(x[:, 0]), mode, noise)
         c.out[:nb, 0].copy_(tok_new)

@@ -1,0 +1,147 @@
+"""The torch engine's pi_infer against the trainer's pi_train at the same weights, for dense
+and Mixture-of-Experts models (stages/rl/engines/agreement.py, torch_engine/moe.py).
+
+In fp32 on CPU the engine (static KV cache, our attention, our static-shape expert dispatch)
+and the learner's forward (`PolicyHead` over the model's own modules) compute the same
+function along two code paths: their per-token log-probs must agree to rounding. The models
+are tiny and random (initializer_range 0.2, so routing and logits are far from uniform); the
+MoE ones get a random expert bias, so the selection score differs from the weights.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from stages.init_model.model import MODEL_KINDS, save_model
+from stages.rl.engines import RolloutRequest, SamplingParams, create_engine
+from stages.rl.engines.agreement import measure_agreement
+from stages.rl.engines.torch_engine import moe
+from stages.rl.engines.torch_engine.moe import MoEFeedForward, routed_experts
+
+VOCAB, EOS, PAD = 256, 1, 0
+SIZES = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, intermediate_size=96, max_position_embeddings=256,
+             eos_token_id=EOS, pad_token_id=PAD, bos_token_id=None, initializer_range=0.2)
+EXPERTS = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
+MODELS = {
+    "qwen2": {},
+    "ring_moe": {**EXPERTS, "shared_expert_intermediate_size": 48, "first_k_dense_replace": 1,
+                 "routed_scaling_factor": 1.5},
+    "qwen2_moe": {**EXPERTS, "shared_expert_intermediate_size": 48},
+    "qwen3_moe": {**EXPERTS, "head_dim": 16},
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def build(model_type: str, seed: int = 0):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    if model_type in MODEL_KINDS:
+        config_cls, model_cls = MODEL_KINDS[model_type].classes()
+        config = config_cls(**SIZES, **MODELS[model_type])
+        config.auto_map = dict(MODEL_KINDS[model_type].auto_map)
+        model = model_cls(config)
+    else:
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **SIZES, **MODELS[model_type]))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("expert_bias"):
+                p.normal_(0.0, 0.3)
+    return model.eval()
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def saved(request, tmp_path_factory) -> tuple[str, Path]:
+    out = tmp_path_factory.mktemp(request.param)
+    model = build(request.param)
+    if request.param in MODEL_KINDS:
+        save_model(model, request.param, out)
+    else:
+        model.save_pretrained(out)
+    return request.param, out
+
+
+def _requests(n: int, seed: int) -> list[RolloutRequest]:
+    g = torch.Generator().manual_seed(seed)
+    return [RolloutRequest(f"r{i}", torch.randint(2, VOCAB, (int(torch.randint(2, 24, (1,), generator=g)),),
+                                                 generator=g).tolist(), 4 + 3 * i) for i in range(n)]
+
+
+@pytest.mark.parametrize("static_shapes", [False, True], ids=["eager", "static"])
+def test_engine_logprobs_match_the_training_forward(saved, static_shapes):
+    from stages.common.hf_io import load_causal_lm
+
+    model_type, path = saved
+    trust = model_type in MODEL_KINDS
+    # fewer slots than requests: refills and compaction run too
+    engine = create_engine("torch", str(path), device="cpu", dtype="float32", max_batch=4, max_len=96,
+                           eos_token_ids=[], static_shapes=static_shapes, trust_remote_code=trust)
+    trainer = load_causal_lm(path, torch.float32, trust_remote_code=trust)
+    got = measure_agreement(engine, trainer, _requests(7, seed=1), SamplingParams(temperature=0.9, seed=3),
+                            pad_id=PAD, device="cpu")
+    assert sum(map(len, got.engine_logprobs)) == sum(4 + 3 * i for i in range(7))
+    for e, t in zip(got.engine_logprobs, got.trainer_logprobs):
+        torch.testing.assert_close(torch.tensor(e), torch.tensor(t), atol=2e-5, rtol=0)
+    assert got.stats["abs_log_k_max"] < 2e-5 and got.stats["masked_fraction"] == 0.0
+
+
+def test_moe_dispatch_paths_equal_the_models_own_block():
+    """The padded path (whole and in token chunks) and the grouped_mm path give the block's
+    own output, for routings that are balanced, all on one expert, and one token alone."""
+    model = build("ring_moe")
+    block = model.model.layers[1].mlp
+    ffn = MoEFeedForward(block, "test block")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(37, SIZES["hidden_size"], generator=g)
+    with torch.no_grad():
+        want = block(x[None])[0]
+        torch.testing.assert_close(ffn(x), want, atol=1e-5, rtol=0)
+        _, w, idx = block.gate(x)
+        shared = torch.sigmoid(block.shared_expert_gate(x)) * block.shared_expert(x)
+        for grouped in (False, True):
+            torch.testing.assert_close(routed_experts(ffn, x, idx, w, grouped=grouped) + shared, want,
+                                       atol=1e-5, rtol=0)
+        # every token on the same two experts (one expert's block full, the others empty)
+        same = torch.tensor([[3, 5]]).expand(37, 2)
+        ref = block.experts(x, same, w)
+        for grouped in (False, True):
+            torch.testing.assert_close(routed_experts(ffn, x, same, w, grouped=grouped), ref, atol=1e-5, rtol=0)
+        torch.testing.assert_close(ffn(x[:1]), block(x[None, :1])[0], atol=1e-5, rtol=0)
+    chunk_before = moe.PADDED_BLOCK_ELEMENTS
+    try:  # a long prefill is cut into token chunks: 5 tokens per chunk here
+        moe.PADDED_BLOCK_ELEMENTS = 5 * ffn.num_experts * max(2 * ffn.ff, ffn.hidden)
+        with torch.no_grad():
+            torch.testing.assert_close(ffn(x), want, atol=1e-5, rtol=0)
+    finally:
+        moe.PADDED_BLOCK_ELEMENTS = chunk_before
+
+
+def test_engine_refuses_models_it_cannot_run(tmp_path, saved):
+    """Custom code without trust_remote_code is a StageError naming the files; layers with
+    norms the engine would skip (Gemma 2's feed-forward norms) are refused by structure."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from pipeline.stage_api import StageError
+
+    model_type, path = saved
+    if model_type == "ring_moe":
+        with pytest.raises(StageError, match=r"modeling_ring_moe\.py.*trust_remote_code: true"):
+            create_engine("torch", str(path))
+    if model_type != "qwen2":
+        return
+    gemma = AutoModelForCausalLM.from_config(AutoConfig.for_model(
+        "gemma2", vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, intermediate_size=32, layer_types=["full_attention"]))
+    gemma.save_pretrained(tmp_path / "gemma2")
+    with pytest.raises(ValueError, match=r"model_type 'gemma2'.*pre_feedforward_layernorm"):
+        create_engine("torch", str(tmp_path / "gemma2"))

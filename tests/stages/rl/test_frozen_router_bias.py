@@ -1,0 +1,69 @@
+"""The recipe holds the MoE router's expert bias fixed during RL (paper: aux-loss-free
+balancing is not trained by the RL objective): a reasoning_rl run on a ring_moe policy
+(custom code, trust_remote_code) leaves every `expert_bias` bit-identical while every other
+parameter moved.
+
+The policy's bias is set non-zero first, as a pre-trained router's is: a zero bias would
+stay zero under weight decay even if it were trained, and the test could not fail. The
+task is one a random policy sometimes passes (IFEval: fewer than 3 words), so GRPO groups
+have reward variance and the update has a gradient; its rows name their fields differently
+and carry no domain (RLData's field mapping and default domain)."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+
+def test_reasoning_rl_keeps_the_router_bias_and_moves_the_rest(stage_env, data_artifact, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from pipeline.artifacts import local_path
+    from pipeline.execute import run_stage
+    from pipeline.stage_api import Resources
+
+    base = run_stage("init_model", {
+        "architecture": {"model_type": "ring_moe", "hidden_size": 32, "num_hidden_layers": 2,
+                         "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 64,
+                         "moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+                                 "shared_expert_intermediate_size": 32, "first_k_dense_replace": 1}},
+        "tokenizer": {"corpus": ["${stages.data.output}/sft.jsonl"], "vocab_size": 400}},
+        stage="moe_base", storage=stage_env["storage"], recipe=stage_env["recipe"],
+        work_root=stage_env["work_root"], upstream={"data": data_artifact.url})
+    policy = tmp_path / "policy"
+    shutil.copytree(local_path(base.url), policy, ignore=shutil.ignore_patterns("_SUCCESS", "manifest.json"))
+    before = load_file(policy / "model.safetensors")
+    g = torch.Generator().manual_seed(0)
+    for name in before:
+        if name.endswith("expert_bias"):
+            before[name] = torch.randn(before[name].shape, generator=g)
+    save_file(before, policy / "model.safetensors", metadata={"format": "pt"})
+
+    short = {"instruction_id_list": ["length_constraints:number_words"],
+             "kwargs": [{"relation": "less than", "num_words": 3}]}
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"question": f"Say something about the number {i}.", "check": short})
+                             + "\n" for i in range(8)))
+    run = run_stage("reasoning_rl", {
+        "model": str(policy), "trust_remote_code": True,
+        "data": {"path": str(tasks), "fields": {"prompt": "question", "reference": "check"},
+                 "default_domain": "ifeval"},
+        "steps": 2, "prompts_per_step": 2, "rollouts_per_prompt": 4, "max_len": 6, "prompt_max_len": 96,
+        "lr": 1e-3, "scheduler": "sync", "rollout": {"engine": "torch", "device": "cpu", "max_batch": 4},
+        "verifier_workers": 0, "checkpoint_every": 2, "zero_stage": 2},
+        stage="moe_rl", storage=stage_env["storage"], recipe=stage_env["recipe"],
+        work_root=stage_env["work_root"], resources=Resources(cpu_ranks=1))
+    after = load_file(Path(local_path(run.url)) / "model.safetensors")
+    assert after.keys() == before.keys()
+    bias = [n for n in before if n.endswith("expert_bias")]
+    assert bias == ["model.layers.1.mlp.gate.expert_bias"]
+    for name in before:  # zero-initialised biases move only with a gradient
+        same = torch.equal(before[name], after[name])
+        assert same == (name in bias), name
+    for f in ("modeling_ring_moe.py", "configuration_ring_moe.py"):  # the code travels with the model
+        assert (Path(local_path(run.url)) / f).read_bytes() == (policy / f).read_bytes()
