@@ -38,7 +38,7 @@ tensorboard-data-server tensorstore threadpoolctl tifffile tiktoken timm tokeniz
 torch-geometric torchaudio torchdiffeq torchmetrics torchvision tqdm transformers treescope triton
 typer typing-extensions typing-inspect urllib3 uvloop wadler-lindig werkzeug wheel wrapt xarray
 xxhash yarl zipp"
-SKIP="aiobotocore aioitertools botocore s3fs jmespath s3transfer boto3 mlflow asyncpg docker gunicorn"
+SKIP="aiobotocore aioitertools botocore s3fs jmespath s3transfer boto3 mlflow docker gunicorn"
 
 if command -v uv >/dev/null 2>&1; then uv=(uv); else
   tools=$(mktemp -d); trap 'rm -rf "$tools"' EXIT
