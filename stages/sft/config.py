@@ -34,8 +34,15 @@ class SFTConfig(StageConfig):
     on_bad_row: Literal["fail", "skip"] = Field(
         "fail", description="a malformed row stops the stage (naming file/row/reason), or is "
                             "left out and counted in the summary")
-    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = Field(
-        "auto", description="auto = flash_attention_2 on GPU when flash-attn is installed, else sdpa")
+    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2", "flex_attention"] = Field(
+        "auto", description="auto = on GPU flash_attention_2 when flash-attn is installed, else "
+                            "flex_attention (document-masked); sdpa on CPU (stages/common/packed_attention.py)")
+    gradient_checkpointing: bool = Field(
+        False, description="recompute each decoder layer's activations in the backward pass: less memory "
+                           "for longer packs or larger micro batches, ~1/3 more compute")
+    loss_chunk_tokens: int = Field(
+        8192, ge=1, description="tokens per chunk of the LM-head + cross-entropy: the full-vocabulary logits "
+                                "of a micro batch are never held at once (stages/common/fused_loss.py)")
     checkpoint_every: int = cosmetic(50, ge=1, description="optimizer steps between checkpoints")
 
     @model_validator(mode="after")
