@@ -116,8 +116,12 @@ def load_packed_lm(model_dir: Path, cfg: SFTConfig, attn: str) -> PackedLMLoss:
     """The input model in float32 (DeepSpeed casts it), with the configured attention and
     gradient checkpointing, wrapped for the chunked loss."""
     lm = load_causal_lm(model_dir, torch.float32, attn_implementation=attn)
-    if cfg.gradient_checkpointing:
-        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.gradient_checkpointing:  # transformers >= 5.20 renamed it (the old name warns)
+        enable = getattr(lm, "activation_checkpointing_enable", None)
+        if enable is not None:
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return PackedLMLoss(lm, cfg.loss_chunk_tokens)
 
 
