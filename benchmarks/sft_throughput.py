@@ -20,9 +20,9 @@ Variants of an SFT case (`<tokens>` tokens per micro batch, micro batch 1, ZeRO-
   plain         transformers + torch AdamW(fused) on bf16 weights, SDPA causal over the whole
                 row (no packing mask), HF's own loss; the pack's tokens as one sequence
   stage         the `sft` stage through pipeline.execute.run_stage with its defaults: attention
-                `auto` (GPU: flash_attention_2 if flash-attn is installed, else flex_attention
-                with a document mask), LM head + cross-entropy in chunks of 8192 tokens
-  stage_sdpa    the stage with sdpa (a dense block-diagonal mask), chunked loss
+                `auto` (flash_attention_2 if flash-attn is installed, else sdpa with a dense
+                block-diagonal mask), LM head + cross-entropy in chunks of 8192 tokens
+  stage_flex    the stage with flex_attention (a document-masked FlexAttention kernel), chunked loss
   stage_before  the stage as it was before issue 19: sdpa, the whole micro batch's logits at once
 Gradient checkpointing is on for the 16k-token cases (plain and stage alike), off at 4096.
 The stage's rate is the median of its logged per-step tokens/s after `--skip` warm-up steps
@@ -82,10 +82,10 @@ SMOKE_CASES = ["tiny@256", "learner"]
 TOKENS = object()  # stands for the micro batch's tokens in VARIANTS
 VARIANTS = {  # the sft stage's config per variant
     "stage": {},
-    "stage_sdpa": {"attn_implementation": "sdpa"},
+    "stage_flex": {"attn_implementation": "flex_attention"},
     "stage_before": {"attn_implementation": "sdpa", "loss_chunk_tokens": TOKENS},
 }
-DEFAULT_VARIANTS = {"1.5B@4096": ["plain", "stage", "stage_sdpa", "stage_before"]}
+DEFAULT_VARIANTS = {"1.5B@4096": ["plain", "stage", "stage_flex", "stage_before"]}
 PEAK_BF16 = [("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("A100", 312e12)]
 
 
@@ -350,8 +350,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench_out")))
     p.add_argument("--smoke", action="store_true", help="CPU, tiny shape, 2 steps: checks the orchestration")
     p.add_argument("--only", nargs="*", help=f"cases to run (default: {' '.join(CASES)})")
-    p.add_argument("--variants", nargs="*", help="SFT variants for every case (default: plain stage stage_before; "
-                                                 "1.5B@4096 also stage_sdpa)")
+    p.add_argument("--variants", nargs="*", help="SFT variants for every case (default: plain stage_flex "
+                                                 "stage_before; 1.5B@4096 also stage)")
     p.add_argument("--steps", type=int, default=None, help="timed steps per SFT variant (default 8, smoke 2)")
     p.add_argument("--skip", type=int, default=None, help="warm-up steps not timed (default 3, smoke 1)")
     p.add_argument("--rows", type=int, default=None, help="synthetic CoT rows (default 3000, smoke 300)")
@@ -407,7 +407,8 @@ def main(argv=None) -> int:
             ckpt = tokens > 4096
             path = model_dir(shape, tokenizer_dir, work, device)
             pack_ids, pack_lengths = packs_of(rows_file, tokenizer_dir, tokens)
-            variants = args.variants or DEFAULT_VARIANTS.get(case, ["plain", "stage", "stage_before"])
+            variants = args.variants or DEFAULT_VARIANTS.get(
+                case, ["plain", "stage", "stage_before"] if args.smoke else ["plain", "stage_flex", "stage_before"])
             for variant in variants:
                 log(f"{case} {variant}: start")
                 try:

@@ -6,9 +6,12 @@ rank; CPU ranks on gloo, GPUs on nccl). Top to bottom:
 1. read the chat rows, tokenise them with the chat template, mask everything but the
    assistant turns, pack them into `max_seq_len` sequences (stages/sft/data.py: the rules
    for malformed rows, truncation and packing are written there);
-2. build the model (HF dir from `model`), torch AdamW (no decay on 1-D params: norms,
-   biases), warmup + cosine (or constant) schedule, DeepSpeed engine (ZeRO stage,
-   gradient clipping, bf16 on GPU / fp32 on CPU with `precision: auto`);
+2. build the model (HF dir from `model`; attention that keeps packed samples apart,
+   stages/common/packed_attention.py; gradient checkpointing when configured), wrapped in
+   `PackedLMLoss` (the LM head and cross-entropy run in chunks of `loss_chunk_tokens`, so
+   the full-vocabulary logits of a micro batch never exist at once), torch AdamW (no decay
+   on 1-D params: norms, biases), warmup + cosine (or constant) schedule, DeepSpeed engine
+   (ZeRO stage, gradient clipping, bf16 on GPU / fp32 on CPU with `precision: auto`);
 3. resume from the stage's latest complete checkpoint if there is one (stages/common/
    checkpoint.py): weights, optimizer, scheduler, `Progress` (step, data position, token
    counts), RNG of every rank; refused when the world size or the pack count changed;

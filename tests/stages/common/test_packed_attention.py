@@ -10,14 +10,15 @@ from stages.common.packed_attention import (FLEX_BLOCK, flattens_micro_batch, pa
                                             static_width)
 
 
-def test_auto_is_sdpa_on_cpu_and_a_document_masked_kernel_on_gpu():
+def test_auto_is_sdpa_on_cpu_and_varlen_flash_attention_on_gpu_when_installed():
     assert packed_attention("auto", on_gpu=False) == "sdpa"
     try:
         import flash_attn  # noqa: F401
         want = "flash_attention_2"
     except ImportError:
-        want = "flex_attention"
+        want = "sdpa"
     assert packed_attention("auto", on_gpu=True) == want
+    assert packed_attention("flex_attention", on_gpu=True) == "flex_attention"
     for explicit in ("sdpa", "eager"):
         assert packed_attention(explicit, on_gpu=False) == explicit
 
