@@ -18,9 +18,10 @@ configured off.
 
 Log-probs are those of the temperature-scaled distribution softmax(logits / T), the one the
 engine samples from (the engine reports pi_infer of the same distribution). Logits are
-computed only at response positions, in chunks of `logit_chunk` tokens (recomputed in the
-backward pass when there is more than one chunk), so a 64k-token response never holds a
-[T, vocab] tensor at once.
+computed only at response positions, in chunks of `logit_chunk` tokens of the whole
+micro-batch (stages/common/fused_loss.py; recomputed in the backward pass when there is more
+than one chunk), so neither a 64k-token response nor a wide micro-batch ever holds a
+[tokens, vocab] tensor at once.
 
 Backends: `TorchBackend` (a plain torch optimizer; the GPU benchmark uses it) or the
 DeepSpeed wrapper in deepspeed_backend.py. Each rank's micro-batch loss is multiplied by the world
@@ -34,9 +35,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
 import torch
-import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
+from stages.common.fused_loss import token_logprobs
 from stages.rl.loss import STAT_KEYS, LossConfig, MismatchStats, policy_loss
 
 
@@ -184,20 +184,6 @@ def _hidden_and_head(model: torch.nn.Module, input_ids: torch.Tensor, attention_
     return hidden, head
 
 
-def _chunk_logprobs(head, softcap: float | None, temperature: float, with_entropy: bool,
-                    h: torch.Tensor, tgt: torch.Tensor):
-    logits = head(h).float()
-    if softcap:
-        logits = torch.tanh(logits / softcap) * softcap
-    logits = logits / temperature
-    lse = torch.logsumexp(logits, dim=-1)
-    lp = logits.gather(-1, tgt.unsqueeze(-1)).squeeze(-1) - lse
-    if not with_entropy:
-        return lp, None
-    ent = lse - (F.softmax(logits, dim=-1) * logits).sum(-1)
-    return lp, ent
-
-
 def response_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       resp_pos: torch.Tensor, targets: torch.Tensor, temperature: float, chunk: int,
                       with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -209,19 +195,10 @@ def response_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention
         head, softcap = torch.nn.Identity(), None
     H = hidden.shape[-1]
     h = hidden.gather(1, resp_pos.unsqueeze(-1).expand(-1, -1, H))  # [B, R, H]
-    R = h.shape[1]
-    lps, ents = [], []
-    for s in range(0, R, chunk):
-        hc, tc = h[:, s:s + chunk], targets[:, s:s + chunk]
-        if torch.is_grad_enabled() and R > chunk:
-            lp, ent = checkpoint(_chunk_logprobs, head, softcap, temperature, with_entropy, hc, tc,
-                                 use_reentrant=False)
-        else:
-            lp, ent = _chunk_logprobs(head, softcap, temperature, with_entropy, hc, tc)
-        lps.append(lp)
-        if ent is not None:
-            ents.append(ent)
-    return torch.cat(lps, dim=1), (torch.cat(ents, dim=1) if with_entropy else None)
+    # chunks of `chunk` tokens over the whole micro batch, not per row: at most [chunk, vocab]
+    # float32 logits exist at once however many rows the micro batch has
+    return token_logprobs(h, head, targets, chunk, temperature=temperature, softcap=softcap,
+                          with_entropy=with_entropy)
 
 
 def disable_dropout(model: torch.nn.Module) -> None:

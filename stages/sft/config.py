@@ -72,8 +72,16 @@ class SFTConfig(StageConfig):
     on_bad_row: Literal["fail", "skip"] = Field(
         "fail", description="a malformed row stops the stage (naming file/row/reason), or is "
                             "left out and counted in the summary")
-    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = Field(
-        "auto", description="auto = flash_attention_2 on GPU when flash-attn is installed, else sdpa")
+    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2", "flex_attention"] = Field(
+        "auto", description="auto = flash_attention_2 on GPU when flash-attn is installed, else sdpa; "
+                            "flex_attention (GPU only): a document-masked FlexAttention kernel instead of "
+                            "sdpa's dense mask (stages/common/packed_attention.py)")
+    gradient_checkpointing: bool = Field(
+        False, description="recompute each decoder layer's activations in the backward pass: less memory "
+                           "for longer packs or larger micro batches, ~1/3 more compute")
+    loss_chunk_tokens: int = Field(
+        8192, ge=1, description="tokens per chunk of the LM-head + cross-entropy: the full-vocabulary logits "
+                                "of a micro batch are never held at once (stages/common/fused_loss.py)")
     checkpoint_every: int = cosmetic(50, ge=1, description="optimizer steps between checkpoints")
 
     @property
@@ -88,5 +96,5 @@ class SFTConfig(StageConfig):
 
 
 KIND = register(StageKind(
-    name="sft", config=SFTConfig, version=1, sources=("stages.sft", "stages.common"),
+    name="sft", config=SFTConfig, version=2, sources=("stages.sft", "stages.common"),
     distributed=True, description="Long-CoT SFT: packed sequences, DeepSpeed ZeRO, resumable"))

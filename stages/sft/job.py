@@ -6,9 +6,12 @@ rank; CPU ranks on gloo, GPUs on nccl). Top to bottom:
 1. read the chat rows, tokenise them with the chat template, mask everything but the
    assistant turns, pack them into `max_seq_len` sequences (stages/sft/data.py: the rules
    for malformed rows, truncation and packing are written there);
-2. build the model (HF dir from `model`), torch AdamW (no decay on 1-D params: norms,
-   biases), warmup + cosine (or constant) schedule, DeepSpeed engine (ZeRO stage,
-   gradient clipping, bf16 on GPU / fp32 on CPU with `precision: auto`);
+2. build the model (HF dir from `model`; attention that keeps packed samples apart,
+   stages/common/packed_attention.py; gradient checkpointing when configured), wrapped in
+   `PackedLMLoss` (the LM head and cross-entropy run in chunks of `loss_chunk_tokens`, so
+   the full-vocabulary logits of a micro batch never exist at once), torch AdamW (no decay
+   on 1-D params: norms, biases), warmup + cosine (or constant) schedule, DeepSpeed engine
+   (ZeRO stage, gradient clipping, bf16 on GPU / fp32 on CPU with `precision: auto`);
 3. resume from the stage's latest complete checkpoint if there is one (stages/common/
    checkpoint.py): weights, optimizer, scheduler, `Progress` (step, data position, token
    counts), RNG of every rank; refused when the world size or the pack count changed;
@@ -40,7 +43,9 @@ from stages.common.checkpoint import Checkpointer, StatefulDataclass
 from stages.common.data_plan import DataPlan
 from stages.common.distributed import local_first
 from stages.common.entry import run_job
+from stages.common.fused_loss import linear_cross_entropy_sum
 from stages.common.hf_io import load_causal_lm, save_hf_model
+from stages.common.packed_attention import flattens_micro_batch, pad_packed_batch, packed_attention, static_width
 from stages.common.rows import input_rows
 from stages.common.training_job import start_training_job, supervised_engine
 from stages.sft.config import SFTConfig
@@ -59,7 +64,7 @@ class Progress(StatefulDataclass):
     first_loss: float | None = None
 
 
-# -- small helpers ---------------------------------------------------------------------------
+# -- the forward and the loss ----------------------------------------------------------------
 def packed_logits(model, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
     """Logits of packed sequences with no attention across samples.
 
@@ -72,17 +77,56 @@ def packed_logits(model, input_ids: torch.Tensor, position_ids: torch.Tensor) ->
                  use_cache=False).logits
 
 
+class PackedLMLoss(torch.nn.Module):
+    """The causal LM `lm` with a forward that returns the summed cross-entropy of packed
+    sequences, its head run chunk by chunk (stages/common/fused_loss.py) so that the
+    full-vocabulary logits of a micro batch are never held at once. It is the module put under
+    DeepSpeed, so one engine forward covers the whole computation (ZeRO-3 keeps per-micro-step
+    state in its forward)."""
+
+    def __init__(self, lm: torch.nn.Module, chunk_tokens: int):
+        super().__init__()
+        self.lm, self.chunk_tokens = lm, chunk_tokens
+
+    @property
+    def config(self):
+        return self.lm.config
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        out = self.lm.get_decoder()(input_ids=input_ids, position_ids=position_ids, attention_mask=None,
+                                    use_cache=False)
+        return linear_cross_entropy_sum(out.last_hidden_state, self.lm.get_output_embeddings(), targets,
+                                        self.chunk_tokens)
+
+
 def packed_loss_sum(model, batch: dict[str, torch.Tensor], device: torch.device,
                     flatten: bool = False) -> torch.Tensor:
-    """Sum of the token cross-entropies of a collated batch (targets are pre-shifted).
+    """Sum of the token cross-entropies of a collated batch (targets are pre-shifted) under
+    `model`: a PackedLMLoss (or the engine around one), else a plain causal LM (full logits).
     `flatten` puts the micro batch in one row: flash-attention's varlen path detects
     packing from the position ids of a single row only."""
     ids, pos, tgt = (batch[k].to(device) for k in ("input_ids", "position_ids", "targets"))
     if flatten:
         ids, pos, tgt = ids.view(1, -1), pos.view(1, -1), tgt.view(1, -1)
+    if isinstance(getattr(model, "module", model), PackedLMLoss):
+        return model(ids, pos, tgt)
     logits = packed_logits(model, ids, pos)
     return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), tgt.view(-1),
                            ignore_index=-100, reduction="sum")
+
+
+def load_packed_lm(model_dir: Path, cfg: SFTConfig, attn: str) -> PackedLMLoss:
+    """The input model in float32 (DeepSpeed casts it), with the configured attention and
+    gradient checkpointing, wrapped for the chunked loss."""
+    lm = load_causal_lm(model_dir, torch.float32, attn_implementation=attn,
+                        trust_remote_code=cfg.trust_remote_code)
+    if cfg.gradient_checkpointing:  # transformers >= 5.20 renamed it (the old name warns)
+        enable = getattr(lm, "activation_checkpointing_enable", None)
+        if enable is not None:
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return PackedLMLoss(lm, cfg.loss_chunk_tokens)
 
 
 # -- the stage -------------------------------------------------------------------------------
@@ -126,9 +170,10 @@ def main(job: StageJob) -> dict[str, Any] | None:
                     "train.world_size": world})
 
     # 2. model, optimizer, schedule, engine
+    attn = packed_attention(cfg.attn_implementation, ranks.on_gpu)
     engine, scheduler, attn = supervised_engine(
-        cfg, setup, total_steps, lambda attn: load_causal_lm(model_dir, torch.float32, attn_implementation=attn,
-                                                      trust_remote_code=cfg.trust_remote_code))
+        cfg.model_copy(update={"attn_implementation": attn}), setup, total_steps,
+        lambda attn: load_packed_lm(model_dir, cfg, attn))
 
     # 3. resume
     p = Progress()
@@ -141,13 +186,16 @@ def main(job: StageJob) -> dict[str, Any] | None:
     # 4. train
     engine.train()
     loss = None
-    flatten = attn == "flash_attention_2"  # FA2 detects packing from position ids of one row
+    flatten = flattens_micro_batch(attn)
+    width = static_width(attn, cfg.max_seq_len)
     while p.step < total_steps:
         if p.step_in_epoch >= plan.steps_per_epoch:
             p.epoch, p.step_in_epoch = p.epoch + 1, 0
         t0 = time.perf_counter()
         micro = plan.step_micro_batches(p.epoch, p.step_in_epoch, rank)
         batches = [collate(samples, [packs[i] for i in mb], pad_id) for mb in micro]
+        if width is not None:
+            batches = [pad_packed_batch(b, width, pad_id) for b in batches]
         counts = torch.tensor([float(sum((b["targets"] != -100).sum() for b in batches)),
                                float(sum(len(samples[i]) for mb in micro for p in mb for i in packs[p]))],
                               dtype=torch.float64, device=device)
@@ -182,10 +230,13 @@ def main(job: StageJob) -> dict[str, Any] | None:
             info(f"sft step {p.step}/{total_steps} | epoch {p.epoch + 1} | loss {loss:.4f} | lr {lr:.3e} | "
                  f"grad_norm {grad_norm:.3f} | {step_tokens / dt:,.0f} tok/s | tokens {p.tokens:,}")
         if p.step % cfg.log_every == 0 or p.step == total_steps:
-            log.metrics(p.step, {"loss": loss, "lr": lr, "grad_norm": grad_norm,
-                                 "tokens_per_s": step_tokens / dt, "tokens": p.tokens,
-                                 "target_tokens": p.target_tokens,
-                                 "epoch": p.epoch + p.step_in_epoch / plan.steps_per_epoch})
+            step_metrics = {"loss": loss, "lr": lr, "grad_norm": grad_norm,
+                            "tokens_per_s": step_tokens / dt, "tokens": p.tokens,
+                            "target_tokens": p.target_tokens,
+                            "epoch": p.epoch + p.step_in_epoch / plan.steps_per_epoch}
+            if ranks.on_gpu:  # what the step needs at most (benchmarks/sft_throughput.py reads it)
+                step_metrics["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2 ** 30
+            log.metrics(p.step, step_metrics)
         if p.step % cfg.checkpoint_every == 0 and p.step < total_steps:
             ckpt.save(p.step)
             if rank == 0:
@@ -193,7 +244,7 @@ def main(job: StageJob) -> dict[str, Any] | None:
 
     # 5. outputs
     out = Path(job.output_dir)
-    save_hf_model(engine, engine.module, model_dir, out, cfg.zero_stage, rank)
+    save_hf_model(engine, engine.module.lm, model_dir, out, cfg.zero_stage, rank)
     if rank != 0:
         return None
     summary = {"steps": p.step, "first_loss": p.first_loss, "final_loss": loss,

@@ -1,0 +1,434 @@
+"""Training-step speed where the GPU hours go: the `sft` stage's own step next to a plain
+transformers + fused AdamW loop, and the RL learner's step, on one GPU, in one run.
+
+    # on the GPU machine (one GPU), from the repo root, after scripts/gpu_wheels.sh's wheels are
+    # installed into /tmp/site; at most ~8 minutes, each result lands in $OUT when it is measured:
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    timeout 480 python3 benchmarks/sft_throughput.py --out "$OUT" 2>&1 | tee "$OUT/sft_throughput.log"
+    # one case only (e.g. a second run for what the first did not reach):
+    timeout 480 python3 benchmarks/sft_throughput.py --out "$OUT" --only 1.5B@16384 2>&1 | tee "$OUT/sft_throughput.log"
+    # here (CPU): the whole orchestration on a tiny shape
+    python benchmarks/sft_throughput.py --smoke --out /tmp/sft_smoke
+
+Cases, in this order (`--only` picks some; names: `<shape>@<tokens>` and `learner`):
+  1.5B@4096, learner, 0.5B@4096, 0.5B@16384, 1.5B@16384
+Shapes are Qwen2-0.5B / Qwen2-1.5B built from a config (random init, tied embeddings, the
+151,936-token vocabulary; the smoke's tiny shape has 2,048); the chat tokenizer comes from the `init_model` stage (a small BPE
+on the synthetic CoT rows, whose ids all fit the model's vocabulary).
+
+Variants of an SFT case (`<tokens>` tokens per micro batch, micro batch 1, ZeRO-0, bf16):
+  plain         transformers + torch AdamW(fused) on bf16 weights, SDPA causal over the whole
+                row (no packing mask), HF's own loss; the pack's tokens as one sequence
+  stage         the `sft` stage through pipeline.execute.run_stage with its defaults: attention
+                `auto` (flash_attention_2 if flash-attn is installed, else sdpa with a dense
+                block-diagonal mask), LM head + cross-entropy in chunks of 8192 tokens
+  stage_flex    the stage with flex_attention (a document-masked FlexAttention kernel), chunked loss
+  stage_before  the stage as it was before issue 19: sdpa, the whole micro batch's logits at once
+Gradient checkpointing is on for the 16k-token cases (plain and stage alike), off at 4096.
+The stage's rate is the median of its logged per-step tokens/s after `--skip` warm-up steps
+(FlexAttention compiles in the first); its peak memory is torch.cuda.max_memory_allocated,
+logged by the stage.
+
+The learner case: stages/rl/learner.py `Learner.train` (theta_old pass + one update) with the
+plain-torch backend on the 0.5B shape, 32 rollouts (prompts 256 tokens, responses 512-2048),
+micro batches of 16384 padded tokens; `before` = the head over the whole micro batch at once
+(logit_chunk = micro_batch_tokens: what the learner did for responses <= 2048 tokens),
+`after` = chunks of 2048 tokens over the micro batch.
+
+MFU = model FLOPs / s / the card's dense bf16 peak (from the device name: H100 SXM / H200
+989e12, H100 PCIe 756e12, A100 312e12; unknown card: no MFU). Model FLOPs, forward + backward:
+6 * N * T for the matmul weights (N = every parameter; the embedding is tied to the head, so
+it counts once, as the head) plus 6 * L * d_attn * sum(s^2) for causal attention over the
+spans that actually attend (s = each sample's length in the stage, the whole row in the plain
+loop; d_attn = heads * head_dim). Recomputation (gradient checkpointing, the chunked loss's
+head) is not counted. The learner: its theta_old forward is 2/6 of that, its head runs on
+response tokens only.
+
+Results: OUT/sft_throughput.json, rewritten after every measurement (a run cut short keeps
+what it finished); progress lines with timestamps on stdout.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+# every process here and below: NVLink multicast stays off (a shared host's GPUs can hang)
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
+            "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+os.environ.update(SAFE_ENV)
+
+SHAPES = {  # Qwen2 configs (tied embeddings); the real vocabulary, a small one for the CPU smoke
+    "0.5B": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                 intermediate_size=4864, vocab_size=151936),
+    "1.5B": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                 intermediate_size=8960, vocab_size=151936),
+    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 intermediate_size=128, vocab_size=2048),
+}
+CASES = ["1.5B@4096", "learner", "0.5B@4096", "0.5B@16384", "1.5B@16384"]
+SMOKE_CASES = ["tiny@256", "learner"]
+TOKENS = object()  # stands for the micro batch's tokens in VARIANTS
+VARIANTS = {  # the sft stage's config per variant
+    "stage": {},
+    "stage_flex": {"attn_implementation": "flex_attention"},
+    "stage_before": {"attn_implementation": "sdpa", "loss_chunk_tokens": TOKENS},
+}
+DEFAULT_VARIANTS = {"1.5B@4096": ["plain", "stage", "stage_flex", "stage_before"]}
+PEAK_BF16 = [("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("A100", 312e12)]
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+@dataclass
+class Results:
+    path: Path
+    data: dict = field(default_factory=dict)
+
+    def put(self, case: str, variant: str, result: dict) -> None:
+        self.data.setdefault("cases", {}).setdefault(case, {})[variant] = result
+        self.path.write_text(json.dumps(self.data, indent=2))
+
+
+def peak_flops(device_name: str) -> float | None:
+    return next((f for name, f in PEAK_BF16 if name in device_name), None)
+
+
+def model_numbers(shape: str) -> dict:
+    s = SHAPES[shape]
+    head_dim = s["hidden_size"] // s["num_attention_heads"]
+    return {"layers": s["num_hidden_layers"], "d_attn": s["num_attention_heads"] * head_dim,
+            "head_params": s["vocab_size"] * s["hidden_size"]}
+
+
+def mfu(flops_per_s: float, peak: float | None) -> float | None:
+    return None if peak is None else flops_per_s / peak
+
+
+# -- set-up: data, tokenizer, model dirs -----------------------------------------------------------
+def prepare(args, work: Path) -> tuple[Path, Path]:
+    """(sft rows file, tokenizer dir), made by the project's own stages."""
+    from pipeline.artifacts import local_path
+    from pipeline.execute import run_stage
+
+    kw = dict(storage=f"file://{work}/store", work_root=work / "runs", launcher="local")
+    data = run_stage("synthetic_data", {"files": {"sft.jsonl": {
+        "generator": "arithmetic_cot", "n": args.rows, "seed": 0, "params": {"max_digits": 3}}}},
+        stage="data", **kw)
+    base = run_stage("init_model", {
+        "architecture": {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 1,
+                         "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+                         "max_position_embeddings": 1024},
+        "tokenizer": {"corpus": ["${stages.data.output}/sft.jsonl"], "vocab_size": 512}},
+        stage="tokenizer", upstream={"data": data.url}, **kw)
+    return local_path(data.url) / "sft.jsonl", local_path(base.url)
+
+
+def model_dir(shape: str, tokenizer_dir: Path | None, root: Path, device: str) -> Path:
+    """A random-init model of `shape` (bf16 on GPU), with the chat tokenizer when given, built once."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
+
+    path = root / f"model-{shape}"
+    if (path / "config.json").exists():
+        return path
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir) if tokenizer_dir is not None else None
+    cfg = Qwen2Config(max_position_embeddings=32768, tie_word_embeddings=True, **SHAPES[shape])
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16 if device == "cuda" else torch.float32)
+    model.save_pretrained(path)
+    if tok is not None:
+        tok.save_pretrained(path)
+    del model
+    return path
+
+
+def packs_of(rows_file: Path, tokenizer_dir: Path, tokens: int) -> tuple[list[list[int]], list[list[int]]]:
+    """The stage's own samples and packs for these rows (stages/sft/data.py, seed 0): per pack,
+    its token ids and its samples' lengths."""
+    from transformers import AutoTokenizer
+
+    from stages.common.rows import input_rows
+    from stages.sft.config import SFTData
+    from stages.sft.data import build_samples, pack_samples
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    rows = input_rows(Path, str(rows_file), "sft data", keep_bad=True)
+    samples, _ = build_samples(rows, tok, tokens, "fail", SFTData(path=str(rows_file)))
+    packs = pack_samples([len(s) for s in samples], tokens, 0, True)
+    ids = [[t for i in p for t in samples[i].input_ids] for p in packs]
+    return ids, [[len(samples[i]) for i in p] for p in packs]
+
+
+# -- SFT variants ------------------------------------------------------------------------------------
+def run_plain(path: Path, shape: str, pack_ids: list[list[int]], tokens: int, ckpt: bool, args, device: str,
+              peak: float | None) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").to(device)
+    model.config.use_cache = False
+    if ckpt:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device == "cuda")
+    stream = [t for p in pack_ids for t in p]
+    times = []
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    for step in range(args.skip + args.steps):
+        start = (step * tokens) % max(1, len(stream) - tokens)
+        ids = torch.tensor([stream[start:start + tokens]], device=device)
+        sync(device)
+        t0 = time.perf_counter()
+        loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sync(device)
+        if step >= args.skip:
+            times.append(time.perf_counter() - t0)
+    dt = statistics.median(times)
+    n = sum(p.numel() for p in model.parameters())
+    m = model_numbers(shape)
+    flops = 6 * n * tokens + 6 * m["layers"] * m["d_attn"] * tokens ** 2
+    out = {"tokens_per_s": tokens / dt, "step_seconds": dt, "params": n, "gradient_checkpointing": ckpt,
+           "flops_per_step": flops, "mfu": mfu(flops / dt, peak),
+           "peak_memory_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if device == "cuda" else None}
+    del model, opt
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def run_stage_variant(variant: str, path: Path, rows_file: Path, shape: str, tokens: int, ckpt: bool,
+                      pack_lengths: list[list[int]], args, work: Path, gpu: bool, peak: float | None) -> dict:
+    from pipeline.artifacts import local_path
+    from pipeline.execute import run_stage
+    from pipeline.stage_api import Resources
+
+    overrides = {k: tokens if v is TOKENS else v for k, v in VARIANTS[variant].items()}
+    config = {"model": str(path), "data": str(rows_file), "max_seq_len": tokens, "micro_batch_size": 1,
+              "grad_accum": 1, "max_steps": args.skip + args.steps, "warmup_steps": 1, "lr": 1e-5,
+              "zero_stage": 0, "gradient_checkpointing": ckpt, "checkpoint_every": 10 ** 6, "log_every": 1,
+              **overrides}
+    res = Resources(gpus_per_node=1) if gpu else Resources(cpu_ranks=1)
+    run = run_stage("sft", config, stage=f"sft-{shape}-{tokens}-{variant}", storage=f"file://{work}/store",
+                    work_root=work / "runs", launcher="deepspeed" if gpu else "local", resources=res)
+    out_dir = local_path(run.url)
+    steps = [json.loads(line.split("[metrics] ", 1)[1])  # the stage's per-step metrics lines
+             for line in (out_dir / "logs" / "stage.log").read_text().splitlines() if "[metrics] " in line]
+    timed = [m for m in steps if m["step"] > args.skip]
+    rate = statistics.median(m["tokens_per_s"] for m in timed)
+    n = _param_count(path)
+    m = model_numbers(shape)
+    # per token of the stage's data: the attention spans are the samples (document mask)
+    toks = sum(sum(p) for p in pack_lengths)
+    attn_per_token = 6 * m["layers"] * m["d_attn"] * sum(s * s for p in pack_lengths for s in p) / toks
+    flops_per_token = 6 * n + attn_per_token
+    peaks = [m["peak_memory_gib"] for m in steps if "peak_memory_gib" in m]
+    shutil.rmtree(out_dir, ignore_errors=True)  # the trained model: GBs of disk not needed
+    return {"tokens_per_s": rate, "tokens_per_s_by_step": [round(m["tokens_per_s"]) for m in steps],
+            "params": n, "gradient_checkpointing": ckpt, "config": config,
+            "attn_implementation": run.summary.get("attn_implementation") if run.summary else None,
+            "flops_per_token": flops_per_token, "mfu": mfu(flops_per_token * rate, peak),
+            "peak_memory_gib": max(peaks) if peaks else None, "stage_seconds": run.seconds}
+
+
+def _param_count(path: Path) -> int:
+    """Parameters of a model dir without building it (tied head counted once)."""
+    from safetensors import safe_open
+
+    n = 0
+    for f in sorted(path.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            for k in st.keys():
+                n += math.prod(st.get_slice(k).get_shape())
+    return n
+
+
+# -- the RL learner ------------------------------------------------------------------------------------
+@dataclass
+class LearnerSample:
+    """What Learner.train reads of a rollout."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    infer_logprobs: list[float]
+    advantage: float
+
+    def token_versions(self) -> list[int]:
+        return [0] * len(self.response_ids)
+
+
+def run_learner(path: Path, shape: str, args, device: str, peak: float | None) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from stages.rl.learner import Learner, LearnerConfig, TorchBackend
+    from stages.rl.loss import LossConfig
+
+    g = torch.Generator().manual_seed(0)
+    n_roll, prompt, (lo, hi), mb_tokens = args.learner_shape
+    samples = []
+    for i in range(n_roll):
+        r = int(torch.randint(lo, hi + 1, (1,), generator=g))
+        samples.append(LearnerSample(torch.randint(3, 500, (prompt,), generator=g).tolist(),
+                                     torch.randint(3, 500, (r,), generator=g).tolist(),
+                                     [-1.0] * r, float(i % 2) - 0.5))
+    all_tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in samples)
+    resp_tokens = sum(len(s.response_ids) for s in samples)
+    m = model_numbers(shape)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    out = {"rollouts": n_roll, "tokens": all_tokens, "response_tokens": resp_tokens, "micro_batch_tokens": mb_tokens}
+    for variant, chunk in (("before", mb_tokens), ("after", 2048 if device == "cuda" else 64)):
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").to(device)
+            model.config.use_cache = False
+            n = sum(p.numel() for p in model.parameters())
+            body = n - m["head_params"]
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=device == "cuda")
+            learner = Learner(TorchBackend(model, opt, grad_clip=1.0),
+                              LearnerConfig(loss=LossConfig(correction="icepop"), pad_id=0,
+                                            micro_batch_tokens=mb_tokens, logit_chunk=chunk))
+            if device == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            times = []
+            for step in range(1 + args.learner_steps):
+                sync(device)
+                t0 = time.perf_counter()
+                learner.train(samples, version=0)
+                sync(device)
+                if step >= 1:
+                    times.append(time.perf_counter() - t0)
+            dt = statistics.median(times)
+            # theta_old forward (2/8) + update forward and backward (6/8); the head on responses only
+            flops = (8 * body * all_tokens + 8 * m["head_params"] * resp_tokens
+                     + 8 * m["layers"] * m["d_attn"] * sum((len(s.prompt_ids) + len(s.response_ids)) ** 2
+                                                           for s in samples))
+            out[variant] = {"logit_chunk": chunk, "step_seconds": dt, "tokens_per_s": all_tokens / dt,
+                            "mfu": mfu(flops / dt, peak),
+                            "peak_memory_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if device == "cuda" else None}
+            log(f"learner {variant}: {all_tokens / dt:,.0f} tok/s, step {dt:.2f}s, MFU {fmt(out[variant]['mfu'])}")
+        except Exception as e:  # noqa: BLE001 - a failed variant is a result (OOM, ...), the run goes on
+            out[variant] = {"logit_chunk": chunk, "error": f"{type(e).__name__}: {str(e)[:2000]}"}
+            log(f"learner {variant} FAILED: {out[variant]['error'][:300]}")
+        finally:
+            model = opt = learner = None
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    return out
+
+
+# -- driver ----------------------------------------------------------------------------------------------
+def sync(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def parse(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench_out")))
+    p.add_argument("--smoke", action="store_true", help="CPU, tiny shape, 2 steps: checks the orchestration")
+    p.add_argument("--only", nargs="*", help=f"cases to run (default: {' '.join(CASES)})")
+    p.add_argument("--variants", nargs="*", help="SFT variants for every case (default: plain stage_flex "
+                                                 "stage_before; 1.5B@4096 also stage)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps per SFT variant (default 8, smoke 2)")
+    p.add_argument("--skip", type=int, default=None, help="warm-up steps not timed (default 3, smoke 1)")
+    p.add_argument("--rows", type=int, default=None, help="synthetic CoT rows (default 3000, smoke 300)")
+    a = p.parse_args(argv)
+    a.steps = a.steps or (2 if a.smoke else 8)
+    a.skip = a.skip if a.skip is not None else (1 if a.smoke else 3)
+    a.rows = a.rows or (300 if a.smoke else 3000)
+    a.learner_steps = 1 if a.smoke else 2
+    # rollouts, prompt tokens, (min, max) response tokens, micro-batch padded tokens
+    a.learner_shape = (4, 16, (16, 48), 256) if a.smoke else (32, 256, (512, 2048), 16384)
+    return a
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    import torch
+
+    gpu = torch.cuda.is_available() and not args.smoke
+    device = "cuda" if gpu else "cpu"
+    name = torch.cuda.get_device_name(0) if gpu else "cpu"
+    peak = peak_flops(name) if gpu else None
+    args.out.mkdir(parents=True, exist_ok=True)
+    import transformers
+
+    results = Results(args.out / "sft_throughput.json", {
+        "device": name, "peak_bf16_flops": peak, "torch": torch.__version__, "transformers": transformers.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"), "smoke": args.smoke, "steps": args.steps, "skip": args.skip,
+        "mfu_formula": "(6*N*T + 6*L*d_attn*sum(s^2)) / s / peak; learner: 8*N_body*T + 8*N_head*T_resp + "
+                       "8*L*d_attn*sum(s^2); recomputation not counted",
+        "cases": {}})
+    results.path.write_text(json.dumps(results.data, indent=2))
+    cases = args.only or (SMOKE_CASES if args.smoke else CASES)
+    log(f"device {name}, peak {peak}, cases {cases}, out {args.out}")
+    with tempfile.TemporaryDirectory(prefix="sft_throughput_") as tmp:
+        work = Path(tmp)
+        rows_file = tokenizer_dir = None
+        for case in cases:
+            if case == "learner":  # random token ids: no data, no tokenizer
+                shape = "tiny" if args.smoke else "0.5B"
+                try:
+                    path = model_dir(shape, None, work, device)
+                    results.put("learner", shape, run_learner(path, shape, args, device, peak))
+                    shutil.rmtree(path, ignore_errors=True)  # it has no tokenizer: no SFT case may reuse it
+                except Exception as e:  # noqa: BLE001
+                    results.put("learner", shape, {"error": f"{type(e).__name__}: {e}"})
+                    log(f"learner FAILED: {traceback.format_exc()[-1500:]}")
+                continue
+            if rows_file is None:
+                rows_file, tokenizer_dir = prepare(args, work)
+                log(f"data and tokenizer ready: {rows_file}")
+            shape, tokens = case.split("@")
+            tokens = int(tokens)
+            ckpt = tokens > 4096
+            path = model_dir(shape, tokenizer_dir, work, device)
+            pack_ids, pack_lengths = packs_of(rows_file, tokenizer_dir, tokens)
+            variants = args.variants or DEFAULT_VARIANTS.get(
+                case, ["plain", "stage", "stage_before"] if args.smoke else ["plain", "stage_flex", "stage_before"])
+            for variant in variants:
+                log(f"{case} {variant}: start")
+                try:
+                    if variant == "plain":
+                        r = run_plain(path, shape, pack_ids, tokens, ckpt, args, device, peak)
+                    else:
+                        r = run_stage_variant(variant, path, rows_file, shape, tokens, ckpt, pack_lengths, args,
+                                              work, gpu, peak)
+                    log(f"{case} {variant}: {r['tokens_per_s']:,.0f} tok/s, MFU {fmt(r['mfu'])}, "
+                        f"peak {r['peak_memory_gib'] or 0:.1f} GiB")
+                except Exception as e:  # noqa: BLE001 - a failed variant is a result; the run goes on
+                    r = {"error": f"{type(e).__name__}: {str(e)[-3000:]}"}
+                    log(f"{case} {variant} FAILED: {traceback.format_exc()[-3000:]}")
+                results.put(case, variant, r)
+            shutil.rmtree(path, ignore_errors=True)
+    log(f"done: {results.path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""Losses on a language-model head that never hold the full-vocabulary logits of a whole batch.
+
+With a 151,936-token vocabulary the logits of one 16k-token pack are 16k x 152k = 10 GB in
+float32 (plus their gradient): more than the model. Both functions here take the last hidden
+states and the head instead, and run the head chunk by chunk of `chunk_tokens` tokens:
+
+- `linear_cross_entropy_sum`: the SFT loss, sum of token cross-entropies (ignore_index -100).
+- `token_logprobs`: the RL learner's log pi(y_t) of given tokens under softmax(logits / T)
+  (optionally tanh-softcapped first), and the entropy at each token.
+
+A chunk's logits are computed in the head's dtype and upcast to float32, exactly as
+`head(hidden).float()` followed by the plain loss would do it, so the values equal the plain
+computation row for row. With grad enabled and more than one chunk, each chunk runs under
+non-reentrant activation checkpointing: autograd keeps only the chunk's hidden states, and the
+chunk's logits are recomputed in the backward pass (one extra head matmul, the price of never
+storing [tokens, vocab]). With a single chunk nothing is recomputed.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+IGNORE_INDEX = -100
+
+
+def _chunked(fn: Callable, n: int, chunk_tokens: int, *tensors: torch.Tensor) -> list:
+    """fn(*chunk of each tensor along dim 0) for consecutive chunks; checkpointed when it matters."""
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1 (got {chunk_tokens})")
+    recompute = torch.is_grad_enabled() and n > chunk_tokens
+    outs = []
+    for s in range(0, n, chunk_tokens):
+        parts = [t[s:s + chunk_tokens] for t in tensors]
+        outs.append(checkpoint(fn, *parts, use_reentrant=False) if recompute else fn(*parts))
+    return outs
+
+
+def linear_cross_entropy_sum(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor,
+                             chunk_tokens: int) -> torch.Tensor:
+    """Sum over tokens of cross_entropy(head(hidden).float(), targets), ignore_index -100.
+
+    hidden: [..., H]; targets: [...] (the same leading shape). Returns a float32 scalar."""
+    h = hidden.reshape(-1, hidden.shape[-1])
+    t = targets.reshape(-1)
+    if h.shape[0] != t.shape[0]:
+        raise ValueError(f"hidden has {h.shape[0]} tokens, targets {t.shape[0]}")
+
+    def chunk_loss(hc: torch.Tensor, tc: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(head(hc).float(), tc, ignore_index=IGNORE_INDEX, reduction="sum")
+
+    if h.shape[0] == 0:
+        return h.sum(dtype=torch.float32) * 0.0
+    return torch.stack(_chunked(chunk_loss, h.shape[0], chunk_tokens, h, t)).sum()
+
+
+def token_logprobs(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor, chunk_tokens: int, *,
+                   temperature: float = 1.0, softcap: float | None = None,
+                   with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log softmax(z / temperature)[target] per token, z = head(hidden) in float32 (tanh-capped by
+    `softcap` first when given); and the entropy of that distribution when `with_entropy`.
+
+    hidden: [..., H]; targets: [...]. Returns tensors of targets' shape (float32)."""
+    shape = targets.shape
+    h = hidden.reshape(-1, hidden.shape[-1])
+    t = targets.reshape(-1)
+
+    def chunk_lp(hc: torch.Tensor, tc: torch.Tensor):
+        z = head(hc).float()
+        if softcap:
+            z = torch.tanh(z / softcap) * softcap
+        z = z / temperature
+        lse = torch.logsumexp(z, dim=-1)
+        lp = z.gather(-1, tc.unsqueeze(-1)).squeeze(-1) - lse
+        if not with_entropy:
+            return lp, None
+        return lp, lse - (F.softmax(z, dim=-1) * z).sum(-1)
+
+    if h.shape[0] == 0:
+        empty = h.sum(dtype=torch.float32) * 0.0 + torch.zeros(shape, device=h.device)
+        return empty, (empty.detach().clone() if with_entropy else None)
+    outs = _chunked(chunk_lp, h.shape[0], chunk_tokens, h, t)
+    lp = torch.cat([o[0] for o in outs]).view(shape)
+    ent = torch.cat([o[1] for o in outs]).view(shape) if with_entropy else None
+    return lp, ent

@@ -1,0 +1,76 @@
+"""Attention for packed sequences (several samples in one row, position ids restarting at 0 for
+each): which implementation keeps samples apart without a dense [T, T] mask, and the batch
+shape it wants.
+
+transformers (5.x) finds the samples of a row from its restarting position ids (when there is
+no attention mask and no cache) and then, per implementation:
+- flash_attention_2: varlen kernels over the samples (needs the flash-attn package, and the
+  micro batch flattened into one row);
+- flex_attention: a document-causal BlockMask, so FlexAttention skips the blocks that cross
+  samples (a compiled Triton kernel: GPU only, it has no backward on CPU);
+- sdpa / eager: a dense boolean [B, 1, T, T] mask (T^2 bytes per row: 256 MB at 16k tokens),
+  which also keeps SDPA off its flash kernel. Correct everywhere; the CPU choice.
+
+FlexAttention is compiled for each new shape; batches are padded to one fixed width
+(`static_width`) so that it compiles once.
+"""
+from __future__ import annotations
+
+import torch
+
+from pipeline.stage_api import StageError
+
+FLEX_BLOCK = 128  # FlexAttention's block size: widths are rounded up to it
+
+
+def _has_flash_attn() -> bool:
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def packed_attention(requested: str, on_gpu: bool, field: str = "attn_implementation") -> str:
+    """The attention implementation for packed training: `requested` unless "auto" (GPU:
+    flash_attention_2 when flash-attn is installed, else sdpa; CPU: sdpa). A choice that cannot
+    run here is a StageError naming `field`.
+
+    flex_attention is chosen explicitly for now: "auto" moves to it once a GPU run of
+    benchmarks/sft_throughput.py has shown it training under DeepSpeed faster than sdpa."""
+    if requested == "auto":
+        return "flash_attention_2" if on_gpu and _has_flash_attn() else "sdpa"
+    if requested == "flex_attention" and not on_gpu:
+        raise StageError(f"{field}: flex_attention needs a GPU (FlexAttention has no backward pass on CPU); "
+                         "use auto or sdpa")
+    if requested == "flash_attention_2" and not (on_gpu and _has_flash_attn()):
+        raise StageError(f"{field}: flash_attention_2 needs a GPU and the flash-attn package; use auto")
+    return requested
+
+
+def flattens_micro_batch(attn: str) -> bool:
+    """flash-attention's varlen path detects packing from the position ids of a single row only."""
+    return attn == "flash_attention_2"
+
+
+def static_width(attn: str, max_seq_len: int) -> int | None:
+    """The width every batch is padded to (None: batches keep their own width)."""
+    if attn != "flex_attention":
+        return None
+    return -(-max_seq_len // FLEX_BLOCK) * FLEX_BLOCK
+
+
+def pad_packed_batch(batch: dict[str, torch.Tensor], width: int, pad_id: int) -> dict[str, torch.Tensor]:
+    """`batch` (input_ids, targets, position_ids: [B, L], L <= width) padded on the right to
+    `width` with one more segment per row: pad tokens, targets -100, positions from 0 (so the
+    padding is a sample of its own and no real token attends to it)."""
+    B, L = batch["input_ids"].shape
+    extra = width - L
+    if extra < 0:
+        raise ValueError(f"batch width {L} exceeds the static width {width}")
+    if extra == 0:
+        return batch
+    fill = {"input_ids": torch.full((B, extra), pad_id, dtype=torch.long),
+            "targets": torch.full((B, extra), -100, dtype=torch.long),
+            "position_ids": torch.arange(extra, dtype=torch.long).expand(B, extra)}
+    return {k: torch.cat([v, fill[k].to(v.device)], dim=1) if k in fill else v for k, v in batch.items()}

@@ -1,0 +1,28 @@
+"""benchmarks/sft_throughput.py: the card's peak is read from its name, and the learner case
+runs end to end on CPU, writing its before/after result to OUT as soon as it is measured."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import sft_throughput
+
+
+@pytest.mark.parametrize("name,peak", [("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12),
+                                       ("NVIDIA H200", 989e12), ("NVIDIA A100-SXM4-80GB", 312e12),
+                                       ("Tesla T4", None)])
+def test_peak_flops_from_the_device_name(name, peak):
+    assert sft_throughput.peak_flops(name) == peak
+
+
+@pytest.mark.slow  # builds and trains a model (CPU-heavy, ~25 s of CPU)
+def test_learner_case_smoke_writes_before_and_after(tmp_path):
+    assert sft_throughput.main(["--smoke", "--only", "learner", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "sft_throughput.json").read_text())
+    learner = data["cases"]["learner"]["tiny"]
+    assert data["device"] == "cpu" and data["smoke"] is True
+    assert learner["before"]["logit_chunk"] == learner["micro_batch_tokens"] > learner["after"]["logit_chunk"]
+    for variant in ("before", "after"):
+        assert "error" not in learner[variant], learner[variant]
+        assert learner[variant]["tokens_per_s"] == pytest.approx(learner["tokens"] / learner[variant]["step_seconds"])

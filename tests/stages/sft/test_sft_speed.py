@@ -1,0 +1,120 @@
+"""The sft stage's fast path: the chunked loss equals the full-logits loss (values and
+gradients, with and without gradient checkpointing), packed samples never see each other (a
+perturbation of one sample leaves the other's loss unchanged; padding to a static width
+changes nothing), and the new settings' errors name their field."""
+from __future__ import annotations
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from stages.sft.config import SFTConfig
+from stages.sft.job import PackedLMLoss, load_packed_lm, packed_loss_sum
+from stages.common.packed_attention import pad_packed_batch
+
+CPU = torch.device("cpu")
+VOCAB = 211
+
+
+def _lm(seed=0):
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=256)
+    torch.manual_seed(seed)
+    lm = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+    with torch.no_grad():  # larger weights than the init: attention patterns that matter
+        for p in lm.parameters():
+            if p.ndim >= 2:
+                p.mul_(4.0)
+    return lm
+
+
+def _packed_batch(len_a=13, len_b=19, seed=0, restart=True):
+    """Two samples, A then B, in one row (positions restart at B unless `restart` is False)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(2, VOCAB, (1, len_a + len_b), generator=g)
+    tgt = torch.cat([ids[:, 1:], torch.full((1, 1), -100)], dim=1)
+    tgt[0, len_a - 1] = -100  # nothing is predicted across the boundary
+    pos = torch.cat([torch.arange(len_a), torch.arange(len_b) + (len_a if not restart else 0)])[None]
+    return {"input_ids": ids, "targets": tgt, "position_ids": pos}
+
+
+def _loss_and_grads(model, batch):
+    model.zero_grad(set_to_none=True)
+    loss = packed_loss_sum(model, batch, CPU)
+    loss.backward()
+    params = model.lm.parameters() if isinstance(model, PackedLMLoss) else model.parameters()
+    return loss.detach(), [p.grad.clone() for p in params]
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_chunked_loss_equals_full_logits_loss(chunk, checkpointing, tmp_path):
+    lm = _lm()
+    lm.save_pretrained(tmp_path)
+    batch = _packed_batch()
+    want, want_grads = _loss_and_grads(lm.train(), batch)
+    cfg = SFTConfig.model_validate({"model": "m", "data": "d", "loss_chunk_tokens": chunk,
+                                    "gradient_checkpointing": checkpointing})
+    model = load_packed_lm(tmp_path, cfg, "sdpa").train()
+    renamed = hasattr(type(model.lm), "is_activation_checkpointing")  # transformers >= 5.20
+    assert (model.lm.is_activation_checkpointing if renamed else model.lm.is_gradient_checkpointing) == checkpointing
+    got, got_grads = _loss_and_grads(model, batch)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-6)
+    for a, b in zip(got_grads, want_grads):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def _loss_of_b(model, batch, len_a):
+    b = dict(batch, targets=batch["targets"].clone())
+    b["targets"][:, :len_a] = -100
+    return packed_loss_sum(model, b, CPU)
+
+
+@pytest.mark.parametrize("perturb", ["tokens", "length"])
+def test_a_perturbation_of_sample_a_leaves_sample_b_unchanged(perturb):
+    model = PackedLMLoss(_lm(), chunk_tokens=8).eval()
+    len_a = 13
+    batch = _packed_batch(len_a)
+    if perturb == "tokens":  # other tokens in A
+        other = dict(batch, input_ids=batch["input_ids"].clone())
+        other["input_ids"][0, :len_a] = (other["input_ids"][0, :len_a] + 17) % VOCAB
+        other_len_a = len_a
+    else:  # a longer A (B shifts right)
+        g = torch.Generator().manual_seed(5)
+        extra = 9
+        other_len_a = len_a + extra
+        other = {"input_ids": torch.cat([torch.randint(2, VOCAB, (1, other_len_a), generator=g),
+                                         batch["input_ids"][:, len_a:]], 1),
+                 "targets": torch.cat([torch.full((1, other_len_a), -100), batch["targets"][:, len_a:]], 1),
+                 "position_ids": torch.cat([torch.arange(other_len_a), batch["position_ids"][0, len_a:]])[None]}
+    with torch.no_grad():
+        base = _loss_of_b(model, batch, len_a)
+        changed = _loss_of_b(model, other, other_len_a)
+        # control: the same perturbation with positions that do not restart does reach B
+        glued = _packed_batch(len_a, restart=False)
+        glued_other = dict(other, position_ids=torch.arange(other["input_ids"].shape[1])[None])
+        control = (_loss_of_b(model, glued, len_a), _loss_of_b(model, glued_other, other_len_a))
+    torch.testing.assert_close(changed, base, atol=1e-5, rtol=1e-6)
+    assert (control[0] - control[1]).abs() > 1e-3
+
+
+def test_padding_to_a_static_width_changes_neither_loss_nor_grads():
+    model = PackedLMLoss(_lm(), chunk_tokens=16).train()
+    batch = _packed_batch()
+    want, want_grads = _loss_and_grads(model, batch)
+    got, got_grads = _loss_and_grads(model, pad_packed_batch(batch, 128, pad_id=0))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-6)
+    for a, b in zip(got_grads, want_grads):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("field,value,problem", [
+    ("loss_chunk_tokens", 0, "greater than or equal to 1"),
+    ("attn_implementation", "flex", "flex_attention"),
+    ("gradient_checkpointing", "sometimes", "valid boolean")])
+def test_bad_speed_settings_are_named(field, value, problem):
+    with pytest.raises(ValidationError) as err:
+        SFTConfig.model_validate({"model": "m", "data": "d", field: value})
+    assert err.value.errors()[0]["loc"] == (field,) and problem in str(err.value)
