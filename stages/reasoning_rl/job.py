@@ -14,11 +14,11 @@ import sys
 from typing import Any
 
 from pipeline.stage_api import StageError, StageJob
+from pipeline.tracking import info
 from stages.common.entry import run_job
 from stages.reasoning_rl.config import ReasoningRLConfig
 from stages.reasoning_rl.data import load_rows, rows_by_domain
 from stages.rl.prompts import PromptSet, render_prompts
-from stages.rl.scheduler import RewardFn
 from stages.rl.spec import RLContext, RLSpec
 from stages.rl.trainer import RLTrainer
 
@@ -49,18 +49,42 @@ def load_prompts(ctx: RLContext) -> PromptSet:
                      description=f"{len(kept)} prompts ({skipped} skipped as too long), domains {sizes}")
 
 
-def build_reward(ctx: RLContext) -> RewardFn:
-    from verifiers import verify_batch
+class MonitoredReward:
+    """The verifiers' rewards of one step (`verify_batch`), watched by
+    `verifiers.monitor.RewardMonitor`: per domain, the reward mass that came through a fallback
+    extraction path, the length-reward correlation and the pass rate go to the step's metrics
+    (`monitor/<domain>/<name>`), and a value that leaves its recent history prints a warning the
+    console shows even when quiet: the first signs of a policy learning to game a verifier."""
 
-    cfg = ctx.cfg
+    def __init__(self, cfg) -> None:
+        from verifiers.monitor import RewardMonitor
 
-    def reward(rows: list[dict], texts: list[str], groups: list[str]) -> list[Any]:
-        return verify_batch(rows, [str(t) for t in texts], num_workers=cfg.verifier_workers,
-                            timeout_s=cfg.verifier_timeout_s)
-    return reward
+        self.cfg, self.monitor = cfg, RewardMonitor()
+        self.last: dict[str, float] = {}
+
+    def __call__(self, rows: list[dict], texts: list[str], groups: list[str]) -> list[Any]:
+        from verifiers import verify_batch
+
+        texts = [str(t) for t in texts]
+        rewards = verify_batch(rows, texts, num_workers=self.cfg.verifier_workers,
+                               timeout_s=self.cfg.verifier_timeout_s)
+        metrics, warnings = self.monitor.step(rewards, [len(t) for t in texts])
+        self.last = {f"monitor/{k}": v for k, v in metrics.items()}
+        for w in warnings:
+            info(f"reasoning_rl: warning: reward monitor: {w}")
+        return rewards
 
 
-SPEC = RLSpec(name="reasoning_rl", load_prompts=load_prompts, build_reward=build_reward)
+def build_reward(ctx: RLContext) -> MonitoredReward:
+    return MonitoredReward(ctx.cfg)
+
+
+def monitor_metrics(reward_fn: MonitoredReward) -> dict[str, float]:
+    return reward_fn.last
+
+
+SPEC = RLSpec(name="reasoning_rl", load_prompts=load_prompts, build_reward=build_reward,
+              step_metrics=monitor_metrics)
 
 
 def main(job: StageJob) -> dict[str, Any] | None:

@@ -175,6 +175,7 @@ def main(job: StageJob) -> dict[str, Any] | None:
     resumed_from = ckpt.resume()
     if resumed_from is not None and rank == 0:
         info(f"reward_model: resumed from checkpoint step {p.step}")
+    log.progress(p.step, total=total_steps)  # the console's ETA
 
     eval_batch = cfg.micro_batch_size
     if p.initial_eval is None:

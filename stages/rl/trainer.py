@@ -108,6 +108,7 @@ class RLTrainer:
                  f"world {self.ranks.world} ({self.placement.describe}), frozen {len(self.policy.frozen)} params, "
                  f"steps {self.progress.step}..{cfg.steps}")
         self.hooks.before_training(self)
+        self.log.progress(self.progress.step, total=cfg.steps)  # the console's ETA
         for step in range(self.progress.step, cfg.steps):
             self.train_step(step)
             self.progress.step = step + 1

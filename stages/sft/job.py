@@ -182,6 +182,7 @@ def main(job: StageJob) -> dict[str, Any] | None:
     if resumed_from is not None and rank == 0:
         info(f"sft: resumed from checkpoint step {p.step} (epoch {p.epoch + 1}, step {p.step_in_epoch} "
              f"of the epoch)")
+    log.progress(p.step, total=total_steps)  # the console's ETA
 
     # 4. train
     engine.train()
