@@ -2,9 +2,10 @@
 and the main curves plotted when it ends. Declared as data, per stage kind; a kind that is
 not listed has neither.
 
-RL metrics are grouped by prefix (`reward/`, `icepop/`, `rollout/`, `perf/`, `loss/`), so
-MLflow shows each group as one section. A curve names its grouped metric and, in `also`,
-the ungrouped name the same metric had before (artifacts and runs made then still plot).
+RL metrics reach MLflow grouped by prefix (`reward/`, `icepop/`, `rollout/`, `perf/`, `loss/`:
+`stages.rl.metrics.mlflow_name`), so MLflow shows each group as one section, while the stage
+log's `[metrics]` lines keep the flat names. A curve names its MLflow metric and, in `also`,
+the flat name the same metric has in the stage log.
 """
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 _MAX_PARAM = 500  # MLflow's limit on a param value's length
 _MAX_TAG = 5000  # and a tag value's (mlflow.note.content included)
@@ -267,7 +267,10 @@ class StageLogger:
     def for_job(cls, job) -> "StageLogger":
         return cls(job.tracking_uri, job.run_id, job.rank)
 
-    def metrics(self, step: int, values: dict[str, float]) -> None:
+    def metrics(self, step: int, values: dict[str, float],
+                mlflow_name: Callable[[str], str] | None = None) -> None:
+        """One step's metrics: a `[metrics]` line with their names, and MLflow, where
+        `mlflow_name` may file each under a section (`group/name`)."""
         if not self.enabled:
             return
         clean = {k: float(v) for k, v in values.items()
@@ -277,7 +280,8 @@ class StageLogger:
             from mlflow.entities import Metric
 
             ts = int(time.time() * 1000)
-            self.client.log_batch(self.run_id, metrics=[Metric(k, v, ts, step) for k, v in clean.items()])
+            name = mlflow_name or (lambda k: k)
+            self.client.log_batch(self.run_id, metrics=[Metric(name(k), v, ts, step) for k, v in clean.items()])
 
     def progress(self, done: int, total: int | None = None, unit: str | None = None) -> None:
         """How far the stage is: `done` units of `total` (say the total once, at the start;

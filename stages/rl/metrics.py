@@ -1,5 +1,11 @@
 """What an RL step and a whole RL stage report: per-step metrics of the trained batch, the
-sample rollouts logged as text, and the stage summary built from the metric history."""
+sample rollouts logged as text, the stage summary built from the metric history, and the
+section each step metric has in MLflow (`mlflow_name`).
+
+The step metrics keep one flat name each in the stage log, metrics.jsonl and the code that
+reads them (benchmarks, tests); only MLflow sees them grouped (`reward/`, `icepop/`, `loss/`,
+`rollout/`, `perf/`), because MLflow draws one section per prefix and a flat list of ~60 RL
+curves hides the ones an operator looks for (IcePop's mask ratio, the reward)."""
 from __future__ import annotations
 
 import math
@@ -16,6 +22,38 @@ def sample_text(tokenizer, samples, n: int, step: int) -> str:
                      f"{tokenizer.decode(s.prompt_ids, skip_special_tokens=False)}\n--- response ---\n"
                      f"{s.response_text}\n")
     return f"step {step}\n\n" + "\n".join(parts)
+
+
+# flat name -> MLflow name, where the group alone is not enough
+_RENAMED = {"reward_mean": "reward/mean", "loss": "loss/total", "pg_loss": "loss/pg",
+            "entropy_all": "loss/entropy", "entropy_masked": "loss/entropy_masked"}
+_GROUP_OF = {
+    **{n: "reward" for n in ("zero_advantage_fraction",)},
+    **{n: "icepop" for n in ("masked_fraction", "masked_fraction_fresh", "masked_fraction_stale", "mismatch_kl",
+                             "abs_log_k_mean", "abs_log_k_max", "kept_fraction", "stale_token_fraction")},
+    **{n: "loss" for n in ("kl_ref", "clip_fraction", "grad_norm", "optimizer_steps")},
+}
+# flat prefixes of per-domain / per-part metrics -> their MLflow prefix
+_PREFIXES = {"reward_mean/": "reward/mean/", "reward_part/": "reward/part/",
+             "reward_part_rate/": "reward/part_rate/", "reward_mean_source/": "reward/mean_source/"}
+GROUPED_ALREADY = ("reward/", "icepop/", "loss/", "rollout/", "perf/", "monitor/", "reasoning_eval/")
+
+
+def mlflow_name(name: str) -> str:
+    """The MLflow name of an RL step metric: its group, then its name. Timings and rates are
+    `perf/`; everything not named above is about the rollouts (`rollout/`)."""
+    if name.startswith(GROUPED_ALREADY):
+        return name
+    if name in _RENAMED:
+        return _RENAMED[name]
+    for flat, grouped in _PREFIXES.items():
+        if name.startswith(flat):
+            return grouped + name[len(flat):]
+    if name in _GROUP_OF:
+        return f"{_GROUP_OF[name]}/{name}"
+    if "seconds" in name or "per_second" in name or name.startswith("engine_idle"):
+        return f"perf/{name}"
+    return f"rollout/{name}"
 
 
 def batch_metrics(samples) -> dict[str, float]:

@@ -49,7 +49,7 @@ from stages.common.distributed import run_on
 from stages.common.hf_io import eos_token_ids_of, save_hf_model
 from stages.common.training_job import start_training_job
 from stages.rl.decoding import make_decoder
-from stages.rl.metrics import batch_metrics, sample_text, summarize
+from stages.rl.metrics import batch_metrics, mlflow_name, sample_text, summarize
 from stages.rl.placement import Placement
 from stages.rl.policy import build_policy
 from stages.rl.rollouts import DataParallelRollouts
@@ -149,7 +149,7 @@ class RLTrainer:
         m["engine_idle_fraction"] = 1.0 - m["generate_seconds_mean"] / m["step_seconds"]
         m["policy_version"] = float(version + 1)
         self.progress.history.append(m)
-        self.log.metrics(step + 1, m)
+        self.log.metrics(step + 1, m, mlflow_name=mlflow_name)
         if self.cfg.sample_rollouts:
             self.log.text(sample_text(self.ctx.tokenizer, samples, self.cfg.sample_rollouts, step + 1),
                           f"rollouts/step_{step + 1:06d}.txt")
