@@ -165,11 +165,25 @@ class JobOutput:
         if self.error_lines:
             return JobFailure("\n".join(self.error_lines).strip(), [], True)
         lines = list(self.relevant)
-        start = max((i for i, t in enumerate(lines) if t.startswith(_TRACEBACK)), default=None)
-        if start is not None:
-            block = lines[start:]
-            end = next((i for i, t in enumerate(block) if i > 0 and not t.startswith((" ", "\t"))
-                        and t != _TRACEBACK), len(block) - 1)
-            block = block[:end + 1]  # up to the exception line
+        blocks = [_traceback_block(lines, i) for i, t in enumerate(lines) if t.startswith(_TRACEBACK)]
+        # the first crash is the cause: the peers that die after it (stopped by their
+        # launcher, or losing their collective) print tracebacks of their own later
+        # (with only such tracebacks, the cause printed none: the last lines say more)
+        causes = [b for b in blocks if not _CONSEQUENCE.search(b[-1])]
+        if causes:
+            block = causes[0]
             return JobFailure(f"{block[-1]} (exit code {exit_code})", block[-FAILURE_LINES - 1:-1] or block, False)
         return JobFailure(f"its job exited with code {exit_code}", lines[-FAILURE_LINES:], False)
+
+
+# exceptions a rank raises because another one failed first (or its launcher stopped it)
+_CONSEQUENCE = re.compile(r"SignalException|ChildFailedError|KeyboardInterrupt|DistBackendError|"
+                          r"Connection (?:reset|closed) by peer|Broken pipe")
+
+
+def _traceback_block(lines: list[str], start: int) -> list[str]:
+    """The traceback starting at lines[start], up to its exception line."""
+    block = lines[start:]
+    end = next((i for i, t in enumerate(block) if i > 0 and not t.startswith((" ", "\t"))
+                and t != _TRACEBACK), len(block) - 1)
+    return block[:end + 1]

@@ -40,7 +40,7 @@ def _wait_for_job(proc: subprocess.Popen, tmp_path, timeout_s: float = 240) -> l
     while time.time() < deadline:
         assert proc.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
         below = psutil.Process(proc.pid).children(recursive=True)
-        jobs = [p for p in below if "stages.synthetic_data.generate" in " ".join(_cmdline(p))]
+        jobs = [p for p in below if "stages.synthetic_data.job" in " ".join(_cmdline(p))]
         if jobs and list((tmp_path / "store" / "sig").glob("data-*/_RUNNING")):
             return below
         time.sleep(0.2)

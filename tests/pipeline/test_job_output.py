@@ -131,3 +131,28 @@ def test_malformed_protocol_lines_are_text(tmp_path, line):
     """)
     assert result.output.progress.done == 2 and result.output.last == {"loss": 1.5}
     assert "Traceback" not in shown
+
+
+def test_the_first_crash_of_several_ranks_is_the_reason():
+    """Rank 1 crashes; rank 0 then dies of it (its collective broke) and the launcher reports
+    its child failed: the operator reads rank 1's error, not the echoes that came after it."""
+    from pipeline.job_output import JobOutput
+
+    out = JobOutput("rl", "reasoning_rl")
+    for line in ["step 3 done", "Traceback (most recent call last):", '  File "learner.py", line 9, in train',
+                 "ValueError: rank 1: NaN in the advantages of group g7",
+                 "Traceback (most recent call last):", '  File "distributed_c10d.py", line 2, in all_reduce',
+                 "torch.distributed.DistBackendError: Connection reset by peer",
+                 "Traceback (most recent call last):", '  File "run.py", line 1, in <module>',
+                 "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: "]:
+        out.feed(line)
+    failure = out.failure(1)
+    assert failure.reason == "ValueError: rank 1: NaN in the advantages of group g7 (exit code 1)"
+    assert not failure.user_error
+    # only echoes, no traceback of the cause: the last lines are shown, not an echo as the reason
+    echoes = JobOutput("rl", "reasoning_rl")
+    for line in ["node 1 fails on purpose", "Traceback (most recent call last):", '  File "run.py", line 1',
+                 "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: "]:
+        echoes.feed(line)
+    assert echoes.failure(1).reason == "its job exited with code 1"
+    assert "node 1 fails on purpose" in echoes.failure(1).excerpt
