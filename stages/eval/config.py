@@ -19,6 +19,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from pipeline.stage_api import StageConfig, Strict
+from stages.common.hf_io import trust_remote_code_field
 from stages.registry import StageKind, register
 from stages.rl.settings import RolloutSettings
 
@@ -76,6 +77,7 @@ class EvalConfig(StageConfig):
                                      "(device auto = cuda when there is one, else cpu)")
     verifier_workers: int = Field(2, ge=0, description="verifier processes (0 = in the stage)")
     verifier_timeout_s: float = Field(10.0, gt=0)
+    trust_remote_code: bool = trust_remote_code_field()
     seed: int = 0
 
     @field_validator("models")

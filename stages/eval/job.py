@@ -52,12 +52,11 @@ class ModelUnderEval:
 
     def __init__(self, job: StageJob, cfg: EvalConfig, name: str, ref: str):
         import torch
-        from transformers import AutoTokenizer
         from transformers.utils import logging as hf_logging
 
         from stages.common.chat import require_chat_template
         from stages.common.distributed import resolve_device
-        from stages.common.hf_io import eos_token_ids_of
+        from stages.common.hf_io import eos_token_ids_of, load_tokenizer
         from stages.rl.decoding import make_decoder
         from stages.rl.engines import create_engine
 
@@ -65,16 +64,17 @@ class ModelUnderEval:
         if not (model_dir / "config.json").is_file():
             raise StageError(f"models.{name} = {ref}: {model_dir} is not a Hugging Face model dir (no config.json)")
         hf_logging.disable_progress_bar()
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        trust = cfg.trust_remote_code
+        self.tokenizer = load_tokenizer(model_dir, trust_remote_code=trust, what=f"models.{name} = {ref}:")
         require_chat_template(self.tokenizer, ref)
-        self.decode = make_decoder(self.tokenizer, eos_token_ids_of(model_dir))
+        self.decode = make_decoder(self.tokenizer, eos_token_ids_of(model_dir, trust_remote_code=trust))
         own = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
         device = resolve_device(cfg.rollout.device, "rollout.device", own)
         try:
             self.engine = create_engine(cfg.rollout.engine, str(model_dir), device=device, dtype=cfg.rollout.dtype,
                                         max_batch=cfg.rollout.max_batch,
                                         max_len=cfg.prompt_max_len + cfg.max_new_tokens, seed=cfg.seed,
-                                        **cfg.rollout.options)
+                                        trust_remote_code=trust, **cfg.rollout.options)
         except (KeyError, ValueError, RuntimeError, FileNotFoundError) as e:
             raise StageError(f"models.{name} = {ref}: cannot start the {cfg.rollout.engine} engine: {e}") from None
 

@@ -181,7 +181,7 @@ def test_reward_model_stage_two_ranks(tiny_rm, rlhf_data, stage_env):
     assert model.config.num_labels == 1 and model.config.pad_token_id is not None
     # the scorer renders pairs as training did: it reproduces the order on the training data
     rows = [json.loads(line) for line in rlhf_data.prefs.read_text().splitlines()]
-    scorer = RewardScorer(out, batch_size=8)
+    scorer = RewardScorer(out, batch_size=8, trust_remote_code=False)
     chosen = scorer.score([r["prompt"] for r in rows], [r["chosen"] for r in rows])
     rejected = scorer.score([r["prompt"] for r in rows], [r["rejected"] for r in rows])
     assert sum(c > r for c, r in zip(chosen, rejected)) / len(rows) > 0.6

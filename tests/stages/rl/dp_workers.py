@@ -123,7 +123,7 @@ def weight_sync(ranks, model_dir: str, split: bool) -> dict:
     placement = Placement(rank, world, trainers, engines)
     module = None
     if placement.is_trainer:
-        model = load_causal_lm(model_dir, torch.float32)
+        model = load_causal_lm(model_dir, torch.float32, trust_remote_code=False)
         ds_engine, _ = initialize(model, model.parameters(), ds_config(3, 1.0, False), lr=0.05, betas=(0.9, 0.99))
         ids = torch.randint(2, 300, (2, 12), generator=torch.Generator().manual_seed(rank))
         ds_engine.backward(ds_engine(input_ids=ids, labels=ids).loss)
@@ -146,7 +146,7 @@ def weight_sync(ranks, model_dir: str, split: bool) -> dict:
         params = dict(engine.model.named_parameters())
         record["differs"] = sorted(n for n, t in trained.items() if not torch.equal(params[n], t))
         record["compared"] = len(trained)
-        base = dict(load_causal_lm(model_dir, torch.float32).named_parameters())
+        base = dict(load_causal_lm(model_dir, torch.float32, trust_remote_code=False).named_parameters())
         record["moved"] = sorted(n for n, t in trained.items() if not torch.equal(base[n], t))
         record["buckets"] = len(getattr(sync, "layout", None) or sync.buckets)
     return record
