@@ -32,11 +32,12 @@ from stages.eval.scoring import ALL_DOMAINS, Scored, summarize
 
 def load_set(job: StageJob, name: str, paths: list[str], limit: int | None) -> list[dict[str, Any]]:
     """The set's rows (RL format, validated with the file and line of each problem)."""
+    from stages.reasoning_rl.config import RLData
     from stages.reasoning_rl.data import load_rows
     from verifiers import VERIFIERS
 
     try:
-        rows = load_rows([(p, job.fetch(p)) for p in paths])
+        rows = load_rows(job.fetch, [RLData(path=p) for p in paths])
     except DataError as e:
         raise DataError(f"eval set {name!r}: {e}") from None
     rows = rows[:limit] if limit is not None else rows

@@ -52,7 +52,7 @@ def colocated(rank: int, world: int, port: int, model_dir: str, out: str, cfg: d
     record = {"shards": scheduler_shards(rank, model_dir, cfg), "sync": weight_sync(ranks, model_dir, split=False)}
     Path(out, f"rank{rank}.json").write_text(json.dumps(record))
     ranks.everyone.barrier()
-    dist.destroy_process_group()
+    _leave()
 
 
 def split(rank: int, world: int, port: int, model_dir: str, out: str, _: None) -> None:
@@ -64,7 +64,7 @@ def split(rank: int, world: int, port: int, model_dir: str, out: str, _: None) -
     record = {"sync": weight_sync(ranks, model_dir, split=True)}
     Path(out, f"rank{rank}.json").write_text(json.dumps(record))
     ranks.everyone.barrier()
-    dist.destroy_process_group()
+    _leave()
 
 
 def scheduler_shards(rank: int, model_dir: str, cfg: dict) -> dict:
@@ -150,3 +150,12 @@ def weight_sync(ranks, model_dir: str, split: bool) -> dict:
         record["moved"] = sorted(n for n, t in trained.items() if not torch.equal(base[n], t))
         record["buckets"] = len(getattr(sync, "layout", None) or sync.buckets)
     return record
+
+
+def _leave() -> None:
+    """End a rank once its record is written and every rank passed the last barrier: leave
+    the process group, then exit without the interpreter's teardown, where a background
+    thread of the gloo/DeepSpeed stack now and then aborts the process ("terminate called
+    without an active exception") on a loaded machine, after all the work is checked in."""
+    dist.destroy_process_group()
+    os._exit(0)
