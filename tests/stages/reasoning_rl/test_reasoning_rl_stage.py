@@ -117,7 +117,7 @@ def test_stage_runs_c3po_icepop_resumes_after_kill_and_publishes(tiny_policy, tm
     assert any(not (p == q).all() for p, q in zip(trained.parameters(), base.parameters()))
 
     client = MlflowClient(uri)
-    hist = client.get_metric_history(run.run_id, "masked_fraction")
+    hist = client.get_metric_history(run.run_id, "icepop/masked_fraction")  # its MLflow section
     assert sorted(m.step for m in hist) == list(range(latest + 1, 5))  # this run's steps
     arts = [a.path for a in client.list_artifacts(run.run_id, "rollouts")]
     assert f"rollouts/step_{latest + 1:06d}.txt" in arts
