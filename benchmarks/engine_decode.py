@@ -34,8 +34,9 @@ COLUMNS = ["date", "device", "model", "dtype", "batch", "prompt", "new", "engine
            "greedy agree", "engine warm-up s", "graphs", "torch / transformers"]
 
 
-def parse() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_decode_shape_args(p: argparse.ArgumentParser) -> None:
+    """The model shape (Qwen2-0.5B's by default) and the decode batch of a decode benchmark
+    (also benchmarks/gpu_vllm_check.py's, so both measure the same thing by default)."""
     p.add_argument("--hidden", type=int, default=896)
     p.add_argument("--layers", type=int, default=24)
     p.add_argument("--heads", type=int, default=14)
@@ -45,6 +46,11 @@ def parse() -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=512)
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_decode_shape_args(p)
     p.add_argument("--dtype", default="auto", help="auto = bfloat16 on cuda, float32 on cpu")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--repeats", type=int, default=2, help="timed runs per measurement (best kept)")

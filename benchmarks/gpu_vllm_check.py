@@ -211,15 +211,9 @@ def main() -> int:
     p.add_argument("--parts", default=",".join(PARTS))
     p.add_argument("--part", default=None, help=argparse.SUPPRESS)  # one part, in a child process
     p.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, torch engine stands in for vllm")
-    p.add_argument("--hidden", type=int, default=896)
-    p.add_argument("--layers", type=int, default=24)
-    p.add_argument("--heads", type=int, default=14)
-    p.add_argument("--kv-heads", type=int, default=2)
-    p.add_argument("--intermediate", type=int, default=4864)
-    p.add_argument("--vocab", type=int, default=151936)
-    p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--prompt-len", type=int, default=128)
-    p.add_argument("--new-tokens", type=int, default=512)
+    from engine_decode import add_decode_shape_args  # benchmarks/ is this script's sys.path[0]
+
+    add_decode_shape_args(p)
     p.add_argument("--rl-steps", type=int, default=4)
     p.add_argument("--gpu-mem", type=float, default=0.35)
     p.add_argument("--enforce-eager", action="store_true", help="vLLM without CUDA graphs / compilation")
