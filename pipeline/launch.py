@@ -71,6 +71,14 @@ def build_command(entry: str, job_path: Path, resources: Resources, launcher: La
     port = str(resources.master_port or free_port())
     if launcher == "deepspeed":
         cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--master_port", port]
+        visible = _visible_gpus(resources)
+        if visible is not None:
+            # DeepSpeed's runner ignores CUDA_VISIBLE_DEVICES once --num_gpus is given and
+            # starts on GPUs 0..n-1 of the host, whatever the user pinned; so the pinned GPUs
+            # go in as --include, with the variable unset for the runner (it counts the host's
+            # GPUs, then sets the variable itself for each rank).
+            return ["env", "-u", "CUDA_VISIBLE_DEVICES", *cmd, "--include", f"localhost:{','.join(visible)}",
+                    "--module", entry, *module_args]
         if resources.hostfile:
             cmd += ["--hostfile", resources.hostfile, "--num_nodes", str(resources.nodes)]
         else:
@@ -86,6 +94,19 @@ def build_command(entry: str, job_path: Path, resources: Resources, launcher: La
         return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
                 "--nproc-per-node", str(resources.ranks_per_node), "--master-port", port, "-m", entry, *module_args]
     raise ValueError(f"unknown launcher {launcher!r}")
+
+
+def _visible_gpus(resources: Resources) -> list[str] | None:
+    """The GPUs a single-node GPU job must run on when the user pinned them with
+    CUDA_VISIBLE_DEVICES (the first `gpus_per_node` of them); None when not pinned."""
+    pinned = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if resources.hostfile or resources.gpus_per_node == 0 or not pinned:
+        return None
+    ids = [d.strip() for d in pinned.split(",") if d.strip()]
+    if len(ids) < resources.gpus_per_node:
+        raise StageFailed(f"resources.gpus_per_node is {resources.gpus_per_node}, but CUDA_VISIBLE_DEVICES="
+                          f"{pinned!r} makes only {len(ids)} GPU(s) visible: pin more GPUs or ask for fewer")
+    return ids[:resources.gpus_per_node]
 
 
 @dataclass

@@ -100,3 +100,23 @@ def test_interrupt_stops_the_job(tmp_path):
     child = int(log.read_text().split()[1])
     time.sleep(0.5)
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+
+
+def test_deepspeed_runs_on_the_gpus_the_user_pinned(monkeypatch):
+    # DeepSpeed's runner drops CUDA_VISIBLE_DEVICES when --num_gpus is given (ranks would land
+    # on GPUs 0..n-1 beside someone else's job): the pinned GPUs must reach it as --include.
+    job = "/w/job.json"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3,5")
+    two = build_command("stages.sft.train", job, Resources(gpus_per_node=2, master_port=29600), "deepspeed", True)
+    assert two[:3] == ["env", "-u", "CUDA_VISIBLE_DEVICES"]
+    assert two[two.index("--include") + 1] == "localhost:2,3" and "--num_gpus" not in two
+    assert two[-4:] == ["--module", "stages.sft.train", "--job", job]
+    with pytest.raises(StageFailed, match=r"gpus_per_node is 4.*CUDA_VISIBLE_DEVICES='2,3,5'.*only 3"):
+        build_command("stages.sft.train", job, Resources(gpus_per_node=4), "deepspeed", True)
+    # CPU ranks, torchrun (honours the variable itself) and hostfile runs are left as they were
+    assert "--include" not in build_command("stages.sft.train", job, Resources(cpu_ranks=2), "deepspeed", True)
+    assert build_command("stages.sft.train", job, Resources(gpus_per_node=2), "torchrun", True)[0] == sys.executable
+    multi = build_command("stages.sft.train", job, Resources(nodes=2, gpus_per_node=2, hostfile="/h"), "deepspeed", True)
+    assert "--include" not in multi and "--hostfile" in multi
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert "--num_gpus" in build_command("stages.sft.train", job, Resources(gpus_per_node=1), "deepspeed", True)
