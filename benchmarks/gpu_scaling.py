@@ -22,22 +22,31 @@ is done; a measurement that would overrun the time budget is skipped, with the r
    ZeRO-3 trainer over all): rollout tokens/s, step time, engine idle fraction, and the
    rollout phase's speed-up over one GPU (goal >= 1.8x on 2 GPUs, >= 3.5x on 4). A random
    policy never ends, so the engines stop on 1 token id in 128 (geometric lengths, mean
-   ~128, capped at max_len 512).
-4. interconnect + weight sync, colocated: NCCL all-reduce bus bandwidth and broadcast
+   ~128, capped at max_len 512). This is strong scaling: the same step (token budget, pool,
+   prompts) split over the engines, so each engine's call is 1/n as long and its fixed costs
+   (wake, weight sync, prefill of carried-over rollouts) weigh n times more.
+4. rl-c3po-weak@all: weak scaling, the step's budget, pool and prompts n times one GPU's (each
+   engine as loaded as the single one): the rollout phase's throughput when GPUs are added to
+   generate more per step, as RL runs use them.
+5. sft@all: tokens/s per GPU and scaling efficiency over one GPU (goal >= 90%); on 4 GPUs
+   sft@2 runs in step 2.
+6. interconnect + weight sync, colocated: NCCL all-reduce bus bandwidth and broadcast
    bandwidth, then `stages.rl.weight_sync` (the trainer's own code) for the Qwen2 0.5B / 1.5B
    / 7B parameter shapes, ZeRO-3 modules gathered into a torch engine on every GPU; seconds
    per sync next to the bound bytes / all-reduce bus bandwidth (goal: 7B within 3x). The
    engines load the shapes from sparse safetensors files (zeros, no disk traffic); the 7B
    shape is only synced, never trained.
-5. faults: `reasoning_rl` on all GPUs (small model, a checkpoint every step); rank 1 is
-   killed with SIGKILL after the first checkpoint: the stage must fail within a bound with
-   no process left, and the rerun resume from the last checkpoint with the same unfinished
-   rollouts (the pools in the checkpoint's per-rank files).
-6. sft@all: tokens/s per GPU and scaling efficiency over one GPU (goal >= 90%); on 4 GPUs
-   sft@2 runs in step 2.
 7. rl-sync@1, rl-sync@all: the sync baseline on one and all GPUs.
 8. weight sync, split: half the GPUs train, the other half only generate; trainer 0
    broadcasts each bucket to them.
+9. faults: `reasoning_rl` on all GPUs (small model, a checkpoint every step); rank 1 is
+   killed with SIGKILL after the first checkpoint: the stage must fail within a bound with
+   no process left, and the rerun resume from the last checkpoint with the same unfinished
+   rollouts (the pools in the checkpoint's per-rank files).
+
+`--only` runs a subset (setup always runs); a stage run past `--stage-timeout-s` is killed and
+reported with the tails of its logs (its own and its job's stage.log). GPUs are indices into
+the script's own CUDA_VISIBLE_DEVICES when one is set (a run pinned to GPUs 2,3 stays there).
 
 Every process keeps NVLink multicast off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1,
 NVSHMEM_DISABLE_NVLS=1, also passed to every child). Stage runs use torchrun (it honours
@@ -50,6 +59,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import statistics
 import struct
 import subprocess
@@ -144,14 +154,18 @@ class Runner:
         self.free = list(range(args.gpus))
         self.cond = threading.Condition()
         self.storage = f"file://{args.work}/store"
+        pinned = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+        self.visible = [d.strip() for d in pinned.split(",")] if pinned else [str(i) for i in range(args.gpus)]
 
     def env(self, gpu_ids: list[int]) -> dict[str, str]:
+        """A child's environment on GPUs `gpu_ids`: indices into the GPUs this script sees (a
+        CUDA_VISIBLE_DEVICES of its own is honoured: index 0 is its first GPU, not the host's)."""
         env = {**os.environ, **NO_MULTICAST, "PYTHONPATH": os.pathsep.join(
             p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
         if self.args.smoke:
             env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
         else:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpu_ids))
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(self.visible[i] for i in gpu_ids)
         return env
 
     def resources(self, n: int) -> dict[str, int]:
@@ -167,13 +181,31 @@ class Runner:
                                 start_new_session=True)
 
     def result(self, spec: StageSpec, proc: subprocess.Popen) -> dict[str, Any]:
-        proc.wait()
+        """The run's StageRun dict; a run past --stage-timeout-s is killed (its job dies with
+        it: pipeline.job_guard) and reported with the tails of its logs."""
+        try:
+            proc.wait(timeout=self.args.stage_timeout_s)
+            hung = ""
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            hung = f"still running after {self.args.stage_timeout_s:.0f}s, killed; "
         text = (Path(self.args.work) / f"{spec.name}.log").read_text(errors="replace")
         for line in reversed(text.splitlines()):
-            if line.startswith("RESULT "):
+            if line.startswith("RESULT ") and not hung:
                 return json.loads(line[len("RESULT "):])
         tail = "\n".join(text.splitlines()[-40:])
-        raise RuntimeError(f"stage run {spec.name} failed (exit {proc.returncode}); its log ends:\n{tail}")
+        raise RuntimeError(f"stage run {spec.name} failed ({hung}exit {proc.returncode}); its log ends:\n{tail}"
+                           f"{self.job_log_tail(spec)}")
+
+    def job_log_tail(self, spec: StageSpec) -> str:
+        """The end of the newest stage.log of this run's job (what its ranks printed)."""
+        logs = sorted((Path(self.args.work) / "runs").glob(f"*/{spec.name}-*/*/stage.log"),
+                      key=lambda p: p.stat().st_mtime)
+        if not logs:
+            return ""
+        lines = logs[-1].read_text(errors="replace").splitlines()[-60:]
+        return f"\n--- {logs[-1]} ends:\n" + "\n".join(lines)
 
     def run(self, spec: StageSpec) -> dict[str, Any]:
         """Run on `spec.gpus` GPUs as soon as they are free (blocks)."""
@@ -290,12 +322,14 @@ class Bench:
         self.report.log(f"setup: policy {params / 1e6:.0f}M params (vocab {cfg.vocab_size})")
 
     # configs ---------------------------------------------------------------------------------------------
-    def rl_config(self, scheduler: str, small: bool = False, **over) -> dict[str, Any]:
+    def rl_config(self, scheduler: str, small: bool = False, per_engine_of: int = 1, **over) -> dict[str, Any]:
+        """`per_engine_of` = k: the step's work (budget, pool, prompts) k times one GPU's, so each
+        of k engines gets as much as the single engine did (weak scaling)."""
         a = self.args
         group = 4 if a.smoke else 8
-        omega = 16 if a.smoke else 512      # global pool: 4x one engine's slots, 2x on 2 GPUs
+        omega = (16 if a.smoke else 512) * per_engine_of      # global pool: 4x one engine's slots
         max_batch = 8 if a.smoke else 128
-        phi = 160 if a.smoke else 48 * 1024  # finished tokens per partition (~375 rollouts)
+        phi = (160 if a.smoke else 48 * 1024) * per_engine_of  # finished tokens per partition (~375 rollouts)
         cfg = {
             "model": "${stages.small.output}" if small else "${stages.base.output}",
             "data": "${stages.data.output}/rl.jsonl", "steps": 2 if a.smoke else 4,
@@ -321,8 +355,12 @@ class Bench:
         return {"data": self.data_url, ("small" if small else "base"): self.small_url if small else self.base_url}
 
     # 2.-3. rl and sft --------------------------------------------------------------------------------------
-    def rl(self, scheduler: str, gpus: int) -> StageSpec:
-        return StageSpec(f"rl-{scheduler}-{gpus}g", "reasoning_rl", self.rl_config(scheduler), gpus, self.upstream())
+    def rl(self, scheduler: str, gpus: int, weak: bool = False) -> StageSpec:
+        """`weak`: the step's work scales with the GPUs (each engine as loaded as one GPU's);
+        otherwise the same step (budget, pool, prompts) is split over the GPUs (strong scaling)."""
+        name = f"rl-{scheduler}{'_weak' if weak else ''}-{gpus}g"
+        cfg = self.rl_config(scheduler, per_engine_of=gpus if weak else 1)
+        return StageSpec(name, "reasoning_rl", cfg, gpus, self.upstream())
 
     def sft(self, gpus: int) -> StageSpec:
         return StageSpec(f"sft-{gpus}g", "sft", self.sft_config(), gpus, self.upstream())
@@ -350,7 +388,8 @@ class Bench:
 
     def _rl_speedup(self, scheduler: str) -> None:
         got = self.report.data.get("rl", {}).get(scheduler, {})
-        one, all_ = got.get("1g"), got.get(f"{self.n}g")
+        one = got.get("1g") or self.report.data.get("rl", {}).get(scheduler.removesuffix("_weak"), {}).get("1g")
+        all_ = got.get(f"{self.n}g")
         if one and all_ and self.n > 1:
             self.report.put(f"rl/{scheduler}/scaling", {
                 "gpus": self.n,
@@ -443,23 +482,29 @@ class Bench:
 
     # the plan ----------------------------------------------------------------------------------------------------
     def all(self) -> None:
-        """Most wanted first; the estimates (seconds on an H100/H200 host) decide what still fits."""
+        """Most wanted first; the estimates (seconds on an H100/H200 host) decide what still fits.
+        The fault run goes last: its kill and rerun are the least predictable in time."""
         n, est = self.n, (lambda s: 0.0 if self.args.smoke else s)
         self.step("setup", est(60), self.setup)
         if not hasattr(self, "base_url"):
             return
         first = [self.rl("c3po", 1), self.sft(1)] + ([self.sft(2)] if n >= 4 else [])
-        self.step("rl-c3po@1 + sft@1 side by side", est(80 if n > 1 else 130), lambda: self.side_by_side(first))
+        plan: list[tuple[str, float, Callable[[], Any]]] = [
+            ("rl-c3po@1", 80 if n > 1 else 130, lambda: self.side_by_side(first))]
         if n > 1:
-            self.step(f"rl-c3po@{n}", est(70), lambda: self.record_rl(self.rl("c3po", n)))
-        self.step("weight sync, colocated", est(80), lambda: self.weight_sync("colocated"))
+            plan += [("rl-c3po@n", 70, lambda: self.record_rl(self.rl("c3po", n))),
+                     ("rl-c3po-weak@n", 90, lambda: self.record_rl(self.rl("c3po", n, weak=True))),
+                     ("sft@n", 50, lambda: self._record(f"sft-{n}g", self.stage(self.sft(n))))]
+        plan.append(("sync-colocated", 80, lambda: self.weight_sync("colocated")))
+        plan.append(("rl-sync@1", 60, lambda: self.record_rl(self.rl("sync", 1))))
         if n > 1:
-            self.step("faults", est(90), self.faults)
-            self.step(f"sft@{n}", est(50), lambda: self._record(f"sft-{n}g", self.stage(self.sft(n))))
-        self.step("rl-sync@1", est(60), lambda: self.record_rl(self.rl("sync", 1)))
-        if n > 1:
-            self.step(f"rl-sync@{n}", est(70), lambda: self.record_rl(self.rl("sync", n)))
-            self.step("weight sync, split", est(80), lambda: self.weight_sync("split"))
+            plan += [("rl-sync@n", 70, lambda: self.record_rl(self.rl("sync", n))),
+                     ("sync-split", 80, lambda: self.weight_sync("split")),
+                     ("faults", 150, self.faults)]
+        for name, seconds, fn in plan:
+            if self.args.only and name not in self.args.only:
+                continue
+            self.step(name.replace("@n", f"@{n}"), est(seconds), fn)
 
 
 # -- reading a run's outputs ------------------------------------------------------------------------------------
@@ -679,6 +724,12 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, default=None, help="GPUs to use (default: all visible; smoke: 2 ranks)")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="skip what would end past this many seconds (default 480 on GPU, none in --smoke)")
+    ap.add_argument("--only", type=lambda v: set(v.split(",")), default=None,
+                    help="a comma-separated subset of: rl-c3po@1 (with sft@1), rl-c3po@n, rl-c3po-weak@n, sft@n, "
+                         "sync-colocated, rl-sync@1, rl-sync@n, sync-split, faults (setup always runs)")
+    ap.add_argument("--stage-timeout-s", type=float, default=None,
+                    help="a stage run still going after this long is killed and reported with its logs' tails "
+                         "(default 300 on GPU, none in --smoke)")
     ap.add_argument("--worker", choices=["stage", "sync"], help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -694,6 +745,8 @@ def main() -> None:
         raise SystemExit("no GPU visible (use --smoke on CPU)")
     if args.budget_s is None:
         args.budget_s = 0 if args.smoke else 480
+    if args.stage_timeout_s is None and not args.smoke:
+        args.stage_timeout_s = 300.0
     own_work = args.work is None  # a scratch dir this run made (removed at the end); a given one stays
     args.work = args.work or tempfile.mkdtemp(prefix="gpu_scaling_")
     Path(args.work).mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# One device session driven by benchmarks/gpu_queue.py, over several short calls on the same
+# warm machine (files outside the work tree survive between back-to-back calls; the work tree
+# does not, so the jobs run from a copy of it in /tmp/repo):
+#
+#   bash benchmarks/gpu_plans/session.sh start PLAN.yaml   # carry [".whl"]: wheels -> /tmp/site, repo -> /tmp/repo, queue started detached
+#   bash benchmarks/gpu_plans/session.sh part K            # carry [".vllm/partK"]: one part of scripts/gpu_vllm.sh's payload -> /tmp/vllm_parts
+#   bash benchmarks/gpu_plans/session.sh vllm              # after the last part: unpack + install into /tmp/site_vllm, then /tmp/vllm_ready
+#   bash benchmarks/gpu_plans/session.sh collect [SECONDS] # wait up to SECONDS for the queue to finish, then $OUT/results.tgz + a summary
+#
+# NVLink multicast stays off in every process (also set by gpu_queue.py for each job).
+set -euo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+RESULTS=/tmp/results
+OUT=${OUT:-/tmp/out}
+
+summary() {
+  python3 - "$RESULTS" <<'EOF'
+import json, sys
+from pathlib import Path
+res = Path(sys.argv[1])
+q = res / "queue.json"
+if not q.exists():
+    print("no queue.json yet"); sys.exit()
+for j in json.loads(q.read_text())["jobs"]:
+    print(f"{j['name']:16} {j['state']:8} gpus={j['gpus']} start={j['start_s']} s={j['seconds']} rc={j['exit_code']}")
+    log = res / j["name"] / "job.log"
+    if log.exists() and j["state"] != "waiting":
+        for line in log.read_text(errors="replace").splitlines()[-4:]:
+            print("    " + line[:220])
+EOF
+}
+
+case "${1:?start|part|vllm|collect}" in
+  start)
+    plan=${2:?plan yaml}
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+    rm -rf /tmp/repo && mkdir -p /tmp/repo
+    tar --exclude=./.whl --exclude=./.vllm -cf - . | tar -xf - -C /tmp/repo
+    nvidia-smi -L
+    cd /tmp/repo
+    export PYTHONPATH=/tmp/site:/tmp/repo
+    setsid nohup python3 benchmarks/gpu_queue.py "$plan" --results "$RESULTS" >/tmp/queue.log 2>&1 </dev/null &
+    sleep 15
+    cat /tmp/queue.log
+    summary
+    ;;
+  part)
+    k=${2:?part number}
+    mkdir -p /tmp/vllm_parts && cp ".vllm/part$k"/* /tmp/vllm_parts/
+    ls -la /tmp/vllm_parts
+    summary
+    ;;
+  vllm)
+    mkdir -p /tmp/vllm_payload /tmp/site_vllm
+    cat /tmp/vllm_parts/vllm.tar.xz.* | xz -d | tar -x -C /tmp/vllm_payload
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site_vllm /tmp/vllm_payload/wheels/*.whl
+    cp -r /tmp/vllm_payload/site/. /tmp/site_vllm/
+    PYTHONPATH=/tmp/site_vllm:/tmp/site python3 -c "import vllm; print('vllm', vllm.__version__)"
+    touch /tmp/vllm_ready
+    summary
+    ;;
+  collect)
+    wait_s=${2:-0}
+    end=$((SECONDS + wait_s))
+    while (( SECONDS < end )) && ! python3 -c "
+import json, sys; q = json.load(open('$RESULTS/queue.json'))
+sys.exit(0 if all(j['state'] not in ('waiting', 'running') for j in q['jobs']) else 1)" 2>/dev/null; do
+      sleep 10
+    done
+    mkdir -p "$OUT"
+    tar -czf "$OUT/results.tgz" -C /tmp results
+    ls -la "$OUT"
+    summary
+    ;;
+esac
