@@ -6,6 +6,7 @@
 #   bash benchmarks/gpu_plans/session.sh start PLAN.yaml   # carry [".whl"]: wheels -> /tmp/site, repo -> /tmp/repo, queue started detached
 #   bash benchmarks/gpu_plans/session.sh part K            # carry [".vllm/partK"]: one part of scripts/gpu_vllm.sh's payload -> /tmp/vllm_parts
 #   bash benchmarks/gpu_plans/session.sh vllm              # after the last part: unpack + install into /tmp/site_vllm, then /tmp/vllm_ready
+#   bash benchmarks/gpu_plans/session.sh late              # this call's tree -> /tmp/repo_late, then /tmp/late_ready (jobs that need later code)
 #   bash benchmarks/gpu_plans/session.sh collect [SECONDS] # wait up to SECONDS for the queue to finish, then $OUT/results.tgz + a summary
 #
 # NVLink multicast stays off in every process (also set by gpu_queue.py for each job).
@@ -58,6 +59,13 @@ case "${1:?start|part|vllm|collect}" in
     cp -r /tmp/vllm_payload/site/. /tmp/site_vllm/
     PYTHONPATH=/tmp/site_vllm:/tmp/site python3 -c "import vllm; print('vllm', vllm.__version__)"
     touch /tmp/vllm_ready
+    summary
+    ;;
+  late)
+    rm -rf /tmp/repo_late && mkdir -p /tmp/repo_late
+    tar --exclude=./.whl --exclude=./.vllm -cf - . | tar -xf - -C /tmp/repo_late
+    touch /tmp/late_ready
+    git -C /tmp/repo_late log --oneline -1 2>/dev/null || true
     summary
     ;;
   collect)
