@@ -34,6 +34,9 @@ cuda_graphs.py):
   call (`SamplingParams.seed`, else engine seed + call index). The reported logprob
   (pi_infer) is that of the untruncated softmax(logits / temperature), before top-k/top-p:
   the engine `reports_untruncated_logprobs`.
+- `compile=True` runs the decode step (layers, final norm, lm_head, sampling) through
+  torch.compile (compiled_step.py), one compile per shape, inside the same CUDA graphs; a
+  failure warns once and falls back to the eager step.
 - `update_weights` copies the trainer's full tensors by name into the engine's parameters
   in place (CUDA graphs stay valid), handles tied embeddings and `module.` prefixes, and
   records `last_sync_seconds`.
@@ -55,6 +58,7 @@ from stages.common.hf_io import eos_token_ids_of, load_causal_lm, load_config
 from stages.rl.engines.protocol import IGNORED_PREFIXES, RolloutRequest, RolloutUpdate, SamplingParams, SyncTiming
 
 from .attention import DecodeAttention, rotate_half
+from .compiled_step import DEFAULT_MAX_COMPILES, CompiledDecode
 from .cuda_graphs import DecodeGraphs
 from .kv_cache import KVCache, pow2_at_least
 from .moe import feed_forward
@@ -138,6 +142,7 @@ class TorchEngine(SyncTiming):
                  cuda_graphs: bool | None = None, static_shapes: bool | None = None,
                  eos_token_ids: list[int] | None = None, prefill_chunk_tokens: int = 16384,
                  decode_attention: str = "auto", refill_min_free: int | None = None,
+                 compile: bool = False, compile_max_shapes: int = DEFAULT_MAX_COMPILES,
                  trust_remote_code: bool = False):
         path = Path(model_dir)
         if not (path / "config.json").exists():
@@ -181,6 +186,7 @@ class TorchEngine(SyncTiming):
                         "graphs", rope_type)
             use_graphs = False
         self.graphs = DecodeGraphs(self.device, use_graphs)
+        self.compiled = CompiledDecode(self._decode_body, compile, compile_max_shapes)
         self.layers = list(inner.layers)
         self.mlps = [feed_forward(layer.mlp, f"layer {i} mlp of {model_dir}") for i, layer in enumerate(self.layers)]
         attn0 = self.layers[0].self_attn
@@ -327,7 +333,16 @@ class TorchEngine(SyncTiming):
     def _decode(self, nb: int, kvb: int, mode: SamplingMode) -> None:
         if not mode.greedy:
             self.cache.noise[:nb].exponential_(generator=self._gen)
-        self.graphs.run((nb, kvb, mode), lambda: self._decode_body(nb, kvb, mode))
+        key = (nb, kvb, mode)
+        step = self.compiled.step_for((*key, self.cache.rows, self.cache.capacity))
+        if step is not None:
+            try:
+                self.graphs.run(key, lambda: step(nb, kvb, mode), on_failure="raise")
+                return
+            except Exception as e:  # the eager step below rewrites what it wrote: same values
+                self.compiled.disable(e)
+                self.graphs.clear()
+        self.graphs.run(key, lambda: self._decode_body(nb, kvb, mode))
 
     # ---------------------------------------------------------------- generate
     def _check(self, requests: list[RolloutRequest]) -> None:
@@ -504,6 +519,8 @@ def make_torch_engine(model_dir: str, *, device: str = "cpu", dtype: str = "auto
     = cuda_graphs), eos_token_ids (list[int], default: from generation_config / config /
     tokenizer; [] = never stop on EOS), prefill_chunk_tokens (int, default 16384),
     decode_attention ("auto" = varlen on CUDA, sdpa_masked on CPU; "varlen"; "sdpa_masked"),
-    refill_min_free (int, default max_batch // 8: free slots that trigger a refill prefill)."""
+    refill_min_free (int, default max_batch // 8: free slots that trigger a refill prefill),
+    compile (bool, default False: the decode step through torch.compile, compiled_step.py),
+    compile_max_shapes (int, default 32: decode shapes compiled at most; later ones run eagerly)."""
     return TorchEngine(model_dir, device=device, dtype=dtype, max_batch=max_batch,
                        max_len=max_len, seed=seed, **engine_options)
