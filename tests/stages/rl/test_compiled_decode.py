@@ -86,6 +86,26 @@ def test_failed_compile_warns_once_and_decodes_eagerly(model_dir, caplog):
         torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs), atol=1e-5, rtol=0)
 
 
-def test_compile_max_shapes_is_checked(model_dir):
+def test_compile_options_are_checked(model_dir):
     with pytest.raises(ValueError, match="compile_max_shapes must be >= 1"):
         _engine(model_dir, compile=True, compile_max_shapes=0)
+    with pytest.raises(ValueError, match="compile=True needs static_shapes=True"):
+        create_engine("torch", str(model_dir), compile=True, static_shapes=False)
+    assert create_engine("torch", str(model_dir), compile=True).static_shapes  # the default follows
+
+
+@pytest.mark.slow
+def test_shapes_beyond_compile_max_shapes_decode_eagerly(model_dir, caplog):
+    """compile_max_shapes=1: the greedy step is compiled, the sampled one (another shape
+    signature) runs eagerly, with one warning, and both decode what the eager engine does."""
+    sampled = SamplingParams(temperature=1.0, seed=7)
+    eager = _engine(model_dir)
+    engine = _engine(model_dir, compile=True, compile_max_shapes=1)
+    with caplog.at_level(logging.WARNING, logger="stages.rl.engines.torch_engine"):
+        for params in (GREEDY, sampled, sampled):
+            want, got = eager.generate(_requests(), params), engine.generate(_requests(), params)
+            for a, b in zip(want, got):
+                assert b.token_ids == a.token_ids, (params, a.uid)
+                torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs), atol=1e-4, rtol=0)
+    assert engine.compiled.enabled and len(engine.compiled.compiled) == 1
+    assert sum("decode shapes compiled" in r.getMessage() for r in caplog.records) == 1

@@ -161,9 +161,13 @@ class TorchEngine(SyncTiming):
         if use_graphs and self.device.type != "cuda":
             raise ValueError("torch engine: cuda_graphs=True needs a CUDA device")
         # power-of-two batch / kv-length buckets (what graphs need); testable on CPU
-        self.static_shapes = use_graphs if static_shapes is None else bool(static_shapes)
+        # compile=True too: exact shapes would compile the step anew at every kv length
+        self.static_shapes = (use_graphs or compile) if static_shapes is None else bool(static_shapes)
         if use_graphs and not self.static_shapes:
             raise ValueError("torch engine: cuda_graphs=True needs static_shapes=True")
+        if compile and not self.static_shapes:
+            raise ValueError("torch engine: compile=True needs static_shapes=True (one compile per "
+                             "batch / kv-length bucket; exact shapes would compile every step)")
 
         config = load_config(path, trust_remote_code=trust_remote_code)
         if getattr(config, "use_sliding_window", False) or any(
@@ -516,7 +520,7 @@ def make_torch_engine(model_dir: str, *, device: str = "cpu", dtype: str = "auto
                       max_batch: int = 64, max_len: int = 4096, seed: int = 0,
                       **engine_options) -> TorchEngine:
     """engine_options: cuda_graphs (bool, default: on for CUDA), static_shapes (bool, default:
-    = cuda_graphs), eos_token_ids (list[int], default: from generation_config / config /
+    = cuda_graphs or compile), eos_token_ids (list[int], default: from generation_config / config /
     tokenizer; [] = never stop on EOS), prefill_chunk_tokens (int, default 16384),
     decode_attention ("auto" = varlen on CUDA, sdpa_masked on CPU; "varlen"; "sdpa_masked"),
     refill_min_free (int, default max_batch // 8: free slots that trigger a refill prefill),
