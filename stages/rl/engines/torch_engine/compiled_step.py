@@ -37,8 +37,12 @@ class CompiledDecode:
         self.compiled: set[Hashable] = set()
         self.compile_seconds = 0.0
         self._warned_full = False
-        self._step = (torch.compile(body, fullgraph=True, dynamic=False, backend="inductor")
-                      if self.enabled else None)
+        self._step = None
+        if self.enabled:
+            try:  # lazy: the compile itself happens at a signature's first call
+                self._step = torch.compile(body, fullgraph=True, dynamic=False, backend="inductor")
+            except Exception as e:
+                self.disable(e)
 
     def step_for(self, signature: Hashable) -> Callable[..., None] | None:
         """The compiled step for `signature`, or None: compiling is off, or the signature is

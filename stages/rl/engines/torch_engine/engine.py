@@ -310,7 +310,10 @@ class TorchEngine(SyncTiming):
         cos, sin = cos[:, None], sin[:, None]
         varlen = self.decode_attention == "varlen"
         mask = None if varlen else self.attention.mask(c.positions, pos, kvb)
-        widx = pos.view(nb, 1, 1, 1).expand(nb, self.n_kv, 1, self.head_dim)
+        # where the new k/v go: (row, kv head, position) of the whole cache tensor; an index_put_
+        # into the cache itself (not into a slice view) is what inductor turns into an in-place
+        # store under compile=True, where a scatter into a view made it copy the cache first
+        widx = (c.row_ids[:nb, None], c.head_ids[None, :], pos[:, None])
         groups = self.n_heads // self.n_kv
         for li, layer in enumerate(self.layers):
             attn = layer.self_attn
@@ -318,9 +321,9 @@ class TorchEngine(SyncTiming):
             q, k, v = self._attn_qkv(attn, h, nb, 1)
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
+            c.k[li].index_put_(widx, k[:, :, 0])
+            c.v[li].index_put_(widx, v[:, :, 0])
             kc, vc = c.k[li][:nb], c.v[li][:nb]
-            kc.scatter_(2, widx, k)
-            vc.scatter_(2, widx, v)
             # the query heads sharing a kv head ride as `groups` query rows: no K/V repeat
             qg = q.reshape(nb, self.n_kv, groups, self.head_dim)
             if varlen:
