@@ -16,17 +16,12 @@ import torch
 from stages.rl.engines import RolloutRequest, SamplingParams, create_engine
 from tests.stages.rl.tiny_model import build_model, save_model
 
-pytestmark = pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
-                                reason="inductor's CPU backend needs a C++ compiler (g++ / c++)")
+pytestmark = [pytest.mark.usefixtures("one_thread"),
+              pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                                 reason="inductor's CPU backend needs a C++ compiler (g++ / c++)")]
 GREEDY = SamplingParams(temperature=0.0)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")
