@@ -10,6 +10,14 @@ tokens/s = batch * (new - 1) / (time(new tokens) - time(1 token)). Plus a sanity
 the share of rows whose first --check-tokens greedy tokens agree between the two (1.0 in
 fp32; in bf16 the two code paths round differently and some rows drift apart).
 
+Also per decode step: its time (ms/step), the memory-bandwidth bound = (the model's weight
+bytes + the batch's KV bytes at the mean context) / bandwidth, with the bandwidth measured
+in this run (a large device-to-device copy: bytes read + written / time), and the share of
+the bound the step reaches. `--compile` turns the engine's `compile` option on (its compile
+seconds are a column; warm-up includes them). `--profile` traces ~20 steady decode steps
+(kernel times of a 21-token call minus those of a 1-token call) and prints the top kernels
+and the per-step GPU time by kind: attention / GEMM / elementwise+norm / sampling / other.
+
 Needs only torch + transformers (no DeepSpeed / MLflow / Prefect). Prints a markdown row
 for benchmarks/RESULTS.md (--header prints the header first).
 
@@ -31,7 +39,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anyw
 
 COLUMNS = ["date", "device", "model", "dtype", "batch", "prompt", "new", "engine tok/s",
            "generate tok/s", "speedup", "engine decode tok/s", "generate decode tok/s",
-           "greedy agree", "engine warm-up s", "graphs", "torch / transformers"]
+           "greedy agree", "engine warm-up s", "compile s", "graphs", "ms/step", "bound ms/step",
+           "% of bound", "bandwidth GB/s", "torch / transformers"]
+
+# kernel (or, on CPU, aten op) name fragments per kind, first match wins: fused Triton
+# kernels are named after their ops (e.g. triton_red_fused__log_softmax_argmax_...)
+KERNEL_KINDS = [
+    ("other", ("memcpy", "memset")),  # the per-step token copy to the host, cache growth
+    ("attention", ("flash", "fmha", "attention", "attn")),
+    ("GEMM", ("gemm", "gemv", "nvjet", "cutlass", "xmma", "cublas", "matmul", "aten::mm", "aten::addmm",
+              "aten::bmm", "splitk")),
+    ("sampling", ("softmax", "argmax", "topk", "sort", "exponential", "gather", "cumsum")),
+    ("elementwise+norm", ("elementwise", "vectorized", "triton", "norm", "rsqrt", "pow", "mean",
+                          "mul", "add", "scatter", "index", "copy", "cat", "neg", "silu", "reduce",
+                          "fill", "aten::")),
+]
 
 
 def add_decode_shape_args(p: argparse.ArgumentParser) -> None:
@@ -55,6 +77,10 @@ def parse() -> argparse.Namespace:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--repeats", type=int, default=2, help="timed runs per measurement (best kept)")
     p.add_argument("--no-cuda-graphs", action="store_true", help="engine decodes eagerly")
+    p.add_argument("--compile", action="store_true", help="engine option compile=True (torch.compile)")
+    p.add_argument("--profile", action="store_true",
+                   help="profile ~20 steady decode steps: top kernels, time per kind")
+    p.add_argument("--top-kernels", type=int, default=15)
     p.add_argument("--skip-generate", action="store_true", help="engine only")
     p.add_argument("--check-tokens", type=int, default=16, help="greedy agreement check (0 = off)")
     p.add_argument("--seed", type=int, default=0)
@@ -77,6 +103,71 @@ def best_time(fn, repeats: int, device: torch.device) -> float:
         sync(device)
         best = min(best, time.perf_counter() - t0)
     return best
+
+
+def measure_bandwidth(device: torch.device, repeats: int = 10) -> float:
+    """Bytes/s of a large copy on `device` (read + written), best of `repeats`."""
+    n = (1 << 30) if device.type == "cuda" else (1 << 27)  # bytes per buffer
+    src = torch.empty(n, dtype=torch.uint8, device=device).fill_(1)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    seconds = best_time(lambda: dst.copy_(src), repeats, device)
+    del src, dst
+    return 2 * n / seconds
+
+
+def kernel_kind(name: str) -> str:
+    low = name.lower()
+    return next((kind for kind, parts in KERNEL_KINDS if any(p in low for p in parts)), "other")
+
+
+def kernel_times(fn, device: torch.device) -> dict[str, float]:
+    """Total self time (us) per GPU kernel of one `fn()` call; on CPU per profiled event
+    (self times do not overlap; a compiled graph's fused C++ kernels count under its call)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        fn()
+        sync(device)
+    times: dict[str, float] = {}
+    for ev in prof.key_averages():
+        t = ev.self_device_time_total if device.type == "cuda" else ev.self_cpu_time_total
+        is_kernel = ev.device_type.name == "CUDA" if device.type == "cuda" else True
+        if is_kernel and t > 0:
+            times[ev.key] = times.get(ev.key, 0.0) + t
+    return times
+
+
+def print_profile(run_engine, device: torch.device, steps: int, top: int) -> None:
+    """Kernels of `steps` steady decode steps = a (steps + 1)-token call minus a 1-token call
+    (same prefill, same graphs: the difference is the decode steps)."""
+    run_engine(steps + 1)  # any graph of these shapes is captured before tracing
+    full, one = kernel_times(lambda: run_engine(steps + 1), device), kernel_times(lambda: run_engine(1), device)
+    per_step = {k: (v - one.get(k, 0.0)) / steps for k, v in full.items()}
+    per_step = {k: v for k, v in per_step.items() if v > 0}
+    total = sum(per_step.values())
+    print(f"\nprofile: {steps} decode steps, {total / 1000:.3f} ms of {'GPU' if device.type == 'cuda' else 'CPU'} "
+          f"time per step")
+    print("| kernel | kind | us/step | share |\n|---|---|---|---|")
+    for k, v in sorted(per_step.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"| {k[:90]} | {kernel_kind(k)} | {v:.1f} | {v / total:.1%} |")
+    kinds: dict[str, float] = {}
+    for k, v in per_step.items():
+        kinds[kernel_kind(k)] = kinds.get(kernel_kind(k), 0.0) + v
+    print("\n| kind | ms/step | share |\n|---|---|---|")
+    for kind, v in sorted(kinds.items(), key=lambda kv: -kv[1]):
+        print(f"| {kind} | {v / 1000:.3f} | {v / total:.1%} |")
+    print(flush=True)
+
+
+def step_bytes(engine, batch: int, mean_context: float) -> float:
+    """Bytes one decode step must read at least: every weight once (a tied lm_head once) and
+    the batch's cached keys and values at the mean context length."""
+    params = {id(p): p for p in engine.model.parameters()}.values()
+    weights = sum(p.numel() * p.element_size() for p in params)
+    kv_per_token = 2 * len(engine.layers) * engine.n_kv * engine.head_dim * torch.finfo(engine.dtype).bits // 8
+    return weights + batch * mean_context * kv_per_token
 
 
 def build_model(a, dtype: torch.dtype, device: torch.device):
@@ -116,6 +207,7 @@ def main() -> None:
         engine = create_engine("torch", tmp, device=a.device, dtype=str(dtype).split(".")[1],
                                max_batch=a.batch, max_len=a.prompt_len + a.new_tokens,
                                seed=a.seed, eos_token_ids=[],
+                               compile=a.compile,
                                **({"cuda_graphs": False} if a.no_cuda_graphs else {}))
 
     sample = SamplingParams(temperature=1.0, seed=a.seed)
@@ -132,9 +224,18 @@ def main() -> None:
     e_full = best_time(lambda: run_engine(a.new_tokens), a.repeats, device)
     e_one = best_time(lambda: run_engine(1), a.repeats, device)
     n_new = a.batch * a.new_tokens
+    step_s = max(e_full - e_one, 1e-9) / max(a.new_tokens - 1, 1)
+    bandwidth = measure_bandwidth(device)
+    bound_s = step_bytes(engine, a.batch, a.prompt_len + a.new_tokens / 2) / bandwidth
     row = {"engine tok/s": n_new / e_full,
            "engine decode tok/s": a.batch * (a.new_tokens - 1) / max(e_full - e_one, 1e-9),
-           "engine warm-up s": warm, "graphs": len(engine.graphs) if engine.use_graphs else "off"}
+           "engine warm-up s": warm, "graphs": len(engine.graphs) if engine.use_graphs else "off",
+           "compile s": (f"{engine.compiled.compile_seconds:.1f}" if engine.compiled.enabled
+                         else ("failed" if a.compile else "off")),
+           "ms/step": f"{step_s * 1000:.2f}", "bound ms/step": f"{bound_s * 1000:.3f}",
+           "% of bound": f"{bound_s / step_s:.1%}", "bandwidth GB/s": bandwidth / 1e9}
+    if a.profile:
+        print_profile(run_engine, device, min(20, a.new_tokens - 1), a.top_kernels)
 
     if not a.skip_generate:
         ids = prompts.to(device)

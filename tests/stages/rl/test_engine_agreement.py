@@ -21,6 +21,7 @@ from stages.rl.engines.torch_engine import moe
 from stages.rl.engines.torch_engine.moe import MoEFeedForward, routed_experts
 
 VOCAB, EOS, PAD = 256, 1, 0
+pytestmark = pytest.mark.usefixtures("one_thread")
 SIZES = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, intermediate_size=96, max_position_embeddings=256,
              eos_token_id=EOS, pad_token_id=PAD, bos_token_id=None, initializer_range=0.2)
@@ -34,12 +35,6 @@ MODELS = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def build(model_type: str, seed: int = 0):

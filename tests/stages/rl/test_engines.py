@@ -21,17 +21,10 @@ from tests.stages.rl.tiny_model import EOS, VOCAB, build_model, save_model
 CASES = [("torch", "cpu", {}), ("torch", "cpu", {"static_shapes": True}),
          ("torch", "cuda", {}), ("vllm", "cuda", {})]
 GREEDY = SamplingParams(temperature=0.0)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ------------------------------------------------------------------------------ fixtures
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy shared CPU the thread
-    hand-offs cost ~100x (measured: 5 s vs 14 ms for the same generate call)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

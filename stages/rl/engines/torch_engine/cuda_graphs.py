@@ -1,7 +1,7 @@
 """CUDA graphs of the torch engine's decode step: one per (batch bucket, kv-length bucket,
 sampling mode), captured lazily on first use and replayed after, all in one private memory
 pool. A failed capture logs a warning and switches the engine to eager decoding (correct,
-slower)."""
+slower), unless the caller asks for the failure to be raised."""
 from __future__ import annotations
 
 import logging
@@ -27,9 +27,11 @@ class DecodeGraphs:
         self.graphs.clear()
         self.pool = None
 
-    def run(self, key: Hashable, body: Callable[[], None]) -> None:
+    def run(self, key: Hashable, body: Callable[[], None], on_failure: str = "eager") -> None:
         """`body()` (a graph-safe decode step for `key`'s shapes): replayed from its graph,
-        captured first if needed; eagerly when graphs are off."""
+        captured first if needed; eagerly when graphs are off. A failed capture turns graphs
+        off (on_failure="eager"), or is raised with graphs left on (on_failure="raise": the
+        caller has another body to capture, e.g. the eager step for a compiled one)."""
         if not self.enabled:
             body()
             return
@@ -38,6 +40,8 @@ class DecodeGraphs:
             try:
                 graph = self._capture(body)
             except Exception as e:  # keep decoding correctly, just slower
+                if on_failure == "raise":
+                    raise
                 log.warning("torch engine: CUDA graph capture failed (%s: %s); decoding eagerly",
                             type(e).__name__, e)
                 self.enabled = False

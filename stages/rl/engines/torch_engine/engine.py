@@ -34,6 +34,9 @@ cuda_graphs.py):
   call (`SamplingParams.seed`, else engine seed + call index). The reported logprob
   (pi_infer) is that of the untruncated softmax(logits / temperature), before top-k/top-p:
   the engine `reports_untruncated_logprobs`.
+- `compile=True` runs the decode step (layers, final norm, lm_head, sampling) through
+  torch.compile (compiled_step.py), one compile per shape, inside the same CUDA graphs; a
+  failure warns once and falls back to the eager step.
 - `update_weights` copies the trainer's full tensors by name into the engine's parameters
   in place (CUDA graphs stay valid), handles tied embeddings and `module.` prefixes, and
   records `last_sync_seconds`.
@@ -55,6 +58,7 @@ from stages.common.hf_io import eos_token_ids_of, load_causal_lm, load_config
 from stages.rl.engines.protocol import IGNORED_PREFIXES, RolloutRequest, RolloutUpdate, SamplingParams, SyncTiming
 
 from .attention import DecodeAttention, rotate_half
+from .compiled_step import DEFAULT_MAX_COMPILES, CompiledDecode
 from .cuda_graphs import DecodeGraphs
 from .kv_cache import KVCache, pow2_at_least
 from .moe import feed_forward
@@ -138,6 +142,7 @@ class TorchEngine(SyncTiming):
                  cuda_graphs: bool | None = None, static_shapes: bool | None = None,
                  eos_token_ids: list[int] | None = None, prefill_chunk_tokens: int = 16384,
                  decode_attention: str = "auto", refill_min_free: int | None = None,
+                 compile: bool = False, compile_max_shapes: int = DEFAULT_MAX_COMPILES,
                  trust_remote_code: bool = False):
         path = Path(model_dir)
         if not (path / "config.json").exists():
@@ -156,9 +161,13 @@ class TorchEngine(SyncTiming):
         if use_graphs and self.device.type != "cuda":
             raise ValueError("torch engine: cuda_graphs=True needs a CUDA device")
         # power-of-two batch / kv-length buckets (what graphs need); testable on CPU
-        self.static_shapes = use_graphs if static_shapes is None else bool(static_shapes)
+        # compile=True too: exact shapes would compile the step anew at every kv length
+        self.static_shapes = (use_graphs or compile) if static_shapes is None else bool(static_shapes)
         if use_graphs and not self.static_shapes:
             raise ValueError("torch engine: cuda_graphs=True needs static_shapes=True")
+        if compile and not self.static_shapes:
+            raise ValueError("torch engine: compile=True needs static_shapes=True (one compile per "
+                             "batch / kv-length bucket; exact shapes would compile every step)")
 
         config = load_config(path, trust_remote_code=trust_remote_code)
         if getattr(config, "use_sliding_window", False) or any(
@@ -181,6 +190,7 @@ class TorchEngine(SyncTiming):
                         "graphs", rope_type)
             use_graphs = False
         self.graphs = DecodeGraphs(self.device, use_graphs)
+        self.compiled = CompiledDecode(self._decode_body, compile, compile_max_shapes)
         self.layers = list(inner.layers)
         self.mlps = [feed_forward(layer.mlp, f"layer {i} mlp of {model_dir}") for i, layer in enumerate(self.layers)]
         attn0 = self.layers[0].self_attn
@@ -300,7 +310,10 @@ class TorchEngine(SyncTiming):
         cos, sin = cos[:, None], sin[:, None]
         varlen = self.decode_attention == "varlen"
         mask = None if varlen else self.attention.mask(c.positions, pos, kvb)
-        widx = pos.view(nb, 1, 1, 1).expand(nb, self.n_kv, 1, self.head_dim)
+        # where the new k/v go: (row, kv head, position) of the whole cache tensor; an index_put_
+        # into the cache itself (not into a slice view) is what inductor turns into an in-place
+        # store under compile=True, where a scatter into a view made it copy the cache first
+        widx = (c.row_ids[:nb, None], c.head_ids[None, :], pos[:, None])
         groups = self.n_heads // self.n_kv
         for li, layer in enumerate(self.layers):
             attn = layer.self_attn
@@ -308,9 +321,9 @@ class TorchEngine(SyncTiming):
             q, k, v = self._attn_qkv(attn, h, nb, 1)
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
+            c.k[li].index_put_(widx, k[:, :, 0])
+            c.v[li].index_put_(widx, v[:, :, 0])
             kc, vc = c.k[li][:nb], c.v[li][:nb]
-            kc.scatter_(2, widx, k)
-            vc.scatter_(2, widx, v)
             # the query heads sharing a kv head ride as `groups` query rows: no K/V repeat
             qg = q.reshape(nb, self.n_kv, groups, self.head_dim)
             if varlen:
@@ -327,7 +340,16 @@ class TorchEngine(SyncTiming):
     def _decode(self, nb: int, kvb: int, mode: SamplingMode) -> None:
         if not mode.greedy:
             self.cache.noise[:nb].exponential_(generator=self._gen)
-        self.graphs.run((nb, kvb, mode), lambda: self._decode_body(nb, kvb, mode))
+        key = (nb, kvb, mode)
+        step = self.compiled.step_for((*key, self.cache.rows, self.cache.capacity))
+        if step is not None:
+            try:
+                self.graphs.run(key, lambda: step(nb, kvb, mode), on_failure="raise")
+                return
+            except Exception as e:  # the eager step below rewrites what it wrote: same values
+                self.compiled.disable(e)
+                self.graphs.clear()
+        self.graphs.run(key, lambda: self._decode_body(nb, kvb, mode))
 
     # ---------------------------------------------------------------- generate
     def _check(self, requests: list[RolloutRequest]) -> None:
@@ -501,9 +523,11 @@ def make_torch_engine(model_dir: str, *, device: str = "cpu", dtype: str = "auto
                       max_batch: int = 64, max_len: int = 4096, seed: int = 0,
                       **engine_options) -> TorchEngine:
     """engine_options: cuda_graphs (bool, default: on for CUDA), static_shapes (bool, default:
-    = cuda_graphs), eos_token_ids (list[int], default: from generation_config / config /
+    = cuda_graphs or compile), eos_token_ids (list[int], default: from generation_config / config /
     tokenizer; [] = never stop on EOS), prefill_chunk_tokens (int, default 16384),
     decode_attention ("auto" = varlen on CUDA, sdpa_masked on CPU; "varlen"; "sdpa_masked"),
-    refill_min_free (int, default max_batch // 8: free slots that trigger a refill prefill)."""
+    refill_min_free (int, default max_batch // 8: free slots that trigger a refill prefill),
+    compile (bool, default False: the decode step through torch.compile, compiled_step.py),
+    compile_max_shapes (int, default 32: decode shapes compiled at most; later ones run eagerly)."""
     return TorchEngine(model_dir, device=device, dtype=dtype, max_batch=max_batch,
                        max_len=max_len, seed=seed, **engine_options)

@@ -65,6 +65,8 @@ class KVCache:
         self.noise = torch.ones(b, self.vocab, dtype=torch.float32, device=dev)
         self.out = torch.zeros(b, 2, dtype=torch.float64, device=dev)  # (token, logprob)
         self.positions = torch.arange(cap, device=dev)
+        self.row_ids = torch.arange(b, device=dev)  # index tensors of the decode step's cache write
+        self.head_ids = torch.arange(self.n_kv, device=dev)
         self.rows, self.capacity = b, cap
 
     def grow(self, length: int) -> None:
