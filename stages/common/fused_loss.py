@@ -14,6 +14,13 @@ computation row for row. With grad enabled and more than one chunk, each chunk r
 non-reentrant activation checkpointing: autograd keeps only the chunk's hidden states, and the
 chunk's logits are recomputed in the backward pass (one extra head matmul, the price of never
 storing [tokens, vocab]). With a single chunk nothing is recomputed.
+
+Under ZeRO-3 every call of the head gathers its partitioned weight, a collective: every rank
+must call it equally often, in the forward and in the recomputing backward, or the ranks hang
+(seen on 2 GPUs: the RL learner's ranks had different response-token counts, so different
+chunk counts). `head_calls` fixes that count from a number every rank agrees on (the chunks
+of the largest micro batch of any rank, or of the configured capacity): a rank with fewer
+tokens makes its last calls on empty chunks, which gather the weight and compute nothing.
 """
 from __future__ import annotations
 
@@ -26,23 +33,35 @@ from torch.utils.checkpoint import checkpoint
 IGNORE_INDEX = -100
 
 
-def _chunked(fn: Callable, n: int, chunk_tokens: int, *tensors: torch.Tensor) -> list:
-    """fn(*chunk of each tensor along dim 0) for consecutive chunks; checkpointed when it matters."""
+def chunks_for(tokens: int, chunk_tokens: int) -> int:
+    """Head calls needed for `tokens` tokens in chunks of `chunk_tokens`."""
+    return -(-tokens // chunk_tokens)
+
+
+def _chunked(fn: Callable, n: int, chunk_tokens: int, head_calls: int | None, *tensors: torch.Tensor) -> list:
+    """fn(*chunk of each tensor along dim 0) for consecutive chunks (exactly `head_calls` of
+    them when given, the last ones empty); checkpointed when there is more than one."""
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1 (got {chunk_tokens})")
-    recompute = torch.is_grad_enabled() and n > chunk_tokens
+    calls = chunks_for(n, chunk_tokens) if head_calls is None else head_calls
+    if calls < chunks_for(n, chunk_tokens):
+        raise ValueError(f"{n} tokens need {chunks_for(n, chunk_tokens)} chunks of {chunk_tokens}, "
+                         f"head_calls is {head_calls}")
+    # decided from the call count, not this rank's tokens: ranks then recompute alike
+    recompute = torch.is_grad_enabled() and calls > 1
     outs = []
-    for s in range(0, n, chunk_tokens):
-        parts = [t[s:s + chunk_tokens] for t in tensors]
+    for c in range(calls):
+        parts = [t[c * chunk_tokens:(c + 1) * chunk_tokens] for t in tensors]
         outs.append(checkpoint(fn, *parts, use_reentrant=False) if recompute else fn(*parts))
     return outs
 
 
 def linear_cross_entropy_sum(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor,
-                             chunk_tokens: int) -> torch.Tensor:
+                             chunk_tokens: int, head_calls: int | None = None) -> torch.Tensor:
     """Sum over tokens of cross_entropy(head(hidden).float(), targets), ignore_index -100.
 
-    hidden: [..., H]; targets: [...] (the same leading shape). Returns a float32 scalar."""
+    hidden: [..., H]; targets: [...] (the same leading shape). Returns a float32 scalar.
+    `head_calls`: call the head exactly this often (module docstring: ZeRO-3)."""
     h = hidden.reshape(-1, hidden.shape[-1])
     t = targets.reshape(-1)
     if h.shape[0] != t.shape[0]:
@@ -51,18 +70,19 @@ def linear_cross_entropy_sum(hidden: torch.Tensor, head: torch.nn.Module, target
     def chunk_loss(hc: torch.Tensor, tc: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(head(hc).float(), tc, ignore_index=IGNORE_INDEX, reduction="sum")
 
-    if h.shape[0] == 0:
+    if h.shape[0] == 0 and head_calls is None:
         return h.sum(dtype=torch.float32) * 0.0
-    return torch.stack(_chunked(chunk_loss, h.shape[0], chunk_tokens, h, t)).sum()
+    return torch.stack(_chunked(chunk_loss, h.shape[0], chunk_tokens, head_calls, h, t)).sum()
 
 
 def token_logprobs(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor, chunk_tokens: int, *,
                    temperature: float = 1.0, softcap: float | None = None,
-                   with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   with_entropy: bool = False, head_calls: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log softmax(z / temperature)[target] per token, z = head(hidden) in float32 (tanh-capped by
     `softcap` first when given); and the entropy of that distribution when `with_entropy`.
 
-    hidden: [..., H]; targets: [...]. Returns tensors of targets' shape (float32)."""
+    hidden: [..., H]; targets: [...]. Returns tensors of targets' shape (float32).
+    `head_calls`: call the head exactly this often (module docstring: ZeRO-3)."""
     shape = targets.shape
     h = hidden.reshape(-1, hidden.shape[-1])
     t = targets.reshape(-1)
@@ -78,10 +98,10 @@ def token_logprobs(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.T
             return lp, None
         return lp, lse - (F.softmax(z, dim=-1) * z).sum(-1)
 
-    if h.shape[0] == 0:
+    if h.shape[0] == 0 and head_calls is None:
         empty = h.sum(dtype=torch.float32) * 0.0 + torch.zeros(shape, device=h.device)
         return empty, (empty.detach().clone() if with_entropy else None)
-    outs = _chunked(chunk_lp, h.shape[0], chunk_tokens, h, t)
+    outs = _chunked(chunk_lp, h.shape[0], chunk_tokens, head_calls, h, t)
     lp = torch.cat([o[0] for o in outs]).view(shape)
     ent = torch.cat([o[1] for o in outs]).view(shape) if with_entropy else None
     return lp, ent

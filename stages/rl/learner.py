@@ -36,7 +36,7 @@ from typing import Any, Protocol, Sequence
 
 import torch
 
-from stages.common.fused_loss import token_logprobs
+from stages.common.fused_loss import chunks_for, token_logprobs
 from stages.rl.loss import STAT_KEYS, LossConfig, MismatchStats, policy_loss
 
 
@@ -46,7 +46,8 @@ class Backend(Protocol):
     rank: int
     world_size: int
 
-    def forward(self, mb: "MicroBatch", temperature: float, chunk: int, with_entropy: bool): ...
+    def forward(self, mb: "MicroBatch", temperature: float, chunk: int, with_entropy: bool,
+                head_calls: int | None = None): ...
 
     def backward(self, loss: torch.Tensor, boundary: bool) -> None: ...
 
@@ -68,9 +69,10 @@ class TorchBackend:
         self.device = next(self.module.parameters()).device
         self._params = [p for p in self.module.parameters() if p.requires_grad]
 
-    def forward(self, mb: "MicroBatch", temperature: float, chunk: int, with_entropy: bool):
+    def forward(self, mb: "MicroBatch", temperature: float, chunk: int, with_entropy: bool,
+                head_calls: int | None = None):
         return self.module(mb.input_ids, mb.attention_mask, mb.resp_pos, mb.targets, temperature, chunk,
-                           with_entropy)
+                           with_entropy, head_calls)
 
     def backward(self, loss: torch.Tensor, boundary: bool) -> None:
         loss.backward()
@@ -186,8 +188,10 @@ def _hidden_and_head(model: torch.nn.Module, input_ids: torch.Tensor, attention_
 
 def response_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       resp_pos: torch.Tensor, targets: torch.Tensor, temperature: float, chunk: int,
-                      with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log pi(y_t | x, y_<t) of every response token, [B, R] (and the entropy at each)."""
+                      with_entropy: bool = False,
+                      head_calls: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log pi(y_t | x, y_<t) of every response token, [B, R] (and the entropy at each).
+    `head_calls`: how often to call the head (the same on every rank under ZeRO-3)."""
     hidden, head = _hidden_and_head(model, input_ids, attention_mask)
     softcap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
     if hidden is None:  # no separable head: full logits, identity "head"
@@ -198,7 +202,7 @@ def response_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention
     # chunks of `chunk` tokens over the whole micro batch, not per row: at most [chunk, vocab]
     # float32 logits exist at once however many rows the micro batch has
     return token_logprobs(h, head, targets, chunk, temperature=temperature, softcap=softcap,
-                          with_entropy=with_entropy)
+                          with_entropy=with_entropy, head_calls=head_calls)
 
 
 def disable_dropout(model: torch.nn.Module) -> None:
@@ -227,9 +231,9 @@ class PolicyHead(torch.nn.Module):
         self.lm = lm
 
     def forward(self, input_ids, attention_mask, resp_pos, targets, temperature: float, chunk: int,
-                with_entropy: bool = False):
+                with_entropy: bool = False, head_calls: int | None = None):
         return response_logprobs(self.lm, input_ids, attention_mask, resp_pos, targets, temperature, chunk,
-                                 with_entropy)
+                                 with_entropy, head_calls)
 
 
 # -- the update ----------------------------------------------------------------------------------
@@ -254,10 +258,19 @@ class Learner:
         model = be.module
         ref_head = PolicyHead(self.ref_model) if self.ref_model is not None else None
         lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
+
+        def head_calls(idx: list[int]) -> int:  # of a micro batch: its [B, R] response tokens in chunks
+            return chunks_for(len(idx) * max(len(samples[i].response_ids) for i in idx), cfg.logit_chunk) if idx else 1
+
         updates = []
         for members in self._split_updates(len(samples), version):
-            plan = plan_micro_batches([lengths[i] for i in members], be.world_size, cfg.micro_batch_tokens)
-            updates.append((len(members), [[members[j] for j in mb] for mb in plan[be.rank]]))
+            plan = [[[members[j] for j in mb] for mb in rank_plan]
+                    for rank_plan in plan_micro_batches([lengths[i] for i in members], be.world_size,
+                                                        cfg.micro_batch_tokens)]
+            # every rank plans every rank's micro batches, so all agree on the head calls of the
+            # j-th one without communicating (ZeRO-3: stages/common/fused_loss.py)
+            calls = [max(head_calls(rank_plan[j]) for rank_plan in plan) for j in range(len(plan[be.rank]))]
+            updates.append((len(members), plan[be.rank], calls))
 
         # theta_old: one pass, no grad, in the same (train) mode as the update
         t0 = time.perf_counter()
@@ -266,13 +279,13 @@ class Learner:
         ref_lps: dict[int, torch.Tensor] = {}
         stats = MismatchStats()
         with torch.no_grad():
-            for _, mbs in updates:
-                for mb_idx in mbs:
+            for _, mbs, calls in updates:
+                for mb_idx, n_calls in zip(mbs, calls):
                     mb = collate([samples[i] for i in mb_idx], version, cfg.pad_id, be.device)
-                    lp, ent = be.forward(mb, cfg.temperature, cfg.logit_chunk, True)
+                    lp, ent = be.forward(mb, cfg.temperature, cfg.logit_chunk, True, n_calls)
                     if ref_head is not None:
                         rlp, _ = ref_head(mb.input_ids, mb.attention_mask, mb.resp_pos, mb.targets, cfg.temperature,
-                                     cfg.logit_chunk)
+                                          cfg.logit_chunk, False, n_calls)
                     if mb.dummy:
                         continue
                     stats.add(lp, mb.infer_logp, mb.mask, cfg.loss, entropy=ent, stale=mb.stale)
@@ -287,10 +300,10 @@ class Learner:
         sums = {"pg_loss": 0.0, "kl": 0.0, "loss": 0.0, "clipped": 0.0, "kept": 0.0, "tokens": 0.0}
         grad_norms = []
         for _ in range(cfg.ppo_epochs):
-            for n_seqs, mbs in updates:
+            for n_seqs, mbs, calls in updates:
                 for j, mb_idx in enumerate(mbs):
                     mb = collate([samples[i] for i in mb_idx], version, cfg.pad_id, be.device)
-                    lp, _ = be.forward(mb, cfg.temperature, cfg.logit_chunk, False)
+                    lp, _ = be.forward(mb, cfg.temperature, cfg.logit_chunk, False, calls[j])
                     if mb.dummy:
                         loss = lp.sum() * 0.0
                     else:

@@ -27,10 +27,10 @@ class DeepSpeedBackend:
         self.engine, self.module, self.device = engine, engine.module, device
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
 
-    def forward(self, mb, temperature: float, chunk: int, with_entropy: bool):
+    def forward(self, mb, temperature: float, chunk: int, with_entropy: bool, head_calls: int | None = None):
         # through the engine's forward: ZeRO-3 counts micro-steps there (gradient accumulation)
         return self.engine(mb.input_ids, mb.attention_mask, mb.resp_pos, mb.targets, temperature, chunk,
-                           with_entropy)
+                           with_entropy, head_calls)
 
     def backward(self, loss, boundary: bool) -> None:
         self.engine.set_gradient_accumulation_boundary(boundary)

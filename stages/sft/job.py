@@ -43,7 +43,7 @@ from stages.common.checkpoint import Checkpointer, StatefulDataclass
 from stages.common.data_plan import DataPlan
 from stages.common.distributed import local_first
 from stages.common.entry import run_job
-from stages.common.fused_loss import linear_cross_entropy_sum
+from stages.common.fused_loss import chunks_for, linear_cross_entropy_sum
 from stages.common.hf_io import load_causal_lm, save_hf_model
 from stages.common.packed_attention import flattens_micro_batch, pad_packed_batch, packed_attention, static_width
 from stages.common.rows import input_rows
@@ -84,9 +84,13 @@ class PackedLMLoss(torch.nn.Module):
     DeepSpeed, so one engine forward covers the whole computation (ZeRO-3 keeps per-micro-step
     state in its forward)."""
 
-    def __init__(self, lm: torch.nn.Module, chunk_tokens: int):
+    def __init__(self, lm: torch.nn.Module, chunk_tokens: int, max_tokens: int | None = None):
+        """`max_tokens`: the most tokens a micro batch can hold; the head is then called
+        ceil(max_tokens / chunk_tokens) times for every micro batch, as ZeRO-3 needs every rank
+        to (stages/common/fused_loss.py), however full this rank's batch is."""
         super().__init__()
         self.lm, self.chunk_tokens = lm, chunk_tokens
+        self.head_calls = chunks_for(max_tokens, chunk_tokens) if max_tokens else None
 
     @property
     def config(self):
@@ -96,7 +100,7 @@ class PackedLMLoss(torch.nn.Module):
         out = self.lm.get_decoder()(input_ids=input_ids, position_ids=position_ids, attention_mask=None,
                                     use_cache=False)
         return linear_cross_entropy_sum(out.last_hidden_state, self.lm.get_output_embeddings(), targets,
-                                        self.chunk_tokens)
+                                        self.chunk_tokens, self.head_calls)
 
 
 def packed_loss_sum(model, batch: dict[str, torch.Tensor], device: torch.device,
@@ -126,7 +130,8 @@ def load_packed_lm(model_dir: Path, cfg: SFTConfig, attn: str) -> PackedLMLoss:
             enable(activation_checkpointing_kwargs={"use_reentrant": False})
         else:
             lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return PackedLMLoss(lm, cfg.loss_chunk_tokens)
+    width = static_width(attn, cfg.max_seq_len) or cfg.max_seq_len  # a pack's most tokens, padding included
+    return PackedLMLoss(lm, cfg.loss_chunk_tokens, max_tokens=cfg.micro_batch_size * width)
 
 
 # -- the stage -------------------------------------------------------------------------------

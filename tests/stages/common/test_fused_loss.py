@@ -111,3 +111,30 @@ def test_hidden_and_targets_of_different_lengths_are_refused():
     head, hidden, targets = _inputs((1, 4), torch.float32)
     with pytest.raises(ValueError, match="hidden has 4 tokens, targets 3"):
         linear_cross_entropy_sum(hidden, head, targets[:, :3], 2)
+
+
+def test_head_calls_fix_the_number_of_head_calls_whatever_the_tokens():
+    """Under ZeRO-3 each head call is a collective: with `head_calls` the head runs exactly that
+    often, forward and recomputing backward, also on a rank with fewer (or no) tokens; the
+    values are those of the natural chunking."""
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 16)
+    calls = []
+    head.register_forward_pre_hook(lambda m, i: calls.append(i[0].shape[0]))
+    h = torch.randn(5, 8, requires_grad=True)
+    t = torch.randint(0, 16, (5,))
+    natural, _ = token_logprobs(h, head, t, 2)
+    calls.clear()
+    padded, _ = token_logprobs(h, head, t, 2, head_calls=5)
+    assert calls == [2, 2, 1, 0, 0]
+    torch.testing.assert_close(padded, natural)
+    calls.clear()
+    padded.sum().backward()
+    assert sorted(calls) == [0, 0, 1, 2, 2]  # recomputed in backward (last chunk first), the empty ones too
+    calls.clear()
+    none = torch.randn(0, 8, requires_grad=True)
+    loss = linear_cross_entropy_sum(none, head, torch.zeros(0, dtype=torch.long), 4, head_calls=2)
+    loss.backward()
+    assert float(loss) == 0.0 and calls == [0, 0, 0, 0]
+    with pytest.raises(ValueError, match="need 3 chunks"):
+        token_logprobs(h, head, t, 2, head_calls=2)
