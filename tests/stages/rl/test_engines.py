@@ -18,8 +18,10 @@ from stages.rl.engines import ENGINES, UNAVAILABLE, RolloutRequest, SamplingPara
 from tests.stages.rl.tiny_model import EOS, VOCAB, build_model, save_model
 # (engine, device, options): "torch-cpu-static" runs the GPU's bucketed bookkeeping (padded
 # batch and kv-length buckets, idle rows, compaction) on CPU, minus the graph capture
+# vLLM reserves gpu_memory_utilization of the whole GPU per engine (default 0.4): some tests
+# hold three engines at once, which did not fit (H100, 2026-11-26), so each takes 0.12 here
 CASES = [("torch", "cpu", {}), ("torch", "cpu", {"static_shapes": True}),
-         ("torch", "cuda", {}), ("vllm", "cuda", {})]
+         ("torch", "cuda", {}), ("vllm", "cuda", {"gpu_memory_utilization": 0.12})]
 GREEDY = SamplingParams(temperature=0.0)
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -77,7 +79,12 @@ def _prompts(n, seed=0, lo=3, hi=20):
 
 
 def _tol(case):
-    return 1e-4 if case[1] == "cpu" else 2e-3
+    """Log-prob tolerance against the HF float32 forward on CPU. vLLM computes float32 with its
+    own attention and sampler kernels: 0.0065 off at most on an H100 (2026-11-26), far inside
+    what IcePop tolerates (|log k| < 0.69); the torch engine runs the HF modules' own kernels."""
+    if case[1] == "cpu":
+        return 1e-4
+    return 1e-2 if case[0] == "vllm" else 2e-3
 
 
 # ------------------------------------------------------------------------------ contract
