@@ -28,7 +28,6 @@ timestamps goes to stdout (PYTHONUNBUFFERED).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -36,10 +35,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-# every process here and below: NVLink multicast stays off (a shared host's GPUs can hang)
-SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
-            "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
-os.environ.update(SAFE_ENV)
+from benchmarks._record import SAFE_ENV, ResultFile, device_name, log  # noqa: E402 - needs ROOT on sys.path
+
+os.environ.update(SAFE_ENV)  # this process and every one it starts
 
 LAYERS = {"hidden_size": 512, "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 4,
           "intermediate_size": 1536, "max_position_embeddings": 1024}
@@ -55,15 +53,6 @@ SMOKE_MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size"
              "shared_expert_intermediate_size": 64, "first_k_dense_replace": 1}
 
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def record(out: Path, part: str, result: dict) -> None:
-    path = out / "moe_mismatch.json"
-    data = json.loads(path.read_text()) if path.exists() else {}
-    data[part] = result
-    path.write_text(json.dumps(data, indent=2))
 
 
 def architecture(name: str, smoke: bool) -> dict:
@@ -133,7 +122,7 @@ def part_mismatch(args, name: str, model_dir: str) -> dict:
     engine = create_engine("torch", model_dir, device=device, dtype="bfloat16", max_batch=args.batch,
                            max_len=256 + args.new_tokens + 8, seed=0, trust_remote_code=trust)
     sampling = SamplingParams(temperature=1.0, seed=1)
-    result: dict = {"model_dir": model_dir, "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+    result: dict = {"model_dir": model_dir, "device": device_name(cuda),
                     "requests": len(requests), "max_new_tokens": args.new_tokens}
     for trainer_dtype in (torch.bfloat16, torch.float32):
         trainer = load_causal_lm(model_dir, trainer_dtype, trust_remote_code=trust).to(device)
@@ -199,6 +188,7 @@ def main() -> int:
     args.batch = args.batch or (4 if smoke else 64)
     args.new_tokens = args.new_tokens or (16 if smoke else 256)
     args.out.mkdir(parents=True, exist_ok=True)
+    results = ResultFile.resume(args.out / "moe_mismatch.json")
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="moe_mismatch_") as tmp:
@@ -212,17 +202,17 @@ def main() -> int:
             except Exception as e:  # noqa: BLE001 - record it, measure the other model
                 res = {"error": f"{type(e).__name__}: {e}"}
                 failures.append(f"mismatch {name}: {res['error']}")
-            record(args.out, f"mismatch_{name}", res)
+            results.put(f"mismatch_{name}", result=res)
             if not smoke and "cuda_graphs" in res and not res["cuda_graphs"]["captured"]:
                 failures.append(f"{name}: the decode step was not captured as CUDA graphs ({res['cuda_graphs']})")
         try:
-            record(args.out, "decode_moe", part_decode(args, models["moe"]))
+            results.put("decode_moe", result=part_decode(args, models["moe"]))
         except Exception as e:  # noqa: BLE001
-            record(args.out, "decode_moe", {"error": f"{type(e).__name__}: {e}"})
+            results.put("decode_moe", result={"error": f"{type(e).__name__}: {e}"})
             failures.append(f"decode moe: {type(e).__name__}: {e}")
     for f in failures:
         log(f"FAILED {f}")
-    log(f"done; results in {args.out / 'moe_mismatch.json'}")
+    log(f"done; results in {results.path}")
     return 1 if failures else 0
 
 

@@ -33,21 +33,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-# every process here and below: NVLink multicast stays off (a shared host's GPUs can hang)
-SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
-            "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
-os.environ.update(SAFE_ENV)
+from benchmarks._record import SAFE_ENV, ResultFile, device_name, log  # noqa: E402 - needs ROOT on sys.path
 
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def record(out: Path, part: str, result: dict) -> None:
-    path = out / "vllm_check.json"
-    data = json.loads(path.read_text()) if path.exists() else {}
-    data[part] = result
-    path.write_text(json.dumps(data, indent=2))
+os.environ.update(SAFE_ENV)  # this process and every one it starts
 
 
 # -- part 2: decode --------------------------------------------------------------------------
@@ -88,7 +76,7 @@ def part_decode(args, engine_names: list[str]) -> dict:
                 torch.cuda.empty_cache()
         out["setup"] = {"batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
                         "hidden": args.hidden, "layers": args.layers, "vocab": args.vocab,
-                        "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu"}
+                        "device": device_name(device == "cuda")}
         return out
 
 
@@ -232,6 +220,7 @@ def main() -> int:
         print("RESULT " + json.dumps(fn()), flush=True)
         return 0
 
+    results = ResultFile.resume(args.out / "vllm_check.json")
     for part in args.parts.split(","):
         log(f"part {part} ...")
         t0 = time.time()
@@ -250,7 +239,7 @@ def main() -> int:
             result.update(json.loads(lines[-1][len("RESULT "):]))
         else:
             result["tail"] = tail
-        record(args.out, part, result)
+        results.put(part, result=result)
         log(f"part {part}: rc {proc.returncode} in {result['seconds']}s")
     return 0
 

@@ -59,15 +59,14 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-# every process here and below: NVLink multicast stays off (a shared host's GPUs can hang)
-SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
-            "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
-os.environ.update(SAFE_ENV)
+from benchmarks._record import SAFE_ENV, ResultFile, device_name, log, versions  # noqa: E402 - needs ROOT on sys.path
+
+os.environ.update(SAFE_ENV)  # this process and every one it starts
 
 SHAPES = {  # Qwen2 configs (tied embeddings); the real vocabulary, a small one for the CPU smoke
     "0.5B": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
@@ -87,20 +86,6 @@ VARIANTS = {  # the sft stage's config per variant
 }
 DEFAULT_VARIANTS = {"1.5B@4096": ["plain", "stage", "stage_flex", "stage_before"]}
 PEAK_BF16 = [("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("A100", 312e12)]
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-@dataclass
-class Results:
-    path: Path
-    data: dict = field(default_factory=dict)
-
-    def put(self, case: str, variant: str, result: dict) -> None:
-        self.data.setdefault("cases", {}).setdefault(case, {})[variant] = result
-        self.path.write_text(json.dumps(self.data, indent=2))
 
 
 def peak_flops(device_name: str) -> float | None:
@@ -373,18 +358,16 @@ def main(argv=None) -> int:
 
     gpu = torch.cuda.is_available() and not args.smoke
     device = "cuda" if gpu else "cpu"
-    name = torch.cuda.get_device_name(0) if gpu else "cpu"
+    name = device_name(gpu)
     peak = peak_flops(name) if gpu else None
     args.out.mkdir(parents=True, exist_ok=True)
-    import transformers
-
-    results = Results(args.out / "sft_throughput.json", {
-        "device": name, "peak_bf16_flops": peak, "torch": torch.__version__, "transformers": transformers.__version__,
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"), "smoke": args.smoke, "steps": args.steps, "skip": args.skip,
+    results = ResultFile(args.out / "sft_throughput.json", {
+        "device": name, "peak_bf16_flops": peak, **versions(), "smoke": args.smoke, "steps": args.steps,
+        "skip": args.skip,
         "mfu_formula": "(6*N*T + 6*L*d_attn*sum(s^2)) / s / peak; learner: 8*N_body*T + 8*N_head*T_resp + "
                        "8*L*d_attn*sum(s^2); recomputation not counted",
         "cases": {}})
-    results.path.write_text(json.dumps(results.data, indent=2))
+    results.write()
     cases = args.only or (SMOKE_CASES if args.smoke else CASES)
     log(f"device {name}, peak {peak}, cases {cases}, out {args.out}")
     with tempfile.TemporaryDirectory(prefix="sft_throughput_") as tmp:
@@ -395,10 +378,10 @@ def main(argv=None) -> int:
                 shape = "tiny" if args.smoke else "0.5B"
                 try:
                     path = model_dir(shape, None, work, device)
-                    results.put("learner", shape, run_learner(path, shape, args, device, peak))
+                    results.put("cases", "learner", shape, result=run_learner(path, shape, args, device, peak))
                     shutil.rmtree(path, ignore_errors=True)  # it has no tokenizer: no SFT case may reuse it
                 except Exception as e:  # noqa: BLE001
-                    results.put("learner", shape, {"error": f"{type(e).__name__}: {e}"})
+                    results.put("cases", "learner", shape, result={"error": f"{type(e).__name__}: {e}"})
                     log(f"learner FAILED: {traceback.format_exc()[-1500:]}")
                 continue
             if rows_file is None:
@@ -424,7 +407,7 @@ def main(argv=None) -> int:
                 except Exception as e:  # noqa: BLE001 - a failed variant is a result; the run goes on
                     r = {"error": f"{type(e).__name__}: {str(e)[-3000:]}"}
                     log(f"{case} {variant} FAILED: {traceback.format_exc()[-3000:]}")
-                results.put(case, variant, r)
+                results.put("cases", case, variant, result=r)
             shutil.rmtree(path, ignore_errors=True)
     log(f"done: {results.path}")
     return 0

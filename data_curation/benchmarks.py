@@ -47,10 +47,10 @@ def load_benchmark_list(url: str, storage_options: dict | None = None) -> list[B
     are relative to the list file."""
     import yaml
 
-    from data_curation.io import fs_path, is_local, local_path, norm_url
+    from data_curation.io import filesystem, is_local, local_path, normalise_url
 
-    full = norm_url(url)
-    fs, p = fs_path(full, storage_options)
+    full = normalise_url(url)
+    fs, p = filesystem(full, storage_options)
     if not fs.exists(p):
         raise CurationError(f"benchmark list {url} does not exist")
     with fs.open(p, "r", encoding="utf-8-sig") as f:

@@ -48,10 +48,10 @@ def load_config(path: str, storage_options: dict[str, Any] | None = None) -> Cur
 
     from data_curation import io
 
-    url = io.norm_url(path)
+    url = io.normalise_url(path)
     if not io.exists(url, storage_options):
         raise CurationError(f"curation config {path} does not exist")
-    fs, p = io.fs_path(url, storage_options)
+    fs, p = io.filesystem(url, storage_options)
     with fs.open(p, "r", encoding="utf-8") as f:
         try:
             data = yaml.safe_load(f) or {}

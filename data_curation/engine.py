@@ -69,10 +69,10 @@ def run_curation(input_urls: list[str] | str, steps: list[StepConfig | dict], ou
         raise CurationError(f"output_format must be jsonl or parquet, not {output_format!r}")
     if batch_size < 1 or num_proc < 1:
         raise CurationError("batch_size and num_proc must be >= 1")
-    out_url = io.norm_url(out_url)
-    cache = io.norm_url(cache_url) if cache_url else out_url
+    out_url = io.normalise_url(out_url)
+    cache = io.normalise_url(cache_url) if cache_url else out_url
     reuse = [reuse_from] if isinstance(reuse_from, str) else list(reuse_from or [])
-    roots = [cache] + [io.norm_url(r) for r in reuse]
+    roots = [cache] + [io.normalise_url(r) for r in reuse]
     labels = [s.label for s in step_cfgs]
     if only:
         unknown = [o for o in only if o not in labels]
@@ -89,7 +89,7 @@ def run_curation(input_urls: list[str] | str, steps: list[StepConfig | dict], ou
     try:
         sources = io.discover(urls, so)
         if input_names:
-            sources = [io.rename_source(s, {io.norm_url(k): v for k, v in input_names.items()})
+            sources = [io.rename_source(s, {io.normalise_url(k): v for k, v in input_names.items()})
                        for s in sources]
         input_identity = stable_hash({
             "sources": input_identity if input_identity is not None else [s.as_dict() for s in sources],

@@ -47,7 +47,8 @@ ROW_COLUMNS = ("_row", "_src", "_line", "_id", "_raw", "_prompt", "_response")
 
 
 # -- URLs ---------------------------------------------------------------------------
-def norm_url(url: str) -> str:
+def normalise_url(url: str) -> str:
+    """Absolute URL: local paths (bare or file://, relative or not) become file:///abs."""
     if "://" not in url:
         return "file://" + str(Path(url).expanduser().resolve())
     proto, rest = url.split("://", 1)
@@ -60,7 +61,8 @@ def join(url: str, *parts: str) -> str:
     return "/".join([url.rstrip("/"), *(p.strip("/") for p in parts if p)])
 
 
-def fs_path(url: str, storage_options: dict | None = None):
+def filesystem(url: str, storage_options: dict[str, Any] | None = None):
+    """(fsspec filesystem, path inside it) of `url`."""
     return fsspec.core.url_to_fs(url, **(storage_options or {}))
 
 
@@ -196,13 +198,13 @@ def discover(inputs: "list[str | DataInput]", storage_options: dict | None = Non
         raw, split = inp.path, inp.split
         if is_hub_id(raw):
             local, _ = hub_snapshot(raw, "dataset", inp.revision)
-            out.extend(_discover_dir(*fs_path("file://" + local), lambda p: "file://" + p, raw, split))
+            out.extend(_discover_dir(*filesystem("file://" + local), lambda p: "file://" + p, raw, split))
             continue
         if inp.revision is not None:
             raise CurationError(f"input {raw}: `revision` selects a version of a hub dataset (org/name), "
                                 "not of a path")
-        url = norm_url(raw)
-        fs, path = fs_path(url, storage_options)
+        url = normalise_url(raw)
+        fs, path = filesystem(url, storage_options)
         proto = url.split("://", 1)[0]
 
         def to_url(p: str) -> str:
@@ -325,7 +327,7 @@ def plan_reads(sources: list[Source], storage_options: dict | None, work_dir: Pa
         if is_local(s.url):
             local = local_path(s.url)
         else:
-            fs, p = fs_path(s.url, storage_options)
+            fs, p = filesystem(s.url, storage_options)
             local = str(work_dir / "inputs" / hashlib.sha1(s.url.encode()).hexdigest()[:16] / Path(p).name)
             Path(local).parent.mkdir(parents=True, exist_ok=True)
             if not (Path(local).exists() and Path(local).stat().st_size == fs.info(p)["size"]):
@@ -603,7 +605,7 @@ def iter_batches(source: Source, storage_options: dict | None, batch_rows: int) 
             pf = pq.ParquetFile(local_path(source.url))
             yield from (b.to_pydict() for b in pf.iter_batches(batch_size=batch_rows))
             return
-        fs, p = fs_path(source.url, so)
+        fs, p = filesystem(source.url, so)
         with fs.open(p, "rb") as f:
             yield from (b.to_pydict() for b in pq.ParquetFile(f).iter_batches(batch_size=batch_rows))
         return
@@ -660,7 +662,7 @@ def write_table(table, url: str, storage_options: dict | None) -> None:
         pq.write_table(table, p + ".tmp", compression="snappy")
         os.replace(p + ".tmp", p)
         return
-    fs, p = fs_path(url, storage_options)
+    fs, p = filesystem(url, storage_options)
     with fs.open(p, "wb") as f:
         pq.write_table(table, f, compression="snappy")
 
@@ -670,7 +672,7 @@ def read_table(url: str, storage_options: dict | None, columns: list[str] | None
 
     if is_local(url):
         return pq.read_table(local_path(url), columns=columns)
-    fs, p = fs_path(url, storage_options)
+    fs, p = filesystem(url, storage_options)
     with fs.open(p, "rb") as f:
         return pq.read_table(f, columns=columns)
 
@@ -683,18 +685,18 @@ def batch_table(cols: dict[str, list]):
 
 
 def exists(url: str, storage_options: dict | None) -> bool:
-    fs, p = fs_path(url, storage_options)
+    fs, p = filesystem(url, storage_options)
     return fs.exists(p)
 
 
 def read_json(url: str, storage_options: dict | None) -> Any:
-    fs, p = fs_path(url, storage_options)
+    fs, p = filesystem(url, storage_options)
     with fs.open(p, "r", encoding="utf-8") as f:
         return json.load(f)
 
 
 def write_text(url: str, text: str, storage_options: dict | None) -> None:
-    fs, p = fs_path(url, storage_options)
+    fs, p = filesystem(url, storage_options)
     if is_local(url):
         os.makedirs(os.path.dirname(p), exist_ok=True)
     with fs.open(p, "w", encoding="utf-8") as f:
@@ -702,6 +704,6 @@ def write_text(url: str, text: str, storage_options: dict | None) -> None:
 
 
 def remove_tree(url: str, storage_options: dict | None) -> None:
-    fs, p = fs_path(url, storage_options)
+    fs, p = filesystem(url, storage_options)
     if fs.exists(p):
         fs.rm(p, recursive=True)

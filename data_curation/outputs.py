@@ -30,7 +30,7 @@ def write_outputs(sources, step_cfgs, read_loc: StepDir, locs: list[StepDir],
             step_reports: list[dict[str, Any]], out_url: str, ctx: RunContext,
             output_format: str, log) -> dict[str, Any]:
     so = ctx.storage_options
-    fs, out_path = io.fs_path(out_url, so)
+    fs, out_path = io.filesystem(out_url, so)
     if io.is_local(out_url):
         os.makedirs(out_path, exist_ok=True)
     acc_sum, acc_xor = np.uint64(0), np.uint64(0)

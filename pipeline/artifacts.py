@@ -17,8 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-import fsspec
 from filelock import FileLock
+
+# the store's URLs are read the way curation reads its inputs' (one normalisation, one fsspec lookup)
+from data_curation.io import filesystem, is_local, join, normalise_url
 
 MANIFEST = "manifest.json"
 SUCCESS = "_SUCCESS"
@@ -55,29 +57,6 @@ def sha256_file(path: str | os.PathLike) -> str:
         for chunk in iter(lambda: f.read(_CHUNK), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def normalise_url(url: str) -> str:
-    """Absolute URL: local paths (bare or file://, relative or not) become file:///abs."""
-    if "://" not in url:
-        return "file://" + str(Path(url).expanduser().resolve())
-    proto, rest = url.split("://", 1)
-    if proto == "file":
-        return "file://" + str(Path(rest).expanduser().resolve())
-    return url.rstrip("/")
-
-
-def join(url: str, *parts: str) -> str:
-    return "/".join([url.rstrip("/"), *(p.strip("/") for p in parts if p)])
-
-
-def filesystem(url: str, storage_options: dict[str, Any] | None = None):
-    fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
-    return fs, path
-
-
-def is_local(url: str) -> bool:
-    return "://" not in url or url.startswith("file://")
 
 
 def local_path(url: str) -> Path:

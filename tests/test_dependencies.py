@@ -24,7 +24,7 @@ PACKAGES = ("pipeline", "stages", "data_curation", "verifiers")
 # imported only where they exist, each behind a guard that names the extra or the fallback
 OPTIONAL = {
     "vllm": "the [vllm] extra (GPU); engines/vllm_engine.py guards the import",
-    "flash_attn": "GPU only; hf_io.choose_attn falls back to sdpa without it",
+    "flash_attn": "GPU only; packed_attention.choose_attention falls back to sdpa without it",
     "solution": "the program under test, inside the code verifier's sandbox",
 }
 

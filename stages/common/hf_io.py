@@ -80,20 +80,6 @@ _NOT_COPIED = ("config.json", "generation_config.json", "stage_summary.json", "m
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
 
-def choose_attn(attn_implementation: str, on_gpu: bool) -> str:
-    """`attn_implementation` unless "auto": then flash_attention_2 on a GPU with flash_attn
-    installed, else sdpa."""
-    if attn_implementation != "auto":
-        return attn_implementation
-    if on_gpu:
-        try:
-            import flash_attn  # noqa: F401
-            return "flash_attention_2"
-        except ImportError:
-            pass
-    return "sdpa"
-
-
 def load_causal_lm(model_dir: str | Path, dtype, *, trust_remote_code: bool, **kwargs):
     """AutoModelForCausalLM from a HF directory in `dtype` (transformers >= 4.56 names the
     keyword `dtype`)."""

@@ -1,6 +1,7 @@
-"""Attention for packed sequences (several samples in one row, position ids restarting at 0 for
-each): which implementation keeps samples apart without a dense [T, T] mask, and the batch
-shape it wants.
+"""Which attention implementation a training stage gets (`choose_attention`, for every stage
+that trains under DeepSpeed), and what packed sequences (several samples in one row, position
+ids restarting at 0 for each) need of it: which implementation keeps samples apart without a
+dense [T, T] mask, and the batch shape it wants.
 
 transformers (5.x) finds the samples of a row from its restarting position ids (when there is
 no attention mask and no cache) and then, per implementation:
@@ -31,8 +32,8 @@ def _has_flash_attn() -> bool:
     return True
 
 
-def packed_attention(requested: str, on_gpu: bool, field: str = "attn_implementation") -> str:
-    """The attention implementation for packed training: `requested` unless "auto" (GPU:
+def choose_attention(requested: str, on_gpu: bool, field: str = "attn_implementation") -> str:
+    """The attention implementation to train with: `requested` unless "auto" (GPU:
     flash_attention_2 when flash-attn is installed, else sdpa; CPU: sdpa). A choice that cannot
     run here is a StageError naming `field`.
 

@@ -14,7 +14,8 @@ from pipeline.tracking import StageLogger
 from stages.common.chat import require_chat_template
 from stages.common.deepspeed_setup import ds_config, hf_zero3_context, initialize, lr_factor, param_groups
 from stages.common.distributed import Ranks, init_distributed, seed_all, use_bf16
-from stages.common.hf_io import choose_attn, load_tokenizer
+from stages.common.hf_io import load_tokenizer
+from stages.common.packed_attention import choose_attention
 
 
 @dataclass(frozen=True)
@@ -54,11 +55,12 @@ def supervised_engine(cfg, setup: TrainingJob, total_steps: int, load_model: Cal
     loads), with a torch AdamW (no decay on 1-D params) and the warmup + cosine schedule of
     `cfg` (zero_stage, grad_clip, micro_batch_size, grad_accum, lr, adam_betas, weight_decay,
     lr_schedule, warmup_steps, min_lr_ratio, attn_implementation). Returns (engine,
-    lr scheduler, the attention implementation used)."""
+    lr scheduler, the attention implementation used); an attention implementation that cannot
+    run here is a StageError."""
+    attn = choose_attention(cfg.attn_implementation, setup.ranks.on_gpu)
     ds_cfg = ds_config(cfg.zero_stage, cfg.grad_clip, setup.bf16, micro_batch=cfg.micro_batch_size,
                        grad_accum=cfg.grad_accum, world=setup.ranks.world)
     zero3_ctx = hf_zero3_context(ds_cfg)  # noqa: F841 - kept alive while from_pretrained partitions
-    attn = choose_attn(cfg.attn_implementation, setup.ranks.on_gpu)
     model = load_model(attn)
     model.config.use_cache = False
     engine, scheduler = initialize(model, param_groups(model, cfg.weight_decay), ds_cfg, lr=cfg.lr,

@@ -31,7 +31,7 @@ def cache_url(stage_url: str, stage: str, override: str | None = None) -> str:
 
 def _in_artifact(url: str, storage_options: dict[str, Any]) -> bool:
     """Whether the URL lies in a published artifact (a parent dir with _SUCCESS)."""
-    url = io.norm_url(url)
+    url = io.normalise_url(url)
     parts = url.split("://", 1)[1].rstrip("/").split("/")
     proto = url.split("://", 1)[0]
     for up in range(0, min(4, len(parts) - 1)):
@@ -47,7 +47,7 @@ def input_identity(data: list[str], storage_options: dict[str, Any]) -> list[Any
     out: list[Any] = []
     for url in data:
         if _in_artifact(url, storage_options):
-            out.append({"artifact": io.norm_url(url)})
+            out.append({"artifact": io.normalise_url(url)})
         else:
             out.append({"external": [s.as_dict() for s in io.discover([url], storage_options)]})
     return out

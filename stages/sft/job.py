@@ -45,7 +45,7 @@ from stages.common.distributed import local_first
 from stages.common.entry import run_job
 from stages.common.fused_loss import chunks_for, linear_cross_entropy_sum
 from stages.common.hf_io import load_causal_lm, save_hf_model
-from stages.common.packed_attention import flattens_micro_batch, pad_packed_batch, packed_attention, static_width
+from stages.common.packed_attention import flattens_micro_batch, pad_packed_batch, static_width
 from stages.common.rows import input_rows
 from stages.common.training_job import start_training_job, supervised_engine
 from stages.sft.config import SFTConfig
@@ -175,10 +175,8 @@ def main(job: StageJob) -> dict[str, Any] | None:
                     "train.world_size": world})
 
     # 2. model, optimizer, schedule, engine
-    attn = packed_attention(cfg.attn_implementation, ranks.on_gpu)
-    engine, scheduler, attn = supervised_engine(
-        cfg.model_copy(update={"attn_implementation": attn}), setup, total_steps,
-        lambda attn: load_packed_lm(model_dir, cfg, attn))
+    engine, scheduler, attn = supervised_engine(cfg, setup, total_steps,
+                                                lambda attn: load_packed_lm(model_dir, cfg, attn))
 
     # 3. resume
     p = Progress()

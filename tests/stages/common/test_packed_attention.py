@@ -1,33 +1,33 @@
-"""Which attention packed training gets, the errors for a choice that cannot run, and padding a
-packed batch to a static width."""
+"""Which attention a training stage gets, the errors for a choice that cannot run here, and
+padding a packed batch to a static width."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from pipeline.stage_api import StageError
-from stages.common.packed_attention import (FLEX_BLOCK, flattens_micro_batch, pad_packed_batch, packed_attention,
+from stages.common.packed_attention import (FLEX_BLOCK, choose_attention, flattens_micro_batch, pad_packed_batch,
                                             static_width)
 
 
 def test_auto_is_sdpa_on_cpu_and_varlen_flash_attention_on_gpu_when_installed():
-    assert packed_attention("auto", on_gpu=False) == "sdpa"
+    assert choose_attention("auto", on_gpu=False) == "sdpa"
     try:
         import flash_attn  # noqa: F401
         want = "flash_attention_2"
     except ImportError:
         want = "sdpa"
-    assert packed_attention("auto", on_gpu=True) == want
-    assert packed_attention("flex_attention", on_gpu=True) == "flex_attention"
+    assert choose_attention("auto", on_gpu=True) == want
+    assert choose_attention("flex_attention", on_gpu=True) == "flex_attention"
     for explicit in ("sdpa", "eager"):
-        assert packed_attention(explicit, on_gpu=False) == explicit
+        assert choose_attention(explicit, on_gpu=False) == explicit
 
 
 @pytest.mark.parametrize("requested,problem", [("flex_attention", "needs a GPU"),
                                                ("flash_attention_2", "needs a GPU and the flash-attn package")])
 def test_a_kernel_that_cannot_run_here_is_a_stage_error_naming_the_field(requested, problem):
     with pytest.raises(StageError, match=f"^stages.x.attn_implementation: {requested} {problem}"):
-        packed_attention(requested, on_gpu=False, field="stages.x.attn_implementation")
+        choose_attention(requested, on_gpu=False, field="stages.x.attn_implementation")
 
 
 def test_only_flex_pads_to_a_static_width_rounded_to_its_block():
