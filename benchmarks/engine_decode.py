@@ -112,7 +112,6 @@ def measure_bandwidth(device: torch.device, repeats: int = 10) -> float:
     dst = torch.empty_like(src)
     dst.copy_(src)
     seconds = best_time(lambda: dst.copy_(src), repeats, device)
-    del src, dst
     return 2 * n / seconds
 
 
