@@ -50,14 +50,16 @@ def start_training_job(job: StageJob, cfg, split_last: int = 0) -> TrainingJob:
                        tokenizer, pad_id, cfg.trust_remote_code)
 
 
-def supervised_engine(cfg, setup: TrainingJob, total_steps: int, load_model: Callable[[str], torch.nn.Module]):
+def supervised_engine(cfg, setup: TrainingJob, total_steps: int, load_model: Callable[[str], torch.nn.Module],
+                      packed: bool = False):
     """The model `load_model(attn_implementation)` under DeepSpeed (ZeRO-3 partitions it while it
     loads), with a torch AdamW (no decay on 1-D params) and the warmup + cosine schedule of
     `cfg` (zero_stage, grad_clip, micro_batch_size, grad_accum, lr, adam_betas, weight_decay,
     lr_schedule, warmup_steps, min_lr_ratio, attn_implementation). Returns (engine,
     lr scheduler, the attention implementation used); an attention implementation that cannot
-    run here is a StageError."""
-    attn = choose_attention(cfg.attn_implementation, setup.ranks.on_gpu)
+    run here is a StageError. `packed`: the batches pack several samples per row (the choice of
+    "auto" depends on it)."""
+    attn = choose_attention(cfg.attn_implementation, setup.ranks.on_gpu, packed=packed)
     ds_cfg = ds_config(cfg.zero_stage, cfg.grad_clip, setup.bf16, micro_batch=cfg.micro_batch_size,
                        grad_accum=cfg.grad_accum, world=setup.ranks.world)
     zero3_ctx = hf_zero3_context(ds_cfg)  # noqa: F841 - kept alive while from_pretrained partitions

@@ -73,9 +73,10 @@ class SFTConfig(StageConfig):
         "fail", description="a malformed row stops the stage (naming file/row/reason), or is "
                             "left out and counted in the summary")
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2", "flex_attention"] = Field(
-        "auto", description="auto = flash_attention_2 on GPU when flash-attn is installed, else sdpa; "
-                            "flex_attention (GPU only): a document-masked FlexAttention kernel instead of "
-                            "sdpa's dense mask (stages/common/packed_attention.py)")
+        "auto", description="auto = flash_attention_2 on GPU when flash-attn is installed, else flex_attention "
+                            "when packing (sdpa without packing, and on CPU); flex_attention (GPU only): a "
+                            "document-masked FlexAttention kernel instead of sdpa's dense mask "
+                            "(stages/common/packed_attention.py)")
     gradient_checkpointing: bool = Field(
         False, description="recompute each decoder layer's activations in the backward pass: less memory "
                            "for longer packs or larger micro batches, ~1/3 more compute")

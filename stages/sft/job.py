@@ -176,7 +176,8 @@ def main(job: StageJob) -> dict[str, Any] | None:
 
     # 2. model, optimizer, schedule, engine
     engine, scheduler, attn = supervised_engine(cfg, setup, total_steps,
-                                                lambda attn: load_packed_lm(model_dir, cfg, attn))
+                                                lambda attn: load_packed_lm(model_dir, cfg, attn),
+                                                packed=cfg.packing)
 
     # 3. resume
     p = Progress()

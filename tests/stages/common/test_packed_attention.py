@@ -12,12 +12,14 @@ from stages.common.packed_attention import (FLEX_BLOCK, choose_attention, flatte
 
 def test_auto_is_sdpa_on_cpu_and_varlen_flash_attention_on_gpu_when_installed():
     assert choose_attention("auto", on_gpu=False) == "sdpa"
+    assert choose_attention("auto", on_gpu=False, packed=True) == "sdpa"
     try:
         import flash_attn  # noqa: F401
-        want = "flash_attention_2"
-    except ImportError:
-        want = "sdpa"
+        want, want_packed = "flash_attention_2", "flash_attention_2"
+    except ImportError:  # packed batches: FlexAttention's document mask (measured faster than sdpa's dense mask)
+        want, want_packed = "sdpa", "flex_attention"
     assert choose_attention("auto", on_gpu=True) == want
+    assert choose_attention("auto", on_gpu=True, packed=True) == want_packed
     assert choose_attention("flex_attention", on_gpu=True) == "flex_attention"
     for explicit in ("sdpa", "eager"):
         assert choose_attention(explicit, on_gpu=False) == explicit
