@@ -312,10 +312,13 @@ def phase_ablations(args: argparse.Namespace) -> None:
     log(f"phase2: {len(arms)} arms on {slots} {'CPU slot' if run.smoke else 'GPU(s)'} from {plan['sft'].url}")
     run.results.update(arms={}, slots=slots, arm_settings={n: {**a, **ARM_PRECISION} for n, a in ARMS.items()})
     free = list(range(slots))
+    # GPU i = the i-th GPU this process sees: a CUDA_VISIBLE_DEVICES of its own is honoured
+    pinned = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    visible = [d.strip() for d in pinned.split(",")] if pinned else [str(i) for i in range(slots)]
 
     def one(name: str) -> None:
         gpu = free.pop(0)
-        env = {"CUDA_VISIBLE_DEVICES": "" if run.smoke else str(gpu)}
+        env = {"CUDA_VISIBLE_DEVICES": "" if run.smoke else visible[gpu]}
         cmd = [sys.executable, str(Path(__file__).resolve()), "arm", "--arm", name, "--root", str(run.root),
                "--out", str(run.out)] + (["--smoke"] if run.smoke else [])
         for o in args.set:
