@@ -20,6 +20,7 @@ import os
 import random
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -68,6 +69,7 @@ def init_distributed(local_rank: int | None = None, *, world_of_one_without_laun
     backend = "nccl" if on_gpu else "gloo"
     if not split_last:
         deepspeed.init_distributed(dist_backend=backend)
+        _release_cpu_allreduce_workspace(on_gpu)
         return Ranks(dist.get_rank(), dist.get_world_size(), local_rank, device, on_gpu, WorldGroup(device=device))
     store, rank, world = next(dist.rendezvous("env://"))
     if not 0 < split_last < world:
@@ -80,8 +82,23 @@ def init_distributed(local_rank: int | None = None, *, world_of_one_without_laun
     # process group against it ($RANK stays the launch's: rank 0 reports the stage's errors)
     os.environ["WORLD_SIZE"] = str(len(members))
     deepspeed.init_distributed(dist_backend=backend)
+    _release_cpu_allreduce_workspace(on_gpu)
     everyone = StandaloneGroup(store, "everyone", rank, world, device)
     return Ranks(rank, world, local_rank, device, on_gpu, everyone, store)
+
+
+def _release_cpu_allreduce_workspace(on_gpu: bool) -> None:
+    """DeepSpeed's CPU backend (ranks started by its launcher, which sets LOCAL_SIZE) puts each
+    rank's all-reduce workspace in /dev/shm, 66 MB, and never unlinks it: every run left its
+    ranks' workspaces in RAM for good (19 GB of 24 after a day of test runs). Every rank maps
+    every peer's workspace inside `init_distributed`, so after a barrier the names can go; the
+    mappings live on until the processes exit, however they exit (SIGKILL included)."""
+    if on_gpu:
+        return
+    name = (f"deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_"
+            f"{os.environ.get('MASTER_PORT', '')}_{dist.get_rank()}")
+    dist.barrier()
+    (Path("/dev/shm") / name).unlink(missing_ok=True)
 
 
 def make_group(ranks: Ranks, name: str, members: Sequence[int]) -> Group | None:
