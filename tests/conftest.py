@@ -30,13 +30,18 @@ def _mapped_by_a_live_process() -> set[str]:
     return mapped
 
 
+@pytest.fixture(scope="session")
+def _deepspeed_shm_before_the_suite() -> set[Path]:
+    return set(DS_SHM.glob(DS_SHM_GLOB))
+
+
 @pytest.fixture(autouse=True)
-def _unlink_leaked_deepspeed_shm():
-    """After each test, unlink the workspaces that appeared during it and that no live process
-    maps any more (its ranks have exited; a concurrent job elsewhere on the machine keeps its)."""
-    before = set(DS_SHM.glob(DS_SHM_GLOB))
+def _unlink_leaked_deepspeed_shm(_deepspeed_shm_before_the_suite):
+    """After each test, unlink the workspaces that appeared since the suite began (in the test
+    or in a fixture it used) and that no live process maps any more: their ranks have exited,
+    while a job running elsewhere on the machine keeps its own."""
     yield
-    new = set(DS_SHM.glob(DS_SHM_GLOB)) - before
+    new = set(DS_SHM.glob(DS_SHM_GLOB)) - _deepspeed_shm_before_the_suite
     if new:
         mapped = _mapped_by_a_live_process()
         for path in new:
