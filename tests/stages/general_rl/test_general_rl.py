@@ -182,7 +182,7 @@ def test_config_defaults_are_the_papers_general_rl_numbers():
 
 
 # -- the stage: kill -9 after a checkpoint, resume --------------------------------------------------
-STEPS = 12
+STEPS = 6  # checkpoints at 3 and 6: the kill lands after 3, the resume runs 4..6
 
 
 def _metrics(log: Path) -> list[dict]:

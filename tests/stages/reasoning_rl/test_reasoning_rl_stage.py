@@ -82,13 +82,14 @@ def test_stage_runs_c3po_icepop_resumes_after_kill_and_publishes(tiny_policy, tm
     state = read_state(restored, rank_state_file(0))["rollouts"]  # the engine rank's pools
 
     # 2) the checkpoint was written by one rank: two ranks refuse it, naming both world sizes
-    kw = dict(stage="rl", storage=storage, launcher="deepspeed", work_root=tmp_path / "work")
+    #    (the job checks, not the launcher: torchrun, which starts ranks faster than deepspeed's)
+    kw = dict(stage="rl", storage=storage, work_root=tmp_path / "work")
     with pytest.raises(StageFailed, match="world size 1, .*; this run has world size 2"):
-        run_stage("reasoning_rl", config, resources=Resources(cpu_ranks=2), **kw)
+        run_stage("reasoning_rl", config, resources=Resources(cpu_ranks=2), launcher="torchrun", **kw)
 
     # 3) run_stage: resumes, finishes, publishes
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    kw.update(resources=resources, tracking_uri=uri)
+    kw.update(resources=resources, tracking_uri=uri, launcher="deepspeed")
     run = run_stage("reasoning_rl", config, **kw)
     assert run.status == "ran" and run.url == url
     s = run.summary
