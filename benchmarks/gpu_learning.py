@@ -65,9 +65,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run from anywhere
 
-NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-os.environ.update(NO_MULTICAST)
-os.environ.setdefault("PYTHONUNBUFFERED", "1")
+from benchmarks._record import SAFE_ENV, log  # noqa: E402 - needs REPO on sys.path
+from pipeline.launch import pinned_gpus  # noqa: E402
+
+os.environ.update(SAFE_ENV)  # this process and every one it starts
 
 RECIPES = {"gpu": REPO / "recipes" / "gpu-small.yaml", "smoke": REPO / "benchmarks" / "learning" / "cpu-small.yaml"}
 PHASE_STAGES = {
@@ -87,10 +88,6 @@ ARMS = {
     "none": {"correction": "none", "scheduler": "c3po"},
 }
 ARM_PRECISION = {"precision": "fp32", "rollout": {"dtype": "bfloat16"}}
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 class Run:
@@ -141,7 +138,7 @@ class Run:
             f.write(f"\n===== {time.strftime('%H:%M:%S')} $ {' '.join(cmd)}\n")
             f.flush()
             return subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT,
-                                  env={**os.environ, **NO_MULTICAST, **(env or {})}).returncode
+                                  env={**os.environ, **SAFE_ENV, **(env or {})}).returncode
 
     def run_stages(self, stages: list[str]) -> None:
         _, plan = self.plan()
@@ -313,8 +310,7 @@ def phase_ablations(args: argparse.Namespace) -> None:
     run.results.update(arms={}, slots=slots, arm_settings={n: {**a, **ARM_PRECISION} for n, a in ARMS.items()})
     free = list(range(slots))
     # GPU i = the i-th GPU this process sees: a CUDA_VISIBLE_DEVICES of its own is honoured
-    pinned = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
-    visible = [d.strip() for d in pinned.split(",")] if pinned else [str(i) for i in range(slots)]
+    visible = pinned_gpus() or [str(i) for i in range(slots)]
 
     def one(name: str) -> None:
         gpu = free.pop(0)
@@ -327,7 +323,7 @@ def phase_ablations(args: argparse.Namespace) -> None:
         t0 = time.perf_counter()
         try:
             out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
-                                 env={**os.environ, **NO_MULTICAST, **env})
+                                 env={**os.environ, **SAFE_ENV, **env})
         finally:
             free.append(gpu)
         with open(run.log_path, "a") as f:

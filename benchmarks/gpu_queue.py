@@ -30,7 +30,9 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+sys.path.insert(0, str(ROOT))  # run from anywhere
+
+from benchmarks._record import SAFE_ENV  # noqa: E402 - needs ROOT on sys.path
 
 
 @dataclass
@@ -90,7 +92,7 @@ class Queue:
         job.devices, self.free = self.free[:job.gpus], self.free[job.gpus:]
         out = self.results / job.name
         out.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **NO_MULTICAST, "OUT": str(out), "PYTHONUNBUFFERED": "1",
+        env = {**os.environ, **SAFE_ENV, "OUT": str(out),
                "CUDA_VISIBLE_DEVICES": ",".join(map(str, job.devices))}
         log = open(out / "job.log", "w")
         log.write(f"$ {job.cmd}\n# GPUs {job.devices}, started {time.strftime('%H:%M:%S')}\n")

@@ -74,10 +74,10 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from anywhere
 
-NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-os.environ.update(NO_MULTICAST)
-os.environ.setdefault("PYTHONUNBUFFERED", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from benchmarks._record import SAFE_ENV  # noqa: E402 - needs ROOT on sys.path
+from pipeline.launch import pinned_gpus  # noqa: E402
+
+os.environ.update(SAFE_ENV)  # this process and every one it starts
 
 # Qwen2 parameter shapes (the released models' configs)
 QWEN2 = {
@@ -154,13 +154,12 @@ class Runner:
         self.free = list(range(args.gpus))
         self.cond = threading.Condition()
         self.storage = f"file://{args.work}/store"
-        pinned = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
-        self.visible = [d.strip() for d in pinned.split(",")] if pinned else [str(i) for i in range(args.gpus)]
+        self.visible = pinned_gpus() or [str(i) for i in range(args.gpus)]
 
     def env(self, gpu_ids: list[int]) -> dict[str, str]:
         """A child's environment on GPUs `gpu_ids`: indices into the GPUs this script sees (a
         CUDA_VISIBLE_DEVICES of its own is honoured: index 0 is its first GPU, not the host's)."""
-        env = {**os.environ, **NO_MULTICAST, "PYTHONPATH": os.pathsep.join(
+        env = {**os.environ, **SAFE_ENV, "PYTHONPATH": os.pathsep.join(
             p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
         if self.args.smoke:
             env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")

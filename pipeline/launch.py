@@ -96,16 +96,22 @@ def build_command(entry: str, job_path: Path, resources: Resources, launcher: La
     raise ValueError(f"unknown launcher {launcher!r}")
 
 
+def pinned_gpus() -> list[str] | None:
+    """The GPU ids this process was pinned to with CUDA_VISIBLE_DEVICES; None when not pinned."""
+    pinned = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    return [d.strip() for d in pinned.split(",") if d.strip()] if pinned else None
+
+
 def _visible_gpus(resources: Resources) -> list[str] | None:
     """The GPUs a single-node GPU job must run on when the user pinned them with
     CUDA_VISIBLE_DEVICES (the first `gpus_per_node` of them); None when not pinned."""
-    pinned = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
-    if resources.hostfile or resources.gpus_per_node == 0 or not pinned:
+    ids = pinned_gpus()
+    if resources.hostfile or resources.gpus_per_node == 0 or ids is None:
         return None
-    ids = [d.strip() for d in pinned.split(",") if d.strip()]
     if len(ids) < resources.gpus_per_node:
         raise StageFailed(f"resources.gpus_per_node is {resources.gpus_per_node}, but CUDA_VISIBLE_DEVICES="
-                          f"{pinned!r} makes only {len(ids)} GPU(s) visible: pin more GPUs or ask for fewer")
+                          f"{os.environ['CUDA_VISIBLE_DEVICES']!r} makes only {len(ids)} GPU(s) visible: "
+                          "pin more GPUs or ask for fewer")
     return ids[:resources.gpus_per_node]
 
 
