@@ -1,5 +1,6 @@
-"""Shared fixtures: a real S3 API (moto's server on 127.0.0.1), paths to shared data, and the
-removal of the shared memory that DeepSpeed's CPU ranks leave behind."""
+"""Shared fixtures: a real S3 API (moto's server on 127.0.0.1) and paths to shared data.
+(DeepSpeed's CPU ranks' /dev/shm workspaces are unlinked by the product itself:
+stages/common/distributed.py, tests/stages/common/test_distributed_shm.py.)"""
 from __future__ import annotations
 
 import os
@@ -10,43 +11,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_BENCHMARKS = REPO.parent / "shared" / "benchmarks"
-
-# DeepSpeed's CPU backend gives every rank a 66 MB all-reduce workspace in /dev/shm and never
-# unlinks it (shm.cpp defines shared_close() but nothing calls it). /dev/shm is RAM: over the
-# suite's few dozen distributed stage runs that is gigabytes, and the 2-core CI machine starts
-# evicting page cache (every later Python start reads torch from disk again).
-DS_SHM = Path("/dev/shm")
-DS_SHM_GLOB = "deepspeed_allreduce_buffer_*"
-
-
-def _mapped_by_a_live_process() -> set[str]:
-    mapped = set()
-    for maps in Path("/proc").glob("[0-9]*/maps"):
-        try:
-            mapped.update(ln.split(maxsplit=5)[-1] for ln in maps.read_text().splitlines()
-                          if DS_SHM_GLOB[:-1] in ln)
-        except OSError:  # the process ended meanwhile, or is not ours to read
-            continue
-    return mapped
-
-
-@pytest.fixture(scope="session")
-def _deepspeed_shm_before_the_suite() -> set[Path]:
-    return set(DS_SHM.glob(DS_SHM_GLOB))
-
-
-@pytest.fixture(autouse=True)
-def _unlink_leaked_deepspeed_shm(_deepspeed_shm_before_the_suite):
-    """After each test, unlink the workspaces that appeared since the suite began (in the test
-    or in a fixture it used) and that no live process maps any more: their ranks have exited,
-    while a job running elsewhere on the machine keeps its own."""
-    yield
-    new = set(DS_SHM.glob(DS_SHM_GLOB)) - _deepspeed_shm_before_the_suite
-    if new:
-        mapped = _mapped_by_a_live_process()
-        for path in new:
-            if str(path) not in mapped:
-                path.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="session")
