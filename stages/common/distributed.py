@@ -93,8 +93,8 @@ def _release_cpu_allreduce_workspace(on_gpu: bool) -> None:
     ranks' workspaces in RAM for good (19 GB of 24 after a day of test runs). Every rank maps
     every peer's workspace inside `init_distributed`, so after a barrier the names can go; the
     mappings live on until the processes exit, however they exit (SIGKILL included)."""
-    if on_gpu:
-        return
+    if on_gpu or os.environ.get("LOCAL_SIZE") != str(dist.get_world_size()):
+        return  # DeepSpeed makes the workspaces only when every rank of the world is local
     name = (f"deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_"
             f"{os.environ.get('MASTER_PORT', '')}_{dist.get_rank()}")
     dist.barrier()
