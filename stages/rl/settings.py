@@ -22,6 +22,12 @@ from stages.common.hf_io import trust_remote_code_field
 # softmax(logits / T), whatever top_p / top_k do to the sampling (each engine class declares
 # `reports_untruncated_logprobs`; tests/stages/rl/test_settings.py keeps the two in step)
 UNTRUNCATED_LOGPROB_ENGINES = ("torch",)
+# The learner's micro batch when the recipe does not size it. One rollout per micro batch
+# (prompt_max_len + max_len, the old default) made a step of 256 short rollouts ~100
+# forward/backward calls, each paying DeepSpeed's fixed cost: 6 of a 7.5 s step on an H100
+# for a 24M model (benchmarks/RESULTS.md, round 5). 16k padded tokens is what the GPU
+# benchmarks use for a 0.5B policy; a longer rollout still gets a micro batch of its own.
+DEFAULT_MICRO_BATCH_TOKENS = 16384
 
 _DEVICE_RE = re.compile(r"^(cpu|auto|cuda(:\d+)?)$")
 
@@ -102,7 +108,8 @@ class RLConfig(StageConfig):
     updates_per_batch: int = Field(1, ge=1, description="optimizer steps per training batch (mini-batches)")
     ppo_epochs: int = Field(1, ge=1)
     micro_batch_tokens: int | None = Field(
-        None, ge=1, description="padded tokens per micro-batch; default prompt_max_len + max_len")
+        None, ge=1, description=f"padded tokens per micro-batch; default the larger of {DEFAULT_MICRO_BATCH_TOKENS} "
+                                "and prompt_max_len + max_len (one whole rollout)")
     logit_chunk: int = Field(2048, ge=1, description="response tokens per lm-head chunk")
     gradient_checkpointing: bool = False
     rollout: RolloutSettings = RolloutSettings()
@@ -162,4 +169,4 @@ class RLConfig(StageConfig):
 
     @property
     def micro_tokens(self) -> int:
-        return self.micro_batch_tokens or (self.prompt_max_len + self.max_len)
+        return self.micro_batch_tokens or max(DEFAULT_MICRO_BATCH_TOKENS, self.prompt_max_len + self.max_len)
