@@ -25,6 +25,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -134,6 +135,27 @@ def part_rl(args, engine: str) -> dict:
     return {"summary": rl.summary, "per_step": [{k: m.get(k) for k in ("step", *keys) if k in m} for m in metrics]}
 
 
+def _run_part(cmd: list[str], timeout_s: float) -> tuple[int | str, str, str]:
+    """Run one part in a session of its own; past `timeout_s` the whole session (the stage
+    launcher's ranks included, which hold GPU memory) is killed, so a part that hangs does not
+    take the next parts' time or memory. Returns (exit code or "timeout", stdout, stderr)."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **SAFE_ENV}, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+        return proc.returncode, stdout, stderr
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        return "timeout", stdout, stderr
+
+
+def _stage_log_tails(work: Path, chars: int = 4000) -> str:
+    """The ends of the stage logs under `work` (newest last): where a timed-out part was."""
+    logs = sorted(work.rglob("*.log"), key=lambda p: p.stat().st_mtime)[-3:]
+    return "".join(f"\n---- {p}\n{p.read_text(errors='replace')[-chars:]}" for p in logs)
+
+
 def _local(url: str) -> str:
     return url.removeprefix("file://")
 
@@ -204,6 +226,7 @@ def main() -> int:
     add_decode_shape_args(p)
     p.add_argument("--rl-steps", type=int, default=4)
     p.add_argument("--gpu-mem", type=float, default=0.35)
+    p.add_argument("--part-timeout-s", type=float, default=420, help="a part still running then is killed")
     p.add_argument("--enforce-eager", action="store_true", help="vLLM without CUDA graphs / compilation")
     args = p.parse_args()
     if args.smoke:
@@ -229,18 +252,20 @@ def main() -> int:
                    "tests/stages/rl/test_engines.py", "-k", "vllm"]
         else:
             cmd = [sys.executable, __file__, *sys.argv[1:], "--part", part]
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **SAFE_ENV})
-        tail = (proc.stdout + proc.stderr)[-3000:]
+        rc, stdout, stderr = _run_part(cmd, args.part_timeout_s)
+        if rc == "timeout":
+            stderr += _stage_log_tails(args.work)
+        tail = (stdout + stderr)[-3000:]
         with open(args.out / "vllm_check.log", "a") as f:
-            f.write(f"==== {part} (rc {proc.returncode}, {time.time() - t0:.0f}s)\n{proc.stdout}\n{proc.stderr}\n")
-        result: dict = {"rc": proc.returncode, "seconds": round(time.time() - t0, 1)}
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+            f.write(f"==== {part} (rc {rc}, {time.time() - t0:.0f}s)\n{stdout}\n{stderr}\n")
+        result: dict = {"rc": rc, "seconds": round(time.time() - t0, 1)}
+        lines = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
         if lines:
             result.update(json.loads(lines[-1][len("RESULT "):]))
         else:
             result["tail"] = tail
         results.put(part, result=result)
-        log(f"part {part}: rc {proc.returncode} in {result['seconds']}s")
+        log(f"part {part}: rc {rc} in {result['seconds']}s")
     return 0
 
 
