@@ -44,7 +44,7 @@ def test_held_out_sets_come_from_the_other_side_of_the_split():
 
 def test_arm_table_row_summarises_an_arm_and_tolerates_missing_metrics():
     metrics = [{"step": s, "reward_mean": s / 4, "step_seconds": 2.0, "masked_fraction": 0.1 * s} for s in (1, 2, 3, 4)]
-    row = gpu_learning.arm_table_row({"metrics": metrics, "accuracy": {"heldout_rl": 0.5}})
+    row = gpu_learning.arm_table_row({"metrics": metrics, "accuracy": {gpu_learning.HEADLINE_SET: 0.5}})
     assert row["masked_fraction"] == pytest.approx(0.25)
     assert row["reward_last_quarter"] == pytest.approx(1.0)  # the last of 4 steps
     assert row["rl_seconds"] == pytest.approx(8.0)
