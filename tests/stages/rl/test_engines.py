@@ -386,7 +386,8 @@ def test_vllm_engine_glue_against_a_fake_vllm(monkeypatch, model_dir):
             self.loaded += [name for name, _ in weights]
 
     class FakeLLMEngine:
-        """Each step appends token (last * 7 + 3) % VOCAB to every live request."""
+        """Each step appends token (last * 7 + 3) % VOCAB to every live request; like vLLM, a
+        request also stops at the model's own EOS unless its params say ignore_eos."""
 
         def __init__(self):
             self.live: dict[str, dict] = {}
@@ -405,7 +406,8 @@ def test_vllm_engine_glue_against_a_fake_vllm(monkeypatch, model_dir):
                 tok = (r["ids"][-1] * 7 + 3) % VOCAB
                 r["ids"].append(tok)
                 r["out"].append(tok)
-                reason = ("stop" if tok in r["p"].stop_token_ids else
+                model_eos = tok == EOS and not getattr(r["p"], "ignore_eos", False)
+                reason = ("stop" if tok in r["p"].stop_token_ids or model_eos else
                           "length" if len(r["out"]) >= r["p"].max_tokens else None)
                 assert r["p"].output_kind == "DELTA"  # each output carries this step's token only
                 lps = [{tok: types.SimpleNamespace(logprob=-0.1 * len(r["out"]))}]
@@ -496,6 +498,12 @@ def test_vllm_engine_glue_against_a_fake_vllm(monkeypatch, model_dir):
     assert ups[0].token_ids == rule([5, 6], 2) and ups[0].finish_reason == "eos"
     assert ups[1].token_ids == rule([8], 2) and not ups[1].finished
     assert len(eng2.llm.llm_engine.aborted) == 1
+    # EOS switched off: the model's own EOS (first token after `pre`) does not stop a request
+    pre = (EOS - 3) * pow(7, -1, VOCAB) % VOCAB
+    assert rule([pre], 1) == [EOS]
+    no_eos = base.ENGINES["vllm"](str(model_dir), device="cuda", eos_token_ids=[])
+    (up,) = no_eos.generate([RolloutRequest("n", [pre], 5)], SamplingParams())
+    assert up.token_ids == rule([pre], 5) and up.finish_reason == "length"
     # weights: DeepSpeed prefix stripped, prefix cache reset, time recorded
     eng2.update_weights([("module.model.norm.weight", torch.ones(2))])
     assert eng2.llm.worker.model_runner.model.loaded == ["model.norm.weight"] and eng2.llm.resets == 1
