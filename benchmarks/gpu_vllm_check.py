@@ -138,15 +138,27 @@ def part_rl(args, engine: str) -> dict:
 def _run_part(cmd: list[str], timeout_s: float) -> tuple[int | str, str, str]:
     """Run one part in a session of its own; past `timeout_s` the whole session (the stage
     launcher's ranks included, which hold GPU memory) is killed, so a part that hangs does not
-    take the next parts' time or memory. Returns (exit code or "timeout", stdout, stderr)."""
+    take the next parts' time or memory. Every process runs with Python's faulthandler on, and
+    a hung part first gets SIGABRT: each process writes its threads' stacks to its stderr (the
+    stage logs, whose tails the result keeps) before it dies, which says where it hung.
+    Returns (exit code or "timeout", stdout, stderr)."""
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **SAFE_ENV}, start_new_session=True)
+                            env={**os.environ, **SAFE_ENV, "PYTHONFAULTHANDLER": "1"}, start_new_session=True)
     try:
         stdout, stderr = proc.communicate(timeout=timeout_s)
         return proc.returncode, stdout, stderr
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
+        os.killpg(proc.pid, signal.SIGABRT)
+        try:
+            stdout, stderr = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            stdout = stderr = ""
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever survived the abort
+        except ProcessLookupError:
+            pass
+        if not stdout and not stderr:
+            stdout, stderr = proc.communicate()
         return "timeout", stdout, stderr
 
 
