@@ -22,6 +22,9 @@ from stages.common.hf_io import trust_remote_code_field
 # softmax(logits / T), whatever top_p / top_k do to the sampling (each engine class declares
 # `reports_untruncated_logprobs`; tests/stages/rl/test_settings.py keeps the two in step)
 UNTRUNCATED_LOGPROB_ENGINES = ("torch",)
+# engines that can sleep only when built for it, and the option (rollout.options) that builds
+# them so: without it a colocated engine fails at its first sleep, after a whole rollout phase
+SLEEP_OPTION = {"vllm": "enable_sleep_mode"}
 # The learner's micro batch when the recipe does not size it. One rollout per micro batch
 # (prompt_max_len + max_len, the old default) made a step of 256 short rollouts ~100
 # forward/backward calls, each paying DeepSpeed's fixed cost: 6 of a 7.5 s step on an H100
@@ -65,6 +68,17 @@ class RolloutSettings(Strict):
     sync_bucket_mb: int = Field(512, ge=1, description="weight sync: MiB of parameters gathered and "
                                                        "sent to the engines at once")
     options: dict[str, Any] = Field({}, description="engine-specific keyword options")
+
+    @model_validator(mode="after")
+    def _sleep_is_possible(self) -> "RolloutSettings":
+        option = SLEEP_OPTION.get(self.engine)
+        if option and self.gpus is None and self.sleep != "none" and not self.options.get(option):
+            raise ValueError(
+                f"rollout.engine {self.engine!r} is colocated (no rollout.gpus), so it sleeps while its "
+                f"rank trains (rollout.sleep: {self.sleep}), and it can only sleep when built with "
+                f"rollout.options {{{option}: true}}: set that, or rollout.sleep: none (the engine keeps "
+                f"its memory while the trainer steps)")
+        return self
 
 
 class C3POSettings(Strict):
