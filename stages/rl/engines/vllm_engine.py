@@ -143,9 +143,9 @@ class VllmEngine(SyncTiming):
         return VllmSamplingParams(
             n=1, temperature=max(0.0, s.temperature), top_p=s.top_p,
             top_k=s.top_k if s.top_k > 0 else -1, seed=seed, max_tokens=r.max_new_tokens,
-            # our list is the only stop rule: vLLM would also stop on the model's own EOS (its
-            # generation config), so an engine opened with eos_token_ids=[] ran past no limit
-            # but still ended at token 1 on an H100 (2026-11-26)
+            # our list is the only stop rule: vLLM also stops on the model's own EOS (its
+            # generation config) unless told not to, so an engine opened with EOS off
+            # (eos_token_ids=[]) still stopped at the model's EOS on an H100 (2026-11-26)
             logprobs=0, stop_token_ids=list(self.eos_token_ids), ignore_eos=True, detokenize=False,
             output_kind=RequestOutputKind.DELTA)
 
