@@ -261,7 +261,12 @@ class StageLogger:
     def __init__(self, tracking_uri: str | None, run_id: str | None, rank: int = 0):
         self.enabled = rank == 0
         self.run_id = run_id
-        self.client = _client(tracking_uri) if (self.enabled and tracking_uri and run_id) else None
+        self.client = _client(tracking_uri) if self.talks_to_mlflow(tracking_uri, run_id, rank) else None
+
+    @staticmethod
+    def talks_to_mlflow(tracking_uri: str | None, run_id: str | None, rank: int) -> bool:
+        """Whether the stage process of this rank logs to MLflow (rank 0 of a tracked run)."""
+        return rank == 0 and bool(tracking_uri and run_id)
 
     @classmethod
     def for_job(cls, job) -> "StageLogger":

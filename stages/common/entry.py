@@ -14,10 +14,16 @@ import sys
 from typing import Any, Callable
 
 from pipeline.stage_api import StageError, StageJob
+from pipeline.tracking import StageLogger
 
 
 def run_job(main: Callable[[StageJob], Any], argv: list[str] | None = None) -> int:
     job = StageJob.from_argv(argv)
+    if not StageLogger.talks_to_mlflow(job.tracking_uri, job.run_id, job.rank):
+        # DeepSpeed imports mlflow as it is imported (its autotuner's optional logging):
+        # ~4 s of mlflow, pandas & co. in a rank that never logs to MLflow. Marked absent,
+        # `import mlflow` fails at once and DeepSpeed goes on without it.
+        sys.modules.setdefault("mlflow", None)
     try:
         main(job)
         group = _process_group()

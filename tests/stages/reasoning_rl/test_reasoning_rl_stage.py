@@ -1,4 +1,4 @@
-"""The reasoning_rl stage end to end on a tiny policy (CPU, gloo, DeepSpeed launcher).
+"""The reasoning_rl stage end to end on a tiny policy (CPU, gloo, DeepSpeed ZeRO-2).
 
 C3PO++ + IcePop steps; a killed job resumes from its checkpoint with the same unfinished
 rollouts (and refuses to resume on another world size); at least one rollout is carried
@@ -35,8 +35,9 @@ def test_stage_runs_c3po_icepop_resumes_after_kill_and_publishes(tiny_policy, tm
     """ZeRO-2 on one CPU rank (the suite's time; two ranks are exercised by the tiny recipe).
     The stage's job is started by hand (plain process) on the artifact directory run_stage
     will use and killed (process group, SIGKILL) once step 2 is checkpointed; run_stage
-    then runs the same stage under the deepspeed launcher: it resumes from that checkpoint
-    with the same unfinished rollouts, finishes, and publishes."""
+    then runs the same stage under torchrun: it resumes from that checkpoint with the same
+    unfinished rollouts, finishes, and publishes. (torchrun starts ranks ~20 s sooner than
+    deepspeed's runner on 2 cores; the tiny recipe runs this stage under the deepspeed launcher.)"""
     from mlflow.tracking import MlflowClient
     from transformers import AutoModelForCausalLM
 
@@ -89,7 +90,7 @@ def test_stage_runs_c3po_icepop_resumes_after_kill_and_publishes(tiny_policy, tm
 
     # 3) run_stage: resumes, finishes, publishes
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    kw.update(resources=resources, tracking_uri=uri, launcher="deepspeed")
+    kw.update(resources=resources, tracking_uri=uri, launcher="torchrun")
     run = run_stage("reasoning_rl", config, **kw)
     assert run.status == "ran" and run.url == url
     s = run.summary

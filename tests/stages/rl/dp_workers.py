@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -109,6 +110,9 @@ def weight_sync(ranks, model_dir: str, split: bool) -> dict:
     to the engine ranks (colocated: every rank; split: the last one), each engine having
     slept and woken without its weights; each engine reports where it differs from the
     trainer's gathered weights."""
+    # this spawned rank never logs to MLflow: skip DeepSpeed's ~4 s import of it, as stage ranks do
+    # (stages/common/entry.py)
+    sys.modules.setdefault("mlflow", None)
     import deepspeed
 
     from stages.common.deepspeed_setup import ds_config, initialize

@@ -14,6 +14,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirna
 
 
 def main() -> None:
+    # this process never logs to MLflow: skip DeepSpeed's ~4 s import of it, as stage ranks do
+    # (stages/common/entry.py)
+    sys.modules.setdefault("mlflow", None)
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo")

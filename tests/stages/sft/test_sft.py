@@ -213,7 +213,10 @@ def test_sft_two_ranks_zero2_killed_after_checkpoint_resumes_and_learns(stage_en
     from pipeline.stage_api import Resources
 
     recipe = "sftresume"
-    kwargs = dict(stage="sft", storage=stage_env["storage"], recipe=recipe,
+    # torchrun starts the ranks faster than deepspeed's runner (one launcher process, no
+    # deepspeed import before the ranks); the stage is the same either way, and the deepspeed
+    # launcher runs sft in the tiny recipe and test_sft_zero3_rank_failure.py
+    kwargs = dict(stage="sft", storage=stage_env["storage"], recipe=recipe, launcher="torchrun",
                   upstream={"base": base_artifact.url, "data": data_artifact.url},
                   work_root=str(stage_env["work_root"]))
     # run 1, in its own process so that it can be killed: wait for a complete checkpoint

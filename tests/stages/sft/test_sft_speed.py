@@ -55,7 +55,9 @@ def test_chunked_loss_equals_full_logits_loss(chunk, checkpointing, tmp_path):
     lm.save_pretrained(tmp_path)
     batch = _packed_batch()
     want, want_grads = _loss_and_grads(lm.train(), batch)
-    cfg = SFTConfig.model_validate({"model": "m", "data": "d", "loss_chunk_tokens": chunk,
+    # packs of at most 64 tokens (the batch has 32): the head runs ceil(64 / chunk) times, padding
+    # calls included, instead of the default 64k-token pack's 65,536 calls at chunk 1
+    cfg = SFTConfig.model_validate({"model": "m", "data": "d", "loss_chunk_tokens": chunk, "max_seq_len": 64,
                                     "gradient_checkpointing": checkpointing})
     model = load_packed_lm(tmp_path, cfg, "sdpa").train()
     renamed = hasattr(type(model.lm), "is_activation_checkpointing")  # transformers >= 5.20

@@ -16,10 +16,10 @@ CONFIG = {"model": "${stages.base.output}", "data": "${stages.data.output}/sft.j
           "zero_stage": 3}
 
 
-def _kwargs(stage_env, data_artifact, base_artifact, recipe):
+def _kwargs(stage_env, data_artifact, base_artifact, recipe, launcher="deepspeed"):
     from pipeline.stage_api import Resources
 
-    return dict(stage="sft", storage=stage_env["storage"], recipe=recipe,
+    return dict(stage="sft", storage=stage_env["storage"], recipe=recipe, launcher=launcher,
                 upstream={"base": base_artifact.url, "data": data_artifact.url},
                 work_root=stage_env["work_root"], resources=Resources(cpu_ranks=2))
 
@@ -31,8 +31,10 @@ def test_zero3_two_ranks_consolidates_a_loadable_model(stage_env, data_artifact,
     from pipeline.artifacts import local_path
     from pipeline.execute import run_stage
 
+    # torchrun starts the ranks faster than deepspeed's runner; the consolidation is the job's
+    # (the deepspeed launcher's ZeRO-3 ranks are the rank-kill test's below)
     run = run_stage("sft", {**CONFIG, "max_steps": 6},
-                    **_kwargs(stage_env, data_artifact, base_artifact, "zero3"))
+                    **_kwargs(stage_env, data_artifact, base_artifact, "zero3", launcher="torchrun"))
     assert run.summary["zero_stage"] == 3 and run.summary["world_size"] == 2
     trained = AutoModelForCausalLM.from_pretrained(local_path(run.url))
     base = AutoModelForCausalLM.from_pretrained(local_path(base_artifact.url))
