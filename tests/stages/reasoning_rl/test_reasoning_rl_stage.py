@@ -37,7 +37,8 @@ def test_stage_runs_c3po_icepop_resumes_after_kill_and_publishes(tiny_policy, tm
     will use and killed (process group, SIGKILL) once step 2 is checkpointed; run_stage
     then runs the same stage under torchrun: it resumes from that checkpoint with the same
     unfinished rollouts, finishes, and publishes. (torchrun starts ranks ~20 s sooner than
-    deepspeed's runner on 2 cores; the tiny recipe runs this stage under the deepspeed launcher.)"""
+    deepspeed's runner on 2 cores; tests/stages/sft/test_sft_zero3_rank_failure.py runs a stage
+    under the deepspeed launcher, which is the same command for every stage kind.)"""
     from mlflow.tracking import MlflowClient
     from transformers import AutoModelForCausalLM
 
