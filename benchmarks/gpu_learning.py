@@ -16,13 +16,10 @@ On fewer than 4 GPUs the four arms of phase2 run in two or more rounds: add
 `--arms icepop,sync` or `--arms icepop,tis,none` runs a subset). A rerun of a phase skips
 what is published and resumes what was cut off.
 
-GPU time, estimated (not measured: no GPU here) from the H200 numbers in RESULTS.md (a 170M
-model at 128 rollouts of median 256 tokens: ~3 s per C3PO++ step) scaled to this recipe (24M
-parameters, 256 rollouts of ~30-60 tokens: ~1-2 s per step) plus ~1 minute of launcher and
-model start per stage: phase1 ~6-8 min (data + tokenizer ~1, SFT 400 steps ~2, RL 60 steps
-~2-3, evals ~1-2, partly alongside), phase2 ~3-4 min per arm (RL + its eval), i.e. one round
-on 4 GPUs and two (~7-8 min, so 30 steps) on 2, phase3 ~4-5 min (reward model, 20 general-RL
-steps, eval). On CPU (2 shared cores) a reasoning-RL step of cpu-small takes ~66 s.
+GPU time, measured on one H100 (RESULTS.md, round 5): four runs of the recipe at once on the
+one GPU took 12.7 minutes for phase1 + phase3 together (RL 150 steps at ~1.2-2 s each: 175 s
+with sync, ~260 s with C3PO++, which trains ~2x the rollouts per step here); one run alone
+is faster. phase2 (not rerun with these settings) runs one arm per GPU. On CPU (2 shared cores) a reasoning-RL step of cpu-small takes ~66 s.
 
 CPU smoke of all three (benchmarks/learning/cpu-small.yaml: gpu-small's settings with a
 smaller model and fewer steps; it proves the orchestration, not the learning: RESULTS.md
