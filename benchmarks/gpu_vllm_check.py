@@ -22,6 +22,7 @@ to OUT/vllm_check.json as soon as it ends:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -152,14 +153,11 @@ def _run_part(cmd: list[str], timeout_s: float) -> tuple[int | str, str, str]:
         os.killpg(proc.pid, signal.SIGABRT)
         try:
             stdout, stderr = proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            stdout = stderr = ""
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # whatever survived the abort
-        except ProcessLookupError:
-            pass
-        if not stdout and not stderr:
+        except subprocess.TimeoutExpired:  # a process of the session still holds the pipes
+            os.killpg(proc.pid, signal.SIGKILL)
             stdout, stderr = proc.communicate()
+        with contextlib.suppress(ProcessLookupError):  # ranks writing to files hold no pipe
+            os.killpg(proc.pid, signal.SIGKILL)
         return "timeout", stdout, stderr
 
 
