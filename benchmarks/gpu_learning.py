@@ -19,7 +19,8 @@ what is published and resumes what was cut off.
 GPU time, measured on one H100 (RESULTS.md, round 5): four runs of the recipe at once on the
 one GPU took 12.7 minutes for phase1 + phase3 together (RL 150 steps at ~1.2-2 s each: 175 s
 with sync, ~260 s with C3PO++, which trains ~2x the rollouts per step here); one run alone
-is faster. phase2 (not rerun with these settings) runs one arm per GPU. On CPU (2 shared cores) a reasoning-RL step of cpu-small takes ~66 s.
+is faster. phase2 (not rerun with these settings) runs one arm per GPU. On CPU (2 shared
+cores) a reasoning-RL step of cpu-small takes ~66 s.
 
 CPU smoke of all three (benchmarks/learning/cpu-small.yaml: gpu-small's settings with a
 smaller model and fewer steps; it proves the orchestration, not the learning: RESULTS.md
