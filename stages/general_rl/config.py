@@ -37,7 +37,8 @@ class PromptSource(Strict):
 
 class RewardSettings(Strict):
     """reward = rm_weight * RM score (z-scored within its GRPO group when
-    rm_normalization is "group") + rule_weight * verifier score (rows with a reference)
+    rm_normalization is "group"; rows a verifier scored only with rm_on_verified)
+    + rule_weight * verifier score (rows with a reference)
     - format_penalty (response not `<think>...</think>answer`) - truncation_penalty (cut at
     max_len) - overlong_penalty * (share of the last `overlong_buffer` tokens used)."""
 
@@ -45,6 +46,9 @@ class RewardSettings(Strict):
     rm_normalization: Literal["group", "none"] = "group"
     rm_device: Device = Field("auto", description="cpu | cuda:N | auto (rank 0's device: CPU without CUDA)")
     rm_batch_size: int = Field(16, ge=1, description="sequences per reward-model forward")
+    rm_on_verified: bool = Field(False, description=(
+        "also add the RM's score to rows a verifier scored (default: the verifier alone judges "
+        "what it can check; stages/general_rl/rewards.py says why)"))
     rule_weight: float = Field(1.0, ge=0)
     format_penalty: float = Field(0.5, ge=0)
     require_thinking: bool = Field(True, description="the format needs a <think>...</think> section")

@@ -4,6 +4,7 @@ For response i of GRPO group g (the G responses sampled for one prompt; a prompt
 in a step makes two groups, normalised apart):
 
     reward_i = rm_weight   * z_g(rm_i)                  reward model, normalised in the group
+                                                         (rows no verifier scored, unless rm_on_verified)
              + rule_weight * rule_i                      verifier score in [0, 1] (rows with a reference)
              - format_penalty     * [format broken]      not `<think>...</think>` + a non-empty answer
              - truncation_penalty * [cut at max_len]     no EOS
@@ -13,7 +14,12 @@ z_g(x) = (x - mean_g) / (std_g + eps) (population std); a group of one, or whose
 are all equal, gets 0 (the RM then says nothing about it). With rm_normalization "none",
 the raw score is used. The RM score comes from `stages.reward_model.scoring.RewardScorer`
 (batched on its own device), the rule score from `verifiers.verify_batch`; a row with no
-`reference` gets no rule term (general chat prompts are judged by the RM alone). GRPO then
+`reference` gets no rule term (general chat prompts are judged by the RM alone), and a row a
+verifier scored gets no RM term unless `rm_on_verified`: a z-scored RM term has unit spread in
+every group while a 0/1 verifier's is at most 0.5, so on checkable rows (math, instruction
+constraints) the learned model would outweigh the check, and the policy would chase the RM's
+taste where the answer is known (on an H100 this cost 3.5-11 points of held-out math accuracy
+in general RL: benchmarks/RESULTS.md, round 5). GRPO then
 group-normalises the combined reward again for the advantage (stages/rl/loss.py), so only the
 relative weights of the terms matter within a group.
 
@@ -85,24 +91,29 @@ class ResponseFacts:
     rule_reason: str = ""
 
 
-def combine(rm: Sequence[float] | None, rule: Sequence[float | None], facts: Sequence[ResponseFacts],
+def combine(rm: Sequence[float | None] | None, rule: Sequence[float | None], facts: Sequence[ResponseFacts],
             settings: Any, max_len: int) -> list[RewardParts]:
-    """The reward of each response (module docstring); `settings` is a RewardSettings."""
+    """The reward of each response (module docstring); `settings` is a RewardSettings. `rm[i]`
+    is None for a response the reward model did not judge."""
     n = len(facts)
     if len(rule) != n or (rm is not None and len(rm) != n):
         raise ValueError(f"combine: {n} responses but {len(rule)} rule and "
                          f"{'no' if rm is None else len(rm)} RM scores")
+    # the RM term of each response (None: not judged by the RM), z-scored over the judged ones
+    rm_term: list[float | None] = [None] * n
     if rm is not None and settings.rm_weight > 0:
-        rm_term = (group_normalise(rm, [f.group for f in facts]) if settings.rm_normalization == "group"
-                   else [float(x) for x in rm])
-    else:
-        rm_term = [0.0] * n
+        judged = [i for i in range(n) if rm[i] is not None]
+        scores = [float(rm[i]) for i in judged]
+        if settings.rm_normalization == "group":
+            scores = group_normalise(scores, [facts[i].group for i in judged])
+        for i, v in zip(judged, scores):
+            rm_term[i] = v
     out = []
     start = max_len - settings.overlong_buffer
     for i, f in enumerate(facts):
         parts: dict[str, float] = {}
         reasons: list[str] = []
-        if rm is not None and settings.rm_weight > 0:
+        if rm_term[i] is not None:
             parts["rm_raw"] = float(rm[i])
             parts["rm"] = settings.rm_weight * rm_term[i]
         if rule[i] is not None and settings.rule_weight > 0:
@@ -162,9 +173,14 @@ class GeneralReward:
                 rule[i] = float(r.score)
                 facts[i].rule_reason = str(getattr(r, "reason", ""))
         t1 = time.perf_counter()
-        rm = None
+        rm: list[float | None] | None = None
         if s.rm_weight > 0:
-            rm = self.scorer.score([row["messages"] for row in rows], [str(t) for t in texts])
+            judged = [i for i in range(len(rows)) if rule[i] is None or s.rm_on_verified]
+            rm = [None] * len(rows)
+            if judged:
+                scores = self.scorer.score([rows[i]["messages"] for i in judged], [str(texts[i]) for i in judged])
+                for i, v in zip(judged, scores):
+                    rm[i] = v
         t2 = time.perf_counter()
         self.last_seconds = {"rule_seconds": t1 - t0, "rm_seconds": t2 - t1}
         out = combine(rm, rule, facts, s, self.max_len)

@@ -38,7 +38,7 @@ def test_group_normalise_is_per_group_and_zero_for_degenerate_groups():
 
 def test_combine_weights_every_term():
     s = RewardSettings(rm_weight=2.0, rule_weight=3.0, format_penalty=0.5, truncation_penalty=1.0,
-                       overlong_buffer=10, overlong_penalty=0.4)
+                       overlong_buffer=10, overlong_penalty=0.4, rm_on_verified=True)
     facts = [ResponseFacts("g", n_tokens=5), ResponseFacts("g", format_ok=False, format_why="x", n_tokens=95),
              ResponseFacts("g", truncated=True, n_tokens=100), ResponseFacts("h", n_tokens=1)]
     rm = [1.0, 3.0, 2.0, 50.0]
@@ -91,7 +91,8 @@ def test_general_reward_calls_the_rm_and_the_verifiers_and_remembers_lengths():
     rows = [{"id": "a", "messages": msgs, "reference": {"instructions": []}, "domain": "ifeval", "source": "s"},
             {"id": "a", "messages": msgs, "reference": {"instructions": []}, "domain": "ifeval", "source": "s"},
             {"id": "b", "messages": msgs, "reference": None, "domain": "general", "source": "t"}]
-    reward = GeneralReward(RewardSettings(), max_len=64, scorer=Scorer(), verify_batch=verify_batch)
+    reward = GeneralReward(RewardSettings(rm_on_verified=True), max_len=64, scorer=Scorer(),
+                           verify_batch=verify_batch)
     out = reward(rows, [finished, Decoded(GOOD + "!!", 9, True), cut], ["g0", "g0", "g1"])
     assert calls["verify"] == ["a", "a"] and calls["rm"][0] == [msgs] * 3
     assert calls["rm"][1][0] == GOOD and type(calls["rm"][1][0]) is str
@@ -100,6 +101,40 @@ def test_general_reward_calls_the_rm_and_the_verifiers_and_remembers_lengths():
     assert reward.last_batch[1] == out
     with pytest.raises(ValueError, match="scorer"):
         GeneralReward(RewardSettings(), max_len=64)
+
+
+def test_by_default_the_rm_judges_only_what_no_verifier_scored():
+    """A row with a reference is judged by its verifier alone: the RM is not asked about it, and
+    an RM that prefers the wrong answer cannot outweigh the check (a z-scored RM term has unit
+    spread in a group, a 0/1 rule term at most 0.5). With rule_weight 0 the RM judges every row."""
+    asked = []
+
+    class WrongTaste:  # prefers the longer response, here the wrong one
+        def score(self, prompts, responses):
+            asked.extend(responses)
+            return [float(len(r)) for r in responses]
+
+    def verify_batch(rows, responses, num_workers, timeout_s):
+        return [SimpleNamespace(score=float(r.endswith("4")), reason="") for r in responses]
+
+    msgs = [{"role": "user", "content": "2+2"}]
+    math_row = {"id": "m", "messages": msgs, "reference": "4", "domain": "math", "source": "s"}
+    chat_row = {"id": "c", "messages": msgs, "reference": None, "domain": "general", "source": "t"}
+    right, wrong = Decoded("<think>x</think>4", 5, True), Decoded("<think>xxxxxxxx</think>5", 9, True)
+    chat_a, chat_b = Decoded("<think>x</think>hi", 5, True), Decoded("<think>x</think>hello", 6, True)
+    rows, texts, groups = [math_row, math_row, chat_row, chat_row], [right, wrong, chat_a, chat_b], ["m", "m", "c", "c"]
+    out = GeneralReward(RewardSettings(), max_len=64, scorer=WrongTaste(), verify_batch=verify_batch)(rows, texts, groups)
+    assert asked == [str(chat_a), str(chat_b)]                      # the math rows never went to the RM
+    assert out[0].score > out[1].score and "rm" not in out[0].parts  # the verifier decides the math group
+    assert out[3].parts["rm"] > 0 > out[2].parts["rm"]              # the RM still judges chat
+    asked.clear()
+    both = GeneralReward(RewardSettings(rm_on_verified=True, rm_weight=1.0), max_len=64, scorer=WrongTaste(),
+                         verify_batch=verify_batch)(rows, texts, groups)
+    assert len(asked) == 4 and both[0].score < both[1].score           # what the default prevents
+    asked.clear()
+    rm_only = GeneralReward(RewardSettings(rule_weight=0.0), max_len=64, scorer=WrongTaste(),
+                            verify_batch=verify_batch)(rows, texts, groups)
+    assert len(asked) == 4 and "rm" in rm_only[0].parts
 
 
 def test_rm_score_is_normalised_per_grpo_group_not_per_prompt():
