@@ -13,8 +13,9 @@ says so and rebuilds them first):
 
 On fewer than 4 GPUs the four arms of phase2 run in two or more rounds: add
 `--set stages.reasoning_rl.steps=30` to phase2 there (every arm then trains 30 steps;
-`--arms icepop,sync` or `--arms icepop,tis,none` runs a subset). A rerun of a phase skips
-what is published and resumes what was cut off.
+`--arms icepop,sync` or `--arms icepop,tis,none` runs a subset), or share the GPUs with
+`--arms-per-gpu 4` (four arms at once on one GPU: a small model leaves room for them). A
+rerun of a phase skips what is published and resumes what was cut off.
 
 GPU time, measured on one H100 (RESULTS.md, round 5): four runs of the recipe at once on the
 one GPU took 12.7 minutes for phase1 + phase3 together (RL 150 steps at ~1.2-2 s each: 175 s
@@ -304,15 +305,19 @@ def phase_ablations(args: argparse.Namespace) -> None:
             log("the SFT stage did not finish: no ablation can start")
             return
     arms = args.arms or list(ARMS)
-    slots = 1 if run.smoke else max(gpu_count(), 1)
-    log(f"phase2: {len(arms)} arms on {slots} {'CPU slot' if run.smoke else 'GPU(s)'} from {plan['sft'].url}")
-    run.results.update(arms={}, slots=slots, arm_settings={n: {**a, **ARM_PRECISION} for n, a in ARMS.items()})
+    gpus = 1 if run.smoke else max(gpu_count(), 1)
+    slots = gpus * (1 if run.smoke else args.arms_per_gpu)
+    log(f"phase2: {len(arms)} arms on {gpus} {'CPU slot' if run.smoke else 'GPU(s)'}, {slots} at once, "
+        f"from {plan['sft'].url}")
+    run.results.update(arms={}, slots=slots, gpus=gpus,
+                       arm_settings={n: {**a, **ARM_PRECISION} for n, a in ARMS.items()})
     free = list(range(slots))
     # GPU i = the i-th GPU this process sees: a CUDA_VISIBLE_DEVICES of its own is honoured
-    visible = pinned_gpus() or [str(i) for i in range(slots)]
+    visible = pinned_gpus() or [str(i) for i in range(gpus)]
 
     def one(name: str) -> None:
-        gpu = free.pop(0)
+        slot = free.pop(0)
+        gpu = slot % gpus
         env = {"CUDA_VISIBLE_DEVICES": "" if run.smoke else visible[gpu]}
         cmd = [sys.executable, str(Path(__file__).resolve()), "arm", "--arm", name, "--root", str(run.root),
                "--out", str(run.out)] + (["--smoke"] if run.smoke else [])
@@ -324,7 +329,7 @@ def phase_ablations(args: argparse.Namespace) -> None:
             out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
                                  env={**os.environ, **SAFE_ENV, **env})
         finally:
-            free.append(gpu)
+            free.append(slot)
         with open(run.log_path, "a") as f:
             f.write(f"\n===== arm {name} (exit {out.returncode})\n{out.stdout}\n{out.stderr}\n")
         lines = [ln for ln in out.stdout.splitlines() if ln.startswith("ARM_RESULT ")]
@@ -394,8 +399,13 @@ def main() -> None:
                    help="a recipe override, as `pipeline.cli run --set` takes it (repeatable), e.g. "
                         "stages.reasoning_rl.steps=30 to shorten the RL stage and the arms")
     p.add_argument("--arms", type=arm_list, help=f"phase2: a comma-separated subset of {','.join(ARMS)} (default all)")
+    p.add_argument("--arms-per-gpu", type=int, default=1, metavar="K",
+                   help="phase2: run K arms at once on each GPU (they share it: compare their wall-clock "
+                        "times only with each other)")
     p.add_argument("--arm", choices=sorted(ARMS), help="(internal) the ablation arm this process runs")
     args = p.parse_args()
+    if args.arms_per_gpu < 1:
+        p.error(f"--arms-per-gpu must be >= 1, got {args.arms_per_gpu}")
     if args.phase == "arm":
         run_arm(args)
         return
