@@ -186,25 +186,26 @@ class Runner:
             proc.wait(timeout=self.args.stage_timeout_s)
             hung = ""
         except subprocess.TimeoutExpired:
+            stacks = _dump_rank_stacks(proc.pid, f"stages.{spec.kind}.job")
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            hung = f"still running after {self.args.stage_timeout_s:.0f}s, killed; "
+            hung = f"still running after {self.args.stage_timeout_s:.0f}s, killed (stacks of {stacks} rank(s) in its log); "
         text = (Path(self.args.work) / f"{spec.name}.log").read_text(errors="replace")
         for line in reversed(text.splitlines()):
             if line.startswith("RESULT ") and not hung:
                 return json.loads(line[len("RESULT "):])
         tail = "\n".join(text.splitlines()[-40:])
         raise RuntimeError(f"stage run {spec.name} failed ({hung}exit {proc.returncode}); its log ends:\n{tail}"
-                           f"{self.job_log_tail(spec)}")
+                           f"{self.job_log_tail(spec, lines=400 if hung else 60)}")
 
-    def job_log_tail(self, spec: StageSpec) -> str:
+    def job_log_tail(self, spec: StageSpec, lines: int = 60) -> str:
         """The end of the newest stage.log of this run's job (what its ranks printed)."""
         logs = sorted((Path(self.args.work) / "runs").glob(f"*/{spec.name}-*/*/stage.log"),
                       key=lambda p: p.stat().st_mtime)
         if not logs:
             return ""
-        lines = logs[-1].read_text(errors="replace").splitlines()[-60:]
-        return f"\n--- {logs[-1]} ends:\n" + "\n".join(lines)
+        tail = logs[-1].read_text(errors="replace").splitlines()[-lines:]
+        return f"\n--- {logs[-1]} ends:\n" + "\n".join(tail)
 
     def run(self, spec: StageSpec) -> dict[str, Any]:
         """Run on `spec.gpus` GPUs as soon as they are free (blocks)."""
@@ -399,8 +400,8 @@ class Bench:
     def _sft_efficiency(self) -> None:
         got = self.report.data.get("sft", {})
         one = got.get("1g")
-        for key, m in list(got.items()):
-            if key.endswith("g") and key != "1g" and one:
+        for key, m in list(got.items()):  # "2g", "4g": runs; "efficiency_2g": what this writes
+            if key.removesuffix("g").isdigit() and key != "1g" and one:
                 self.report.put(f"sft/efficiency_{key}", m["tokens_per_s_per_gpu"] / one["tokens_per_s_per_gpu"])
 
     # 4. weight sync ------------------------------------------------------------------------------------------
@@ -682,6 +683,29 @@ def _free_port() -> int:
     from pipeline.launch import free_port
 
     return free_port()
+
+
+def _dump_rank_stacks(root_pid: int, module: str) -> int:
+    """Ask every rank of `module` below `root_pid` for its Python stacks (stages.common.entry:
+    SIGUSR2 prints them to the stage log); returns how many were asked. A hung run's log then
+    says where each rank waits."""
+    import psutil
+
+    from stages.common.entry import STACKS_SIGNAL
+
+    ranks = []
+    for p in psutil.Process(root_pid).children(recursive=True):
+        try:
+            # the ranks only (torchrun sets RANK in each): the guard's and the launcher's command
+            # lines name the module too, and SIGUSR2 would end them
+            if module in " ".join(p.cmdline()) and "RANK" in p.environ():
+                p.send_signal(STACKS_SIGNAL)
+                ranks.append(p)
+        except psutil.Error:
+            continue
+    if ranks:
+        time.sleep(3)  # faulthandler writes from a signal handler: give it, and the log pipes, a moment
+    return len(ranks)
 
 
 def _rank_process(root_pid: int, module: str, rank: int):

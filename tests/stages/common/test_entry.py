@@ -39,3 +39,37 @@ def test_a_bug_keeps_its_traceback_and_leaves_the_group(gloo_group, job_file):
 
 def test_success_is_0(job_file):
     assert run_job(lambda job: None, job_file) == 0
+
+
+def test_sigusr2_prints_every_threads_stack_and_the_rank_goes_on(tmp_path):
+    """How an operator (or gpu_scaling's stage timeout) sees where a hung rank waits."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    job = StageJob(recipe="t", stage="hang", kind="sft", hash="0" * 16, config={},
+                   stage_url=f"file://{tmp_path}/store", output_dir=str(tmp_path / "out"),
+                   work_dir=str(tmp_path / "work"))
+    job.write(tmp_path / "job.json")
+    ready = tmp_path / "ready"
+    script = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from stages.common.entry import run_job\n"
+        "def waits_for_a_peer(job):\n"
+        f"    Path({str(ready)!r}).write_text('x')\n"
+        "    time.sleep(4)\n"
+        f"sys.exit(run_job(waits_for_a_peer, ['--job', {str(tmp_path / 'job.json')!r}]))\n")
+    repo = Path(__file__).resolve().parents[3]
+    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True, cwd=repo,
+                            env={**os.environ, "PYTHONPATH": str(repo)})
+    deadline = time.time() + 60
+    while not ready.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGUSR2)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err  # still ran to the end
+    assert "in waits_for_a_peer" in err and "Current thread" in err
