@@ -5,18 +5,26 @@
 
 `run_job` reads the job file, calls `main(job)`, and turns the outcome into the exit status:
 0 when `main` returns; 2 when it raises `StageError` (a problem the user can fix), printed
-once, by rank 0, without a traceback; anything else is a bug and propagates with its
-traceback (exit 1). The process group, when `main` joined one, is always left.
+without a traceback (by rank 0 as it is; other ranks prefix their rank, since a rank can hit
+a user error its peers do not, e.g. a shard of a checkpoint); anything else is a bug and
+has its traceback printed and exits 1 (SystemExit). The process group, when `main` joined one, is left.
 
-`kill -USR2 <pid of a rank>` prints every thread's Python stack of that rank to the stage log
-and the rank goes on: where a hung rank waits (a collective, a lock, a queue). Send it to the
-rank processes, not the job's process group: the launcher and the job guard do not catch it.
+After a failure the traceback or message is printed *before* the group is left, and leaving
+it is bounded: a peer may still be inside a collective that will never complete, and NCCL's
+teardown then waits for it forever, with the cause still unprinted (round 6's 4-GPU resume
+hung exactly so: three ranks in `destroy_process_group`, the fourth in a ZeRO-3 all-gather).
+Past `LEAVE_GROUP_S` the process exits without it; the launcher sees the exit and stops the
+peers.
+
 """
 from __future__ import annotations
 
 import faulthandler
+import os
 import signal
 import sys
+import threading
+import traceback
 from typing import Any, Callable
 
 from pipeline.stage_api import StageError, StageJob
@@ -24,6 +32,7 @@ from pipeline.tracking import StageLogger
 
 
 STACKS_SIGNAL = signal.SIGUSR2  # SIGUSR1 is the job guard's parent-death signal
+LEAVE_GROUP_S = 20.0  # a failed rank's wait to leave the process group (see the module docstring)
 
 
 def run_job(main: Callable[[StageJob], Any], argv: list[str] | None = None) -> int:
@@ -34,6 +43,7 @@ def run_job(main: Callable[[StageJob], Any], argv: list[str] | None = None) -> i
         # ~4 s of mlflow, pandas & co. in a rank that never logs to MLflow. Marked absent,
         # `import mlflow` fails at once and DeepSpeed goes on without it.
         sys.modules.setdefault("mlflow", None)
+    failed_with: int | None = 1  # the exit status while not known to have succeeded
     try:
         main(job)
         group = _process_group()
@@ -41,15 +51,44 @@ def run_job(main: Callable[[StageJob], Any], argv: list[str] | None = None) -> i
             # every rank done (rank 0 may still be writing the model) before the group goes:
             # a rank tearing down early aborted its peer's in-flight gloo/shm traffic
             group.barrier()
+        failed_with = None
     except StageError as e:
-        if job.rank == 0:
-            print(f"{job.stage} ({job.kind}) failed: {e}", file=sys.stderr, flush=True)
+        where = "" if job.rank == 0 else f"[rank {job.rank}] "
+        print(f"{where}{job.stage} ({job.kind}) failed: {e}", file=sys.stderr, flush=True)
+        failed_with = 2
         return 2
+    except Exception:
+        traceback.print_exc()  # now: leaving the group below may not return
+        sys.stderr.flush()
+        raise _AlreadyReported() from None
     finally:
-        group = _process_group()
-        if group is not None:
-            group.destroy_process_group()
+        _leave_group(failed_with)
     return 0
+
+
+class _AlreadyReported(SystemExit):
+    """A bug's exit after its traceback was printed (before leaving the group): exit 1, once."""
+
+    def __init__(self):
+        super().__init__(1)
+
+
+def _leave_group(failed_with: int | None) -> None:
+    """Leave the process group; after a failure (`failed_with` = the exit status) wait at most
+    LEAVE_GROUP_S for it, then exit without it."""
+    group = _process_group()
+    if group is None:
+        return
+    if failed_with is None:
+        group.destroy_process_group()
+        return
+    leaving = threading.Thread(target=group.destroy_process_group, daemon=True)
+    leaving.start()
+    leaving.join(LEAVE_GROUP_S)
+    if leaving.is_alive():
+        print(f"rank {group.get_rank()}: leaving the process group did not finish in {LEAVE_GROUP_S:.0f}s "
+              "(a peer is still in a collective); exiting without it", file=sys.stderr, flush=True)
+        os._exit(failed_with)
 
 
 def _process_group():
