@@ -17,11 +17,10 @@ On fewer than 4 GPUs the four arms of phase2 run in two or more rounds: add
 `--arms-per-gpu 4` (four arms at once on one GPU: a small model leaves room for them). A
 rerun of a phase skips what is published and resumes what was cut off.
 
-GPU time, measured on one H100 (RESULTS.md, round 5): four runs of the recipe at once on the
-one GPU took 12.7 minutes for phase1 + phase3 together (RL 150 steps at ~1.2-2 s each: 175 s
-with sync, ~260 s with C3PO++, which trains ~2x the rollouts per step here); one run alone
-is faster. phase2 (not rerun with these settings) runs one arm per GPU. On CPU (2 shared
-cores) a reasoning-RL step of cpu-small takes ~66 s.
+GPU time, measured on one H100 (RESULTS.md, round 6): phase1 alone 354 s (SFT 95 s, RL 150
+steps at 0.88 s each); phase2 with `--arms-per-gpu 4` (the four arms sharing the GPU, ~310 s of
+RL each with C3PO++, 229 s with sync) and phase3 (246 s) side by side: 12 minutes for all three.
+On CPU (2 shared cores) a reasoning-RL step of cpu-small takes ~66 s.
 
 CPU smoke of all three (benchmarks/learning/cpu-small.yaml: gpu-small's settings with a
 smaller model and fewer steps; it proves the orchestration, not the learning: RESULTS.md
