@@ -14,7 +14,8 @@ Also per decode step: its time (ms/step), the memory-bandwidth bound = (the mode
 bytes + the batch's KV bytes at the mean context) / bandwidth, with the bandwidth measured
 in this run (a large device-to-device copy: bytes read + written / time), and the share of
 the bound the step reaches. `--compile` turns the engine's `compile` option on (its compile
-seconds are a column; warm-up includes them). `--profile` traces ~20 steady decode steps
+seconds are a column; warm-up includes them). `--no-pack` runs q/k/v and gate/up as separate
+matmuls (pack_projections=False: the engine before fused_linear.py), for an A/B in one run. `--profile` traces ~20 steady decode steps
 (kernel times of a 21-token call minus those of a 1-token call) and prints the top kernels
 and the per-step GPU time by kind: attention / GEMM / elementwise+norm / sampling / other.
 
@@ -78,6 +79,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=2, help="timed runs per measurement (best kept)")
     p.add_argument("--no-cuda-graphs", action="store_true", help="engine decodes eagerly")
     p.add_argument("--compile", action="store_true", help="engine option compile=True (torch.compile)")
+    p.add_argument("--no-pack", action="store_true",
+                   help="engine option pack_projections=False (q/k/v and gate/up as separate matmuls)")
     p.add_argument("--profile", action="store_true",
                    help="profile ~20 steady decode steps: top kernels, time per kind")
     p.add_argument("--top-kernels", type=int, default=15)
@@ -206,7 +209,7 @@ def main() -> None:
         engine = create_engine("torch", tmp, device=a.device, dtype=str(dtype).split(".")[1],
                                max_batch=a.batch, max_len=a.prompt_len + a.new_tokens,
                                seed=a.seed, eos_token_ids=[],
-                               compile=a.compile,
+                               compile=a.compile, pack_projections=not a.no_pack,
                                **({"cuda_graphs": False} if a.no_cuda_graphs else {}))
 
     sample = SamplingParams(temperature=1.0, seed=a.seed)

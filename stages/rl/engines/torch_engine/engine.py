@@ -1,7 +1,7 @@
 """The `torch` rollout engine: a transformers causal LM decoded with our own static KV cache.
 
 What it does, top to bottom (the pieces: kv_cache.py, attention.py, sampling.py,
-cuda_graphs.py):
+cuda_graphs.py, fused_linear.py, moe.py):
 - Loads the HF directory with `AutoModelForCausalLM` into its *own* copy of the weights
   (eval, no grad; never shares a tensor with the trainer). dtype "auto" = bfloat16 on CUDA,
   float32 on CPU.
@@ -12,7 +12,8 @@ cuda_graphs.py):
   with q/k/v/o projections (qwen3's q/k norms too), full attention, and a dense gate/up/down
   MLP or a MoE block of transformers' fused-experts layout (qwen2/llama/qwen3, qwen2_moe /
   qwen3_moe, init_model's ring_moe); anything else is refused with a clear message (use the
-  vllm engine for it).
+  vllm engine for it). A layer's q/k/v projections, and a dense MLP's gate/up, run as one
+  matmul each over a packed weight whose slices are the modules' parameters (fused_linear.py).
 - Continuous batching over `max_batch` slots: requests are prefilled (prompt +
   generated_ids, right-padded, one causal forward) into free slots, then decoded one token
   per step for all busy slots; finished slots are refilled from the pending requests once
@@ -60,6 +61,7 @@ from stages.rl.engines.protocol import IGNORED_PREFIXES, RolloutRequest, Rollout
 from .attention import DecodeAttention, rotate_half
 from .compiled_step import DEFAULT_MAX_COMPILES, CompiledDecode
 from .cuda_graphs import DecodeGraphs
+from .fused_linear import FusedLinear, pack_dense_mlp
 from .kv_cache import KVCache, pow2_at_least
 from .moe import feed_forward
 from .sampling import SamplingMode, sample
@@ -143,7 +145,7 @@ class TorchEngine(SyncTiming):
                  eos_token_ids: list[int] | None = None, prefill_chunk_tokens: int = 16384,
                  decode_attention: str = "auto", refill_min_free: int | None = None,
                  compile: bool = False, compile_max_shapes: int = DEFAULT_MAX_COMPILES,
-                 trust_remote_code: bool = False):
+                 pack_projections: bool = True, trust_remote_code: bool = False):
         path = Path(model_dir)
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"torch engine: {model_dir} is not a Hugging Face model "
@@ -193,6 +195,17 @@ class TorchEngine(SyncTiming):
         self.compiled = CompiledDecode(self._decode_body, compile, compile_max_shapes)
         self.layers = list(inner.layers)
         self.mlps = [feed_forward(layer.mlp, f"layer {i} mlp of {model_dir}") for i, layer in enumerate(self.layers)]
+        # q/k/v and a dense MLP's gate/up as one matmul each (fused_linear.py); `_packs` own
+        # the storage of the parameters they hold (sleep / wake go through them)
+        # (pack_projections=False keeps the modules' own matmuls: the A/B of engine_decode.py)
+        self.qkv = [FusedLinear.pack([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj])
+                    if pack_projections else None for layer in self.layers]
+        self._packs = [p for p in self.qkv if p is not None]
+        for i, mlp in enumerate(self.mlps):
+            if pack_projections and mlp is self.layers[i].mlp:  # dense (MoE blocks: MoEFeedForward)
+                self.mlps[i], gate_up = pack_dense_mlp(mlp)
+                if gate_up is not None:
+                    self._packs.append(gate_up)
         attn0 = self.layers[0].self_attn
         self.n_heads = int(config.num_attention_heads)
         self.n_kv = int(getattr(config, "num_key_value_heads", None) or self.n_heads)
@@ -235,8 +248,11 @@ class TorchEngine(SyncTiming):
         `weights` every parameter's storage goes too (its shape is kept for `wake`)."""
         self.free_cache()
         if weights and self._released is None:
-            unique = {id(p): p for p in self._params.values()}.values()  # a tied lm_head once
+            packed = {id(p) for pack in self._packs for p in pack.params}
+            unique = {id(p): p for p in self._params.values() if id(p) not in packed}.values()  # a tied lm_head once
             self._released = [(p, p.shape) for p in unique]
+            for pack in self._packs:
+                pack.release()
             for p, _ in self._released:
                 p.data = torch.empty(0, dtype=p.dtype, device=p.device)
             if self.device.type == "cuda":
@@ -248,14 +264,18 @@ class TorchEngine(SyncTiming):
             return
         for p, shape in self._released:
             p.data = torch.empty(shape, dtype=p.dtype, device=p.device)
+        for pack in self._packs:
+            pack.restore()
         self._released = None
         self._stale_weights = True
 
     # ---------------------------------------------------------------- model pieces
-    def _attn_qkv(self, attn, h: torch.Tensor, n: int, t: int):
-        q = attn.q_proj(h).view(n, t, self.n_heads, self.head_dim)
-        k = attn.k_proj(h).view(n, t, self.n_kv, self.head_dim)
-        v = attn.v_proj(h).view(n, t, self.n_kv, self.head_dim)
+    def _attn_qkv(self, li: int, attn, h: torch.Tensor, n: int, t: int):
+        packed = self.qkv[li]
+        q, k, v = packed(h) if packed is not None else (attn.q_proj(h), attn.k_proj(h), attn.v_proj(h))
+        q = q.reshape(n, t, self.n_heads, self.head_dim)
+        k = k.reshape(n, t, self.n_kv, self.head_dim)
+        v = v.reshape(n, t, self.n_kv, self.head_dim)
         if hasattr(attn, "q_norm"):  # qwen3
             q, k = attn.q_norm(q), attn.k_norm(k)
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -282,7 +302,7 @@ class TorchEngine(SyncTiming):
         for li, layer in enumerate(self.layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
-            q, k, v = self._attn_qkv(attn, h, n, t)
+            q, k, v = self._attn_qkv(li, attn, h, n, t)
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
             self.cache.k[li][slot_idx, :, :t] = k
@@ -318,7 +338,7 @@ class TorchEngine(SyncTiming):
         for li, layer in enumerate(self.layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
-            q, k, v = self._attn_qkv(attn, h, nb, 1)
+            q, k, v = self._attn_qkv(li, attn, h, nb, 1)
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
             c.k[li].index_put_(widx, k[:, :, 0])
