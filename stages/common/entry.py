@@ -6,8 +6,9 @@
 `run_job` reads the job file, calls `main(job)`, and turns the outcome into the exit status:
 0 when `main` returns; 2 when it raises `StageError` (a problem the user can fix), printed
 without a traceback (by rank 0 as it is; other ranks prefix their rank, since a rank can hit
-a user error its peers do not, e.g. a shard of a checkpoint); anything else is a bug and
-has its traceback printed and exits 1 (SystemExit). The process group, when `main` joined one, is left.
+a user error its peers do not, e.g. a shard of a checkpoint); anything else is a bug: its
+traceback is printed and the job exits 1 (SystemExit). The process group, when `main` joined
+one, is left.
 
 After a failure the traceback or message is printed *before* the group is left, and leaving
 it is bounded: a peer may still be inside a collective that will never complete, and NCCL's
@@ -15,7 +16,6 @@ teardown then waits for it forever, with the cause still unprinted (round 6's 4-
 hung exactly so: three ranks in `destroy_process_group`, the fourth in a ZeRO-3 all-gather).
 Past `LEAVE_GROUP_S` the process exits without it; the launcher sees the exit and stops the
 peers.
-
 """
 from __future__ import annotations
 
