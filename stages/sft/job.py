@@ -47,6 +47,7 @@ from stages.common.fused_loss import chunks_for, linear_cross_entropy_sum
 from stages.common.hf_io import load_causal_lm, save_hf_model
 from stages.common.packed_attention import flattens_micro_batch, pad_packed_batch, static_width
 from stages.common.rows import input_rows
+from stages.common.step_profile import StepProfiler
 from stages.common.training_job import start_training_job, supervised_engine
 from stages.sft.config import SFTConfig
 from stages.sft.data import build_samples, collate, pack_samples
@@ -193,9 +194,11 @@ def main(job: StageJob) -> dict[str, Any] | None:
     loss = None
     flatten = flattens_micro_batch(attn)
     width = static_width(attn, cfg.max_seq_len)
+    profiler = StepProfiler(cfg.profile, Path(job.work_dir) / "profile", active=rank == 0)
     while p.step < total_steps:
         if p.step_in_epoch >= plan.steps_per_epoch:
             p.epoch, p.step_in_epoch = p.epoch + 1, 0
+        profiler.before(p.step + 1)
         t0 = time.perf_counter()
         micro = plan.step_micro_batches(p.epoch, p.step_in_epoch, rank)
         batches = [collate(samples, [packs[i] for i in mb], pad_id) for mb in micro]
@@ -231,6 +234,9 @@ def main(job: StageJob) -> dict[str, Any] | None:
         grad_norm = float(ds_norm) if ds_norm is not None else grad_norm
         grad_norm = float("nan") if grad_norm is None else grad_norm
         dt = time.perf_counter() - t0
+        table = profiler.after(p.step, last=p.step == total_steps)
+        if table is not None:
+            info(f"sft: profile of steps up to {p.step} written: {table}, {profiler.trace_path}")
         if rank == 0:
             info(f"sft step {p.step}/{total_steps} | epoch {p.epoch + 1} | loss {loss:.4f} | lr {lr:.3e} | "
                  f"grad_norm {grad_norm:.3f} | {step_tokens / dt:,.0f} tok/s | tokens {p.tokens:,}")
