@@ -87,7 +87,7 @@ class SFTConfig(StageConfig):
     checkpoint_every: int = cosmetic(50, ge=1, description="optimizer steps between checkpoints")
     profile: ProfileSettings | None = cosmetic(None, description=(
         "torch.profiler over some optimizer steps of rank 0 (e.g. {start_step: 5, steps: 2}): an operator "
-        "table and a chrome trace under the stage's work dir, profile/ (stages/common/step_profile.py)"))
+        "table and a chrome trace in the output's logs/profile/, next to stage.log (stages/common/step_profile.py)"))
 
     @property
     def data_input(self) -> SFTData:

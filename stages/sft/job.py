@@ -194,7 +194,7 @@ def main(job: StageJob) -> dict[str, Any] | None:
     loss = None
     flatten = flattens_micro_batch(attn)
     width = static_width(attn, cfg.max_seq_len)
-    profiler = StepProfiler(cfg.profile, Path(job.work_dir) / "profile", active=rank == 0)
+    profiler = StepProfiler(cfg.profile, Path(job.output_dir) / "logs" / "profile", active=rank == 0)
     while p.step < total_steps:
         if p.step_in_epoch >= plan.steps_per_epoch:
             p.epoch, p.step_in_epoch = p.epoch + 1, 0
