@@ -99,6 +99,13 @@ class SFTConfig(StageConfig):
             raise ValueError(f"warmup_steps ({self.warmup_steps}) exceeds max_steps ({self.max_steps})")
         return self
 
+    @model_validator(mode="after")
+    def _profile_fits(self) -> "SFTConfig":
+        if self.profile is not None and self.max_steps is not None and self.profile.start_step > self.max_steps:
+            raise ValueError(f"profile.start_step ({self.profile.start_step}) is after max_steps "
+                             f"({self.max_steps}): nothing would be profiled")
+        return self
+
 
 KIND = register(StageKind(
     name="sft", config=SFTConfig, version=2, sources=("stages.sft", "stages.common"),

@@ -156,6 +156,10 @@ def main(job: StageJob) -> dict[str, Any] | None:
     packs = pack_samples([len(s) for s in samples], cfg.max_seq_len, cfg.seed, cfg.packing)
     plan = DataPlan(len(packs), world, cfg.micro_batch_size, cfg.grad_accum, cfg.seed)
     total_steps = cfg.max_steps or cfg.epochs * plan.steps_per_epoch
+    if cfg.profile is not None and cfg.profile.start_step > total_steps:  # max_steps is checked with the config
+        raise StageError(f"profile.start_step ({cfg.profile.start_step}) is after the run's last step "
+                         f"({total_steps}: {cfg.epochs} epochs of {plan.steps_per_epoch} steps): nothing "
+                         "would be profiled")
     if rank == 0:
         bad = sum(stats.bad_rows.values())
         info(f"sft: {stats.rows} rows -> {stats.samples} samples ({stats.target_tokens} trained of "
