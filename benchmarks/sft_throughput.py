@@ -29,9 +29,10 @@ Variants of an SFT case (`<tokens>` tokens per micro batch, micro batch 1, ZeRO-
   stage_before  the stage as it was before issue 19: sdpa, the whole micro batch's logits at once
   stage_z1, stage_z2  the stage under ZeRO-1 / ZeRO-2 instead of ZeRO-0 (DeepSpeed's ZeRO optimizer
                 instead of its BF16_Optimizer; ZeRO-2 is the stage's default)
-With `--profile`, the first two timed steps of every SFT variant run under torch.profiler (the
-stage's `profile` setting; the plain loop the same way): OUT/profile_<case>_<variant>.txt is the
-operator table (key_averages by device time, top 40), the first place to look for where a step goes.
+With `--profile`, two more steps after the timed ones run under torch.profiler (the stage's
+`profile` setting; the plain loop the same way; they are not in the rates): OUT/profile_<case>_
+<variant>.txt is the operator table (key_averages by device time, top 40), the first place to
+look for where a step goes.
 Gradient checkpointing is on for the 16k-token cases (plain and stage alike), off at 4096.
 The stage's rate is the median of its logged per-step tokens/s after `--skip` warm-up steps
 (FlexAttention compiles in the first); its peak memory is torch.cuda.max_memory_allocated,
@@ -99,6 +100,7 @@ VARIANTS = {  # the sft stage's config per variant
     "stage_z2": {"zero_stage": 2},
 }
 DEFAULT_VARIANTS = {"1.5B@4096": ["plain", "stage", "stage_flex", "stage_before"]}
+PROFILED_STEPS = 2  # with --profile, after the timed steps
 PEAK_BF16 = [("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("A100", 312e12)]
 
 
@@ -191,7 +193,7 @@ def run_plain(path: Path, shape: str, pack_ids: list[list[int]], tokens: int, ck
     times = []
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    for step in range(args.skip + args.steps):
+    for step in range(args.total_steps):
         start = (step * tokens) % max(1, len(stream) - tokens)
         ids = torch.tensor([stream[start:start + tokens]], device=device)
         profiler.before(step + 1)
@@ -202,9 +204,9 @@ def run_plain(path: Path, shape: str, pack_ids: list[list[int]], tokens: int, ck
         opt.step()
         opt.zero_grad(set_to_none=True)
         sync(device)
-        if step >= args.skip:
+        if args.skip <= step < args.skip + args.steps:
             times.append(time.perf_counter() - t0)
-        profiler.after(step + 1, last=step + 1 == args.skip + args.steps)
+        profiler.after(step + 1, last=step + 1 == args.total_steps)
     dt = statistics.median(times)
     n = sum(p.numel() for p in model.parameters())
     m = model_numbers(shape)
@@ -226,7 +228,7 @@ def run_stage_variant(variant: str, path: Path, rows_file: Path, shape: str, tok
 
     overrides = {k: tokens if v is TOKENS else v for k, v in VARIANTS[variant].items()}
     config = {"model": str(path), "data": str(rows_file), "max_seq_len": tokens, "micro_batch_size": 1,
-              "grad_accum": 1, "max_steps": args.skip + args.steps, "warmup_steps": 1, "lr": 1e-5,
+              "grad_accum": 1, "max_steps": args.total_steps, "warmup_steps": 1, "lr": 1e-5,
               "zero_stage": 0, "gradient_checkpointing": ckpt, "checkpoint_every": 10 ** 6, "log_every": 1,
               **overrides}
     if args.profile:
@@ -237,7 +239,7 @@ def run_stage_variant(variant: str, path: Path, rows_file: Path, shape: str, tok
     out_dir = local_path(run.url)
     steps = [json.loads(line.split("[metrics] ", 1)[1])  # the stage's per-step metrics lines
              for line in (out_dir / "logs" / "stage.log").read_text().splitlines() if "[metrics] " in line]
-    timed = [m for m in steps if m["step"] > args.skip]
+    timed = [m for m in steps if args.skip < m["step"] <= args.skip + args.steps]
     rate = statistics.median(m["tokens_per_s"] for m in timed)
     n = _param_count(path)
     m = model_numbers(shape)
@@ -257,10 +259,12 @@ def run_stage_variant(variant: str, path: Path, rows_file: Path, shape: str, tok
 
 
 def profile_settings(args):
-    """The profiled window: the first (up to) two timed steps, or none without --profile."""
+    """The profiled window: the steps after the timed ones (profiling slows a step), or none
+    without --profile."""
     from stages.common.step_profile import ProfileSettings
 
-    return ProfileSettings(start_step=args.skip + 1, steps=min(2, args.steps)) if args.profile else None
+    start = args.skip + args.steps + 1
+    return ProfileSettings(start_step=start, steps=args.total_steps - start + 1) if args.profile else None
 
 
 def keep_profile(profile_dir: Path, args, case: str, variant: str) -> None:
@@ -380,8 +384,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None, help="timed steps per SFT variant (default 8, smoke 2)")
     p.add_argument("--skip", type=int, default=None, help="warm-up steps not timed (default 3, smoke 1)")
     p.add_argument("--rows", type=int, default=None, help="synthetic CoT rows (default 3000, smoke 300)")
-    p.add_argument("--profile", action="store_true", help="torch.profiler over the first two timed steps of "
-                                                          "every SFT variant: OUT/profile_<case>_<variant>.txt")
+    p.add_argument("--profile", action="store_true", help="torch.profiler over two more steps after the "
+                                                          "timed ones of every SFT variant: OUT/profile_<case>_<variant>.txt")
     a = p.parse_args(argv)
     if a.variants:
         unknown = sorted(set(a.variants) - set(VARIANTS) - {"plain"})
@@ -390,6 +394,7 @@ def parse(argv=None) -> argparse.Namespace:
     a.steps = a.steps or (2 if a.smoke else 8)
     a.skip = a.skip if a.skip is not None else (1 if a.smoke else 3)
     a.rows = a.rows or (300 if a.smoke else 3000)
+    a.total_steps = a.skip + a.steps + (PROFILED_STEPS if a.profile else 0)
     a.learner_steps = 1 if a.smoke else 2
     # rollouts, prompt tokens, (min, max) response tokens, micro-batch padded tokens
     a.learner_shape = (4, 16, (16, 48), 256) if a.smoke else (32, 256, (512, 2048), 16384)
@@ -406,7 +411,7 @@ def main(argv=None) -> int:
     peak = peak_flops(name) if gpu else None
     args.out.mkdir(parents=True, exist_ok=True)
     results = ResultFile(args.out / "sft_throughput.json", {
-        "device": name, "peak_bf16_flops": peak, **versions(), "smoke": args.smoke, "steps": args.steps,
+        "device": name, "peak_bf16_flops": peak, **versions(), "smoke": args.smoke, "steps": args.steps, "profiled_steps": args.total_steps - args.skip - args.steps,
         "skip": args.skip,
         "mfu_formula": "(6*N*T + 6*L*d_attn*sum(s^2)) / s / peak; learner: 8*N_body*T + 8*N_head*T_resp + "
                        "8*L*d_attn*sum(s^2); recomputation not counted",
