@@ -411,8 +411,8 @@ def main(argv=None) -> int:
     peak = peak_flops(name) if gpu else None
     args.out.mkdir(parents=True, exist_ok=True)
     results = ResultFile(args.out / "sft_throughput.json", {
-        "device": name, "peak_bf16_flops": peak, **versions(), "smoke": args.smoke, "steps": args.steps, "profiled_steps": args.total_steps - args.skip - args.steps,
-        "skip": args.skip,
+        "device": name, "peak_bf16_flops": peak, **versions(), "smoke": args.smoke, "steps": args.steps,
+        "skip": args.skip, "profiled_steps": args.total_steps - args.skip - args.steps,
         "mfu_formula": "(6*N*T + 6*L*d_attn*sum(s^2)) / s / peak; learner: 8*N_body*T + 8*N_head*T_resp + "
                        "8*L*d_attn*sum(s^2); recomputation not counted",
         "cases": {}})
