@@ -212,7 +212,7 @@ def main(job: StageJob) -> dict[str, Any] | None:
                                float(sum(len(samples[i]) for mb in micro for p in mb for i in packs[p]))],
                               dtype=torch.float64, device=device)
         dist.all_reduce(counts)
-        step_targets, step_tokens = int(counts[0].item()), int(counts[1].item())
+        step_targets, step_tokens = (int(c) for c in counts.tolist())  # one host sync, not two
         lr = scheduler.get_last_lr()[0]
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         grad_norm = None
