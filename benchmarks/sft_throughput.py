@@ -384,8 +384,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None, help="timed steps per SFT variant (default 8, smoke 2)")
     p.add_argument("--skip", type=int, default=None, help="warm-up steps not timed (default 3, smoke 1)")
     p.add_argument("--rows", type=int, default=None, help="synthetic CoT rows (default 3000, smoke 300)")
-    p.add_argument("--profile", action="store_true", help="torch.profiler over two more steps after the "
-                                                          "timed ones of every SFT variant: OUT/profile_<case>_<variant>.txt")
+    p.add_argument("--profile", action="store_true",
+                   help="torch.profiler over two more steps after the timed ones of every SFT variant: "
+                        "OUT/profile_<case>_<variant>.txt")
     a = p.parse_args(argv)
     if a.variants:
         unknown = sorted(set(a.variants) - set(VARIANTS) - {"plain"})
