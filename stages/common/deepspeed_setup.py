@@ -60,8 +60,8 @@ def lr_factor(cfg, total_steps: int) -> Callable[[int], float]:
 def initialize(model: torch.nn.Module, params: Iterable, ds_cfg: dict[str, Any], *, lr: float,
                betas, weight_decay: float = 0.0, factor: Callable[[int], float] | None = None):
     """A torch AdamW over `params` (tensors, or groups carrying their own weight_decay; fused on
-    the GPU) and the DeepSpeed engine; with `factor`, a LambdaLR built on DeepSpeed's wrapped optimizer (ZeRO
-    regroups params). Returns (engine, scheduler or None)."""
+    the GPU) and the DeepSpeed engine; with `factor`, a LambdaLR built on DeepSpeed's wrapped
+    optimizer (ZeRO regroups params). Returns (engine, scheduler or None)."""
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
