@@ -9,6 +9,9 @@ transformers + fused AdamW loop, and the RL learner's step, on one GPU, in one r
     timeout 480 python3 benchmarks/sft_throughput.py --out "$OUT" --only 1.5B@16384 2>&1 | tee "$OUT/sft_throughput.log"
     # here (CPU): the whole orchestration on a tiny shape
     python benchmarks/sft_throughput.py --smoke --out /tmp/sft_smoke
+    # where the stage's step goes (issue 19): operator tables of plain vs stage variants
+    timeout 480 python3 benchmarks/sft_throughput.py --out "$OUT" --only 1.5B@4096 --profile \
+        --variants plain stage_before stage stage_z1 stage_z2 2>&1 | tee "$OUT/sft_throughput.log"
 
 Cases, in this order (`--only` picks some; names: `<shape>@<tokens>` and `learner`):
   1.5B@4096, learner, 0.5B@4096, 0.5B@16384, 1.5B@16384
@@ -24,6 +27,12 @@ Variants of an SFT case (`<tokens>` tokens per micro batch, micro batch 1, ZeRO-
                 block-diagonal mask), LM head + cross-entropy in chunks of 8192 tokens
   stage_flex    the stage with flex_attention (a document-masked FlexAttention kernel), chunked loss
   stage_before  the stage as it was before issue 19: sdpa, the whole micro batch's logits at once
+  stage_z1, stage_z2  the stage under ZeRO-1 / ZeRO-2 instead of ZeRO-0 (DeepSpeed's ZeRO optimizer
+                instead of its BF16_Optimizer; ZeRO-2 is the stage's default)
+With `--profile`, two more steps after the timed ones run under torch.profiler (the stage's
+`profile` setting; the plain loop the same way; they are not in the rates): OUT/profile_<case>_
+<variant>.txt is the operator table (key_averages by device time, top 40), the first place to
+look for where a step goes.
 Gradient checkpointing is on for the 16k-token cases (plain and stage alike), off at 4096.
 The stage's rate is the median of its logged per-step tokens/s after `--skip` warm-up steps
 (FlexAttention compiles in the first); its peak memory is torch.cuda.max_memory_allocated,
@@ -64,6 +73,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from stages.common.step_profile import StepProfiler  # noqa: E402
 from benchmarks._record import SAFE_ENV, ResultFile, device_name, log, versions  # noqa: E402 - needs ROOT on sys.path
 
 os.environ.update(SAFE_ENV)  # this process and every one it starts
@@ -83,8 +93,14 @@ VARIANTS = {  # the sft stage's config per variant
     "stage": {},
     "stage_flex": {"attn_implementation": "flex_attention"},
     "stage_before": {"attn_implementation": "sdpa", "loss_chunk_tokens": TOKENS},
+    # DeepSpeed's optimizer path on one GPU: ZeRO-0 + bf16 runs BF16_Optimizer (fp32 master
+    # weights, per-micro-batch fp32 gradient accumulation); ZeRO-1/2 run DeepSpeedZeroOptimizer
+    # (flat fp32 partitions, bucketed gradient reduction); 2 is the stage's own default
+    "stage_z1": {"zero_stage": 1},
+    "stage_z2": {"zero_stage": 2},
 }
 DEFAULT_VARIANTS = {"1.5B@4096": ["plain", "stage", "stage_flex", "stage_before"]}
+PROFILED_STEPS = 2  # with --profile, after the timed steps
 PEAK_BF16 = [("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("A100", 312e12)]
 
 
@@ -172,13 +188,15 @@ def run_plain(path: Path, shape: str, pack_ids: list[list[int]], tokens: int, ck
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device == "cuda")
+    profiler = StepProfiler(profile_settings(args), args.work / "plain_profile", active=True)
     stream = [t for p in pack_ids for t in p]
     times = []
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    for step in range(args.skip + args.steps):
+    for step in range(args.total_steps):
         start = (step * tokens) % max(1, len(stream) - tokens)
         ids = torch.tensor([stream[start:start + tokens]], device=device)
+        profiler.before(step + 1)
         sync(device)
         t0 = time.perf_counter()
         loss = model(input_ids=ids, labels=ids, use_cache=False).loss
@@ -186,8 +204,9 @@ def run_plain(path: Path, shape: str, pack_ids: list[list[int]], tokens: int, ck
         opt.step()
         opt.zero_grad(set_to_none=True)
         sync(device)
-        if step >= args.skip:
+        if args.skip <= step < args.skip + args.steps:
             times.append(time.perf_counter() - t0)
+        profiler.after(step + 1, last=step + 1 == args.total_steps)
     dt = statistics.median(times)
     n = sum(p.numel() for p in model.parameters())
     m = model_numbers(shape)
@@ -209,16 +228,18 @@ def run_stage_variant(variant: str, path: Path, rows_file: Path, shape: str, tok
 
     overrides = {k: tokens if v is TOKENS else v for k, v in VARIANTS[variant].items()}
     config = {"model": str(path), "data": str(rows_file), "max_seq_len": tokens, "micro_batch_size": 1,
-              "grad_accum": 1, "max_steps": args.skip + args.steps, "warmup_steps": 1, "lr": 1e-5,
+              "grad_accum": 1, "max_steps": args.total_steps, "warmup_steps": 1, "lr": 1e-5,
               "zero_stage": 0, "gradient_checkpointing": ckpt, "checkpoint_every": 10 ** 6, "log_every": 1,
               **overrides}
+    if args.profile:
+        config["profile"] = profile_settings(args).model_dump()
     res = Resources(gpus_per_node=1) if gpu else Resources(cpu_ranks=1)
     run = run_stage("sft", config, stage=f"sft-{shape}-{tokens}-{variant}", storage=f"file://{work}/store",
                     work_root=work / "runs", launcher="deepspeed" if gpu else "local", resources=res)
     out_dir = local_path(run.url)
     steps = [json.loads(line.split("[metrics] ", 1)[1])  # the stage's per-step metrics lines
              for line in (out_dir / "logs" / "stage.log").read_text().splitlines() if "[metrics] " in line]
-    timed = [m for m in steps if m["step"] > args.skip]
+    timed = [m for m in steps if args.skip < m["step"] <= args.skip + args.steps]
     rate = statistics.median(m["tokens_per_s"] for m in timed)
     n = _param_count(path)
     m = model_numbers(shape)
@@ -227,12 +248,33 @@ def run_stage_variant(variant: str, path: Path, rows_file: Path, shape: str, tok
     attn_per_token = 6 * m["layers"] * m["d_attn"] * sum(s * s for p in pack_lengths for s in p) / toks
     flops_per_token = 6 * n + attn_per_token
     peaks = [m["peak_memory_gib"] for m in steps if "peak_memory_gib" in m]
+    if args.profile:
+        keep_profile(out_dir / "logs" / "profile", args, f"{shape}@{tokens}", variant)
     shutil.rmtree(out_dir, ignore_errors=True)  # the trained model: GBs of disk not needed
     return {"tokens_per_s": rate, "tokens_per_s_by_step": [round(m["tokens_per_s"]) for m in steps],
             "params": n, "gradient_checkpointing": ckpt, "config": config,
             "attn_implementation": run.summary.get("attn_implementation") if run.summary else None,
             "flops_per_token": flops_per_token, "mfu": mfu(flops_per_token * rate, peak),
             "peak_memory_gib": max(peaks) if peaks else None, "stage_seconds": run.seconds}
+
+
+def profile_settings(args):
+    """The profiled window: the steps after the timed ones (profiling slows a step), or none
+    without --profile."""
+    from stages.common.step_profile import ProfileSettings
+
+    start = args.skip + args.steps + 1
+    return ProfileSettings(start_step=start, steps=args.total_steps - start + 1) if args.profile else None
+
+
+def keep_profile(profile_dir: Path, args, case: str, variant: str) -> None:
+    """Copy a run's operator table into OUT (the chrome trace stays behind: it is large)."""
+    table = profile_dir / "profile_table.txt"
+    if table.is_file():
+        shutil.copy(table, args.out / f"profile_{case}_{variant}.txt")
+        log(f"{case} {variant}: profile table {args.out / f'profile_{case}_{variant}.txt'}")
+    else:
+        log(f"{case} {variant}: no profile table in {profile_dir}")
 
 
 def _param_count(path: Path) -> int:
@@ -342,10 +384,18 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None, help="timed steps per SFT variant (default 8, smoke 2)")
     p.add_argument("--skip", type=int, default=None, help="warm-up steps not timed (default 3, smoke 1)")
     p.add_argument("--rows", type=int, default=None, help="synthetic CoT rows (default 3000, smoke 300)")
+    p.add_argument("--profile", action="store_true",
+                   help="torch.profiler over two more steps after the timed ones of every SFT variant: "
+                        "OUT/profile_<case>_<variant>.txt")
     a = p.parse_args(argv)
+    if a.variants:
+        unknown = sorted(set(a.variants) - set(VARIANTS) - {"plain"})
+        if unknown:
+            p.error(f"unknown --variants {unknown}; known: plain {' '.join(VARIANTS)}")
     a.steps = a.steps or (2 if a.smoke else 8)
     a.skip = a.skip if a.skip is not None else (1 if a.smoke else 3)
     a.rows = a.rows or (300 if a.smoke else 3000)
+    a.total_steps = a.skip + a.steps + (PROFILED_STEPS if a.profile else 0)
     a.learner_steps = 1 if a.smoke else 2
     # rollouts, prompt tokens, (min, max) response tokens, micro-batch padded tokens
     a.learner_shape = (4, 16, (16, 48), 256) if a.smoke else (32, 256, (512, 2048), 16384)
@@ -363,7 +413,7 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     results = ResultFile(args.out / "sft_throughput.json", {
         "device": name, "peak_bf16_flops": peak, **versions(), "smoke": args.smoke, "steps": args.steps,
-        "skip": args.skip,
+        "skip": args.skip, "profiled_steps": args.total_steps - args.skip - args.steps,
         "mfu_formula": "(6*N*T + 6*L*d_attn*sum(s^2)) / s / peak; learner: 8*N_body*T + 8*N_head*T_resp + "
                        "8*L*d_attn*sum(s^2); recomputation not counted",
         "cases": {}})
@@ -371,7 +421,7 @@ def main(argv=None) -> int:
     cases = args.only or (SMOKE_CASES if args.smoke else CASES)
     log(f"device {name}, peak {peak}, cases {cases}, out {args.out}")
     with tempfile.TemporaryDirectory(prefix="sft_throughput_") as tmp:
-        work = Path(tmp)
+        work = args.work = Path(tmp)
         rows_file = tokenizer_dir = None
         for case in cases:
             if case == "learner":  # random token ids: no data, no tokenizer
@@ -399,6 +449,8 @@ def main(argv=None) -> int:
                 try:
                     if variant == "plain":
                         r = run_plain(path, shape, pack_ids, tokens, ckpt, args, device, peak)
+                        if args.profile:
+                            keep_profile(work / "plain_profile", args, case, variant)
                     else:
                         r = run_stage_variant(variant, path, rows_file, shape, tokens, ckpt, pack_lengths, args,
                                               work, gpu, peak)

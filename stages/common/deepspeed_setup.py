@@ -59,16 +59,33 @@ def lr_factor(cfg, total_steps: int) -> Callable[[int], float]:
 
 def initialize(model: torch.nn.Module, params: Iterable, ds_cfg: dict[str, Any], *, lr: float,
                betas, weight_decay: float = 0.0, factor: Callable[[int], float] | None = None):
-    """A torch AdamW over `params` (tensors, or groups carrying their own weight_decay) and the
-    DeepSpeed engine; with `factor`, a LambdaLR built on DeepSpeed's wrapped optimizer (ZeRO
-    regroups params). Returns (engine, scheduler or None)."""
+    """A torch AdamW over `params` (tensors, or groups carrying their own weight_decay; fused on
+    the GPU) and the DeepSpeed engine; with `factor`, a LambdaLR built on DeepSpeed's wrapped
+    optimizer (ZeRO regroups params). Returns (engine, scheduler or None)."""
     import deepspeed
+    from deepspeed.accelerator import get_accelerator
 
-    optimizer = torch.optim.AdamW(params, lr=lr, betas=tuple(betas), weight_decay=weight_decay)
+    device = torch.device(get_accelerator().current_device_name())
+    if device.type == "cuda" and ds_cfg["zero_optimization"]["stage"] != 3:
+        # where DeepSpeed moves the model anyway (ZeRO-3 partitions onto the GPU while loading);
+        # done first because the fused AdamW checks its tensors' device when it is built
+        model.to(device)
+    params = list(params)
+    optimizer = torch.optim.AdamW(params, lr=lr, betas=tuple(betas), weight_decay=weight_decay,
+                                  fused=_all_on_cuda(params))
     schedule = None if factor is None else (lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, factor))
     engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_cfg,
                                                    lr_scheduler=schedule)
     return engine, scheduler
+
+
+def _all_on_cuda(params: list) -> bool:
+    """Whether every tensor in `params` (tensors or groups) is on CUDA: torch's fused AdamW (one
+    kernel over all tensors instead of a loop of small ones) needs that. DeepSpeed's bf16 and ZeRO
+    1/2/3 optimizers swap fp32 CUDA master copies into the client optimizer's param_groups and call
+    its step(), which the fused kernel serves the same way; on CPU the foreach/for-loop path stays."""
+    tensors = [t for p in params for t in (p["params"] if isinstance(p, dict) else [p])]
+    return bool(tensors) and all(t.is_cuda for t in tensors)
 
 
 def hf_zero3_context(ds_cfg: dict[str, Any]):

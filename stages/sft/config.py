@@ -7,6 +7,7 @@ from pydantic import Field, model_validator
 
 from data_curation.io import DataInput
 from pipeline.stage_api import StageConfig, Strict, cosmetic
+from stages.common.step_profile import ProfileSettings
 from stages.common.hf_io import trust_remote_code_field
 from stages.registry import StageKind, register
 
@@ -84,6 +85,9 @@ class SFTConfig(StageConfig):
         8192, ge=1, description="tokens per chunk of the LM-head + cross-entropy: the full-vocabulary logits "
                                 "of a micro batch are never held at once (stages/common/fused_loss.py)")
     checkpoint_every: int = cosmetic(50, ge=1, description="optimizer steps between checkpoints")
+    profile: ProfileSettings | None = cosmetic(None, description=(
+        "torch.profiler over some optimizer steps of rank 0 (e.g. {start_step: 5, steps: 2}): an operator "
+        "table and a chrome trace in the output's logs/profile/, next to stage.log (stages/common/step_profile.py)"))
 
     @property
     def data_input(self) -> SFTData:
@@ -93,6 +97,13 @@ class SFTConfig(StageConfig):
     def _warmup_fits(self) -> "SFTConfig":
         if self.max_steps is not None and self.warmup_steps > self.max_steps:
             raise ValueError(f"warmup_steps ({self.warmup_steps}) exceeds max_steps ({self.max_steps})")
+        return self
+
+    @model_validator(mode="after")
+    def _profile_fits(self) -> "SFTConfig":
+        if self.profile is not None and self.max_steps is not None and self.profile.start_step > self.max_steps:
+            raise ValueError(f"profile.start_step ({self.profile.start_step}) is after max_steps "
+                             f"({self.max_steps}): nothing would be profiled")
         return self
 
 

@@ -47,6 +47,7 @@ from stages.common.fused_loss import chunks_for, linear_cross_entropy_sum
 from stages.common.hf_io import load_causal_lm, save_hf_model
 from stages.common.packed_attention import flattens_micro_batch, pad_packed_batch, static_width
 from stages.common.rows import input_rows
+from stages.common.step_profile import StepProfiler
 from stages.common.training_job import start_training_job, supervised_engine
 from stages.sft.config import SFTConfig
 from stages.sft.data import build_samples, collate, pack_samples
@@ -155,6 +156,10 @@ def main(job: StageJob) -> dict[str, Any] | None:
     packs = pack_samples([len(s) for s in samples], cfg.max_seq_len, cfg.seed, cfg.packing)
     plan = DataPlan(len(packs), world, cfg.micro_batch_size, cfg.grad_accum, cfg.seed)
     total_steps = cfg.max_steps or cfg.epochs * plan.steps_per_epoch
+    if cfg.profile is not None and cfg.profile.start_step > total_steps:  # max_steps is checked with the config
+        raise StageError(f"profile.start_step ({cfg.profile.start_step}) is after the run's last step "
+                         f"({total_steps}: {cfg.epochs} epochs of {plan.steps_per_epoch} steps): nothing "
+                         "would be profiled")
     if rank == 0:
         bad = sum(stats.bad_rows.values())
         info(f"sft: {stats.rows} rows -> {stats.samples} samples ({stats.target_tokens} trained of "
@@ -193,9 +198,11 @@ def main(job: StageJob) -> dict[str, Any] | None:
     loss = None
     flatten = flattens_micro_batch(attn)
     width = static_width(attn, cfg.max_seq_len)
+    profiler = StepProfiler(cfg.profile, Path(job.output_dir) / "logs" / "profile", active=rank == 0)
     while p.step < total_steps:
         if p.step_in_epoch >= plan.steps_per_epoch:
             p.epoch, p.step_in_epoch = p.epoch + 1, 0
+        profiler.before(p.step + 1)
         t0 = time.perf_counter()
         micro = plan.step_micro_batches(p.epoch, p.step_in_epoch, rank)
         batches = [collate(samples, [packs[i] for i in mb], pad_id) for mb in micro]
@@ -205,7 +212,7 @@ def main(job: StageJob) -> dict[str, Any] | None:
                                float(sum(len(samples[i]) for mb in micro for p in mb for i in packs[p]))],
                               dtype=torch.float64, device=device)
         dist.all_reduce(counts)
-        step_targets, step_tokens = int(counts[0].item()), int(counts[1].item())
+        step_targets, step_tokens = (int(c) for c in counts.tolist())  # one host sync, not two
         lr = scheduler.get_last_lr()[0]
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         grad_norm = None
@@ -231,6 +238,9 @@ def main(job: StageJob) -> dict[str, Any] | None:
         grad_norm = float(ds_norm) if ds_norm is not None else grad_norm
         grad_norm = float("nan") if grad_norm is None else grad_norm
         dt = time.perf_counter() - t0
+        table = profiler.after(p.step, last=p.step == total_steps)
+        if table is not None:
+            info(f"sft: profile of steps up to {p.step} written: {table}, {profiler.trace_path}")
         if rank == 0:
             info(f"sft step {p.step}/{total_steps} | epoch {p.epoch + 1} | loss {loss:.4f} | lr {lr:.3e} | "
                  f"grad_norm {grad_norm:.3f} | {step_tokens / dt:,.0f} tok/s | tokens {p.tokens:,}")

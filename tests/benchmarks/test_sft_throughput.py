@@ -16,6 +16,14 @@ def test_peak_flops_from_the_device_name(name, peak):
     assert sft_throughput.peak_flops(name) == peak
 
 
+def test_an_unknown_variant_is_refused_naming_the_known_ones(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        sft_throughput.parse(["--variants", "plain", "stage_z9"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown --variants ['stage_z9']" in err and "stage_z1 stage_z2" in err
+
+
 @pytest.mark.slow  # builds and trains a model (CPU-heavy, ~25 s of CPU)
 def test_learner_case_smoke_writes_before_and_after(tmp_path):
     assert sft_throughput.main(["--smoke", "--only", "learner", "--out", str(tmp_path)]) == 0

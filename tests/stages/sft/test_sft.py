@@ -1,6 +1,7 @@
 """The sft stage: loss only on assistant turns, packing without cross-sample attention,
 the data rules (bad rows, truncation, sharding), and a 2-rank ZeRO-2 run that is killed
-with SIGKILL after a checkpoint and resumes where the checkpoint left off."""
+with SIGKILL after a checkpoint and resumes where the checkpoint left off (profiling its last
+two steps)."""
 from __future__ import annotations
 
 import json
@@ -195,7 +196,8 @@ def test_long_samples_are_truncated_and_counted(tok, tmp_path):
 SFT_CONFIG = {"model": "${stages.base.output}", "data": "${stages.data.output}/sft.jsonl",
               "max_seq_len": 512, "epochs": 1, "max_steps": 36, "micro_batch_size": 2,
               "grad_accum": 1, "lr": 3e-3, "warmup_steps": 3, "min_lr_ratio": 0.1,
-              "zero_stage": 2, "checkpoint_every": 8}
+              "zero_stage": 2, "checkpoint_every": 8,
+              "profile": {"start_step": 35, "steps": 2}}  # cosmetic: the resume finds the same stage
 
 
 def _metrics(log: Path) -> list[dict]:
@@ -258,6 +260,10 @@ def test_sft_two_ranks_zero2_killed_after_checkpoint_resumes_and_learns(stage_en
     assert s["first_loss"] == pytest.approx(run1[1]["loss"])
     assert s["final_loss"] < s["first_loss"] - 1.5, (s["first_loss"], s["final_loss"])
     assert s["tokens_trained"] > 0 and s["data"]["samples"] == 1200 and s["data"]["truncated"] == 0
+    # the profiled window's operator table and trace sit next to the stage log (rank 0's only)
+    profile = out / "logs" / "profile"
+    assert sorted(f.name for f in profile.iterdir()) == ["profile_table.txt", "profile_trace.json"]
+    assert (profile / "profile_table.txt").read_text().startswith("torch.profiler: optimizer steps 35..36 of rank 0")
     # the published model is a loadable HF directory with the chat tokenizer
     tok = AutoTokenizer.from_pretrained(out)
     model = AutoModelForCausalLM.from_pretrained(out)
