@@ -39,6 +39,12 @@ def pytest_unconfigure(config):
         os.environ["PREFECT_HOME"] = old
 
 
+def pytest_collection_modifyitems(items):
+    """Tests marked long_pole first: xdist hands out files in collection order, and the
+    longest file started last would run on one worker after the other has gone idle."""
+    items.sort(key=lambda item: item.get_closest_marker("long_pole") is None)  # stable: the rest keep their order
+
+
 @pytest.fixture(scope="session")
 def s3_server():
     """moto's S3 server on a free loopback port; yields fsspec storage options for s3fs."""
