@@ -2,9 +2,9 @@
 (DeepSpeed's CPU ranks' /dev/shm workspaces are unlinked by the product itself:
 stages/common/distributed.py, tests/stages/common/test_distributed_shm.py.)
 
-The suite runs on 2 pytest-xdist workers (pyproject's addopts: `-n 2 --dist loadfile`: a file's
-tests share a worker, so its module fixtures are built once); each worker has its own ports, tmp
-dirs and, below, PREFECT_HOME."""
+The suite can run on pytest-xdist workers (`-n 2 --dist loadfile`: a file's tests share a worker,
+so its module fixtures are built once); each worker has its own ports, tmp dirs and, below,
+PREFECT_HOME."""
 from __future__ import annotations
 
 import os
