@@ -1,9 +1,15 @@
 """Shared fixtures: a real S3 API (moto's server on 127.0.0.1) and paths to shared data.
 (DeepSpeed's CPU ranks' /dev/shm workspaces are unlinked by the product itself:
-stages/common/distributed.py, tests/stages/common/test_distributed_shm.py.)"""
+stages/common/distributed.py, tests/stages/common/test_distributed_shm.py.)
+
+The suite can run on pytest-xdist workers (`-n 2 --dist loadfile`: a file's tests share a worker,
+so its module fixtures are built once); each worker has its own ports, tmp dirs and, below,
+PREFECT_HOME."""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -11,6 +17,32 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_BENCHMARKS = REPO.parent / "shared" / "benchmarks"
+
+_PREFECT_HOME = pytest.StashKey[tuple]()  # (this session's PREFECT_HOME, the one it replaced)
+
+
+def pytest_configure(config):
+    """Each worker (and a plain run) gets its own PREFECT_HOME: `ring-pipeline run`'s embedded
+    server keeps its database there: two workers' servers would otherwise share one sqlite
+    file, by default the user's own ~/.prefect/prefect.db. Set before any test imports Prefect; children inherit it."""
+    home = tempfile.mkdtemp(prefix=f"ring-prefect-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-")
+    config.stash[_PREFECT_HOME] = (home, os.environ.get("PREFECT_HOME"))
+    os.environ["PREFECT_HOME"] = home
+
+
+def pytest_unconfigure(config):
+    home, old = config.stash[_PREFECT_HOME]
+    shutil.rmtree(home, ignore_errors=True)
+    if old is None:
+        os.environ.pop("PREFECT_HOME", None)
+    else:
+        os.environ["PREFECT_HOME"] = old
+
+
+def pytest_collection_modifyitems(items):
+    """Tests marked long_pole first: xdist hands out files in collection order, and the
+    longest file started last would run on one worker after the other has gone idle."""
+    items.sort(key=lambda item: item.get_closest_marker("long_pole") is None)  # stable: the rest keep their order
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import REPO
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long_pole]  # the recipe end to end: ~4-5 minutes
 
 STAGES = ["data", "curate", "base", "sft", "reasoning_rl", "reward_model", "general_rl"]
 
