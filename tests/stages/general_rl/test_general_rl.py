@@ -279,9 +279,11 @@ def test_general_rl_killed_after_checkpoint_resumes(tiny_rm, rlhf_data, base_art
     # scheduler counters continued across the kill
     assert s["groups_trained"] == sum(h["groups_trained"] for h in history)
     assert s["prompts_per_source"] == {"chat": 8, "ifeval": 8, "preference": RLHF_PAIRS, "math": RLHF_MATH}
-    # every term of the reward was computed: RM on every response, rules on checked rows
-    assert all(h["reward_part_rate/rm_raw"] == 1.0 for h in history)
+    # every response was judged once: by its verifier (rows with a reference) or by the RM
+    assert all(h.get("reward_part_rate/rm_raw", 0) + h.get("reward_part_rate/rule", 0) == pytest.approx(1.0)
+               for h in history)
     assert any(h.get("reward_part_rate/rule", 0) > 0 for h in history)
+    assert any(h.get("reward_part_rate/rm_raw", 0) > 0 for h in history)
     assert all(math.isfinite(h["loss"]) for h in history)
     # the reasoning guard: before (from run 1, via the checkpoint), after, delta; manifest + MLflow
     guard = s["reasoning_eval"]
