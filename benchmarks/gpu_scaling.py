@@ -685,41 +685,49 @@ def _free_port() -> int:
     return free_port()
 
 
+def _ranks_of(root_pid: int, module: str) -> dict[str, "psutil.Process"]:
+    """The ranks of `module` below `root_pid`, by their $RANK (torchrun sets it in each worker;
+    the guard's and the launcher's command lines name the module too, but carry no RANK)."""
+    import psutil
+
+    found = {}
+    for p in psutil.Process(root_pid).children(recursive=True):
+        try:
+            rank = p.environ().get("RANK")
+            if rank is not None and module in " ".join(p.cmdline()):
+                found[rank] = p
+        except psutil.Error:
+            continue
+    return found
+
+
 def _dump_rank_stacks(root_pid: int, module: str) -> int:
     """Ask every rank of `module` below `root_pid` for its Python stacks (stages.common.entry:
-    SIGUSR2 prints them to the stage log); returns how many were asked. A hung run's log then
-    says where each rank waits."""
+    SIGUSR2 prints them to the stage log; it would end the guard or the launcher, so ranks
+    only); returns how many were asked. A hung run's log then says where each rank waits."""
     import psutil
 
     from stages.common.entry import STACKS_SIGNAL
 
-    ranks = []
-    for p in psutil.Process(root_pid).children(recursive=True):
+    asked = 0
+    for p in _ranks_of(root_pid, module).values():
         try:
-            # the ranks only (torchrun sets RANK in each): the guard's and the launcher's command
-            # lines name the module too, and SIGUSR2 would end them
-            if module in " ".join(p.cmdline()) and "RANK" in p.environ():
-                p.send_signal(STACKS_SIGNAL)
-                ranks.append(p)
+            p.send_signal(STACKS_SIGNAL)
+            asked += 1
         except psutil.Error:
             continue
-    if ranks:
+    if asked:
         time.sleep(3)  # faulthandler writes from a signal handler: give it, and the log pipes, a moment
-    return len(ranks)
+    return asked
 
 
 def _rank_process(root_pid: int, module: str, rank: int):
-    """The process of `module` with $RANK = rank below `root_pid` (torchrun sets it per worker)."""
-    import psutil
-
+    """The process of `module` with $RANK = rank below `root_pid` (waits for it up to 60 s)."""
     deadline = time.time() + 60
     while time.time() < deadline:
-        for p in psutil.Process(root_pid).children(recursive=True):
-            try:
-                if module in " ".join(p.cmdline()) and p.environ().get("RANK") == str(rank):
-                    return p
-            except psutil.Error:
-                continue
+        found = _ranks_of(root_pid, module).get(str(rank))
+        if found is not None:
+            return found
         time.sleep(0.2)
     raise RuntimeError(f"no process of {module} with RANK={rank} under pid {root_pid}")
 
