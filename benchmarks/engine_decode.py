@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anyw
 
 COLUMNS = ["date", "device", "model", "dtype", "batch", "prompt", "new", "engine tok/s",
            "generate tok/s", "speedup", "engine decode tok/s", "generate decode tok/s",
-           "greedy agree", "engine warm-up s", "compile s", "graphs", "ms/step", "bound ms/step",
+           "greedy agree", "engine warm-up s", "compile s", "graphs", "packed", "ms/step", "bound ms/step",
            "% of bound", "bandwidth GB/s", "torch / transformers"]
 
 # kernel (or, on CPU, aten op) name fragments per kind, first match wins: fused Triton
@@ -232,6 +232,7 @@ def main() -> None:
     row = {"engine tok/s": n_new / e_full,
            "engine decode tok/s": a.batch * (a.new_tokens - 1) / max(e_full - e_one, 1e-9),
            "engine warm-up s": warm, "graphs": len(engine.graphs) if engine.use_graphs else "off",
+           "packed": engine.packed_projections,
            "compile s": (f"{engine.compiled.compile_seconds:.1f}" if engine.compiled.enabled
                          else ("failed" if a.compile else "off")),
            "ms/step": f"{step_s * 1000:.2f}", "bound ms/step": f"{bound_s * 1000:.3f}",

@@ -239,6 +239,12 @@ class TorchEngine(SyncTiming):
     def use_graphs(self) -> bool:
         return self.graphs.enabled
 
+    @property
+    def packed_projections(self) -> str:
+        """What runs as one matmul: q/k/v packs and gate/up packs (benchmarks report it)."""
+        qkv = sum(p is not None for p in self.qkv)
+        return f"qkv {qkv}, gate/up {len(self._packs) - qkv}" if self._packs else "off"
+
     def free_cache(self) -> None:
         """Release the KV cache and captured graphs; the next generate reallocates them."""
         self.cache.free()
