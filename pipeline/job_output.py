@@ -13,7 +13,9 @@ stage job speaks (the stage side of it is `pipeline.tracking.StageLogger`):
   `done` alone as it goes.
 - `<stage> (<kind>) failed: <message>` (also `<name> failed: <message>`), printed by rank 0
   before the job exits 2: a problem the user can fix (`stages.common.entry.run_job`). The
-  message continues on the following plain lines.
+  message continues on the following plain lines. Another rank prints the same behind
+  `[rank N] `: its message explains the failure too (rank 0 may be stuck in a collective the
+  failed ranks never reached, and be stopped by the launcher without a word).
 - `<name>: warning: <text>`: something the operator should see even on a quiet console.
 
 Anything else is text: launcher chatter (DeepSpeed's timestamped log lines, deprecation
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")  # torchrun's per-rank prefix
+_REPORTING_RANK = re.compile(r"^\[rank (\d+)\] ")  # run_job's prefix of a user error on rank N > 0
 _WARNING = re.compile(r"^(?:[\w.-]+: )?warning: ", re.IGNORECASE)
 _TRACEBACK = "Traceback (most recent call last):"
 # Lines that explain nothing about a failure (the launcher and libraries talking)
@@ -63,9 +66,13 @@ def classify(raw: str, user_error_prefixes: tuple[str, ...] = ()) -> Line:
             except ValueError:
                 return Line("text", text)
             return Line(kind, text, data) if isinstance(data, dict) else Line("text", text)
+    reporter = _REPORTING_RANK.match(text)
+    body = text[reporter.end():] if reporter else text
     for prefix in user_error_prefixes:
-        if text.startswith(prefix):
-            return Line("error", text, {"message": text[len(prefix):]})
+        if body.startswith(prefix):
+            rank = int(reporter.group(1)) if reporter else 0
+            message = body[len(prefix):]
+            return Line("error", text, {"message": f"[rank {rank}] {message}" if rank else message, "rank": rank})
     if _WARNING.match(text):
         return Line("warning", text)
     if any(p.search(text) for p in _CHATTER):
@@ -129,6 +136,7 @@ class JobOutput:
         self.first: dict[str, float] = {}
         self.last: dict[str, float] = {}
         self.error_lines: list[str] = []
+        self._error_rank: int | None = None  # the rank whose user error error_lines hold
         self._in_error = False
         self.relevant: deque[str] = deque(maxlen=self._KEEP)
 
@@ -153,15 +161,18 @@ class JobOutput:
             self.progress.update(d.get("done") if isinstance(d.get("done"), int) else None,
                                  d.get("total") if isinstance(d.get("total"), int) else None, d.get("unit"))
         elif line.kind == "error":
-            self.error_lines, self._in_error = [line.data["message"]], True
+            # rank 0's message, else the first rank's to speak (its peers often repeat it)
+            if self._error_rank is None or (line.data["rank"] == 0 and self._error_rank != 0):
+                self.error_lines, self._error_rank = [line.data["message"]], line.data["rank"]
+                self._in_error = True
         elif line.kind in ("text", "warning"):
             self.relevant.append(line.text)
         return line
 
     def failure(self, exit_code: int) -> JobFailure:
         """What to tell the operator about a job that exited with `exit_code`. A user error
-        that rank 0 reported explains the failure whatever the code: the launcher may pass on
-        the code of a peer rank that died of rank 0's exit."""
+        that a rank reported explains the failure whatever the code: the launcher may pass on
+        the code of a peer rank that died of it."""
         if self.error_lines:
             return JobFailure("\n".join(self.error_lines).strip(), [], True)
         lines = list(self.relevant)

@@ -156,3 +156,36 @@ def test_the_first_crash_of_several_ranks_is_the_reason():
         echoes.feed(line)
     assert echoes.failure(1).reason == "its job exited with code 1"
     assert "node 1 fails on purpose" in echoes.failure(1).excerpt
+
+
+def test_a_user_error_of_another_rank_is_the_reason_when_rank_0_says_nothing(tmp_path):
+    """Ranks 1-3 refuse their input (exit 2) while rank 0 waits in a collective they never
+    reach; the launcher stops rank 0 and exits 1 with its long report. The operator reads the
+    ranks' message, named by rank, not the launcher's summary (round 7's 4-GPU resume)."""
+    launcher = ("W1127 00:58:11.062000 2127 torch/distributed/elastic/multiprocessing/api.py:1012] Sending "
+                "process 2209 closing signal SIGTERM\nTraceback (most recent call last):\n  File \"run.py\", "
+                "line 1\ntorch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+                + "\n".join(f"  rank      : {r} (local_rank: {r})\n  exitcode  : 2" for r in range(4)) + "\n")
+    result, _ = _run(tmp_path, f"""
+        import sys
+        print({DEEPSPEED_CHATTER!r}, end="")
+        for r in (2, 1, 3):
+            print(f"[rank {{r}}] demo (sft) failed: checkpoint step-1: rollouts_rank{{r}}.json.gz cannot be read",
+                  file=sys.stderr, flush=True)
+        print("[rank 0] a line of rank 0 that is not an error")
+        print({launcher!r}, end="", flush=True)
+        sys.exit(1)
+    """)
+    assert isinstance(result, StageFailed) and result.user_error and result.exit_code == 1
+    assert result.reason == "[rank 2] checkpoint step-1: rollouts_rank2.json.gz cannot be read"
+
+
+def test_rank_0s_user_error_wins_over_a_peer_rank_that_spoke_first():
+    from pipeline.job_output import JobOutput
+
+    out = JobOutput("demo", "sft")
+    for line in ["[rank 1] demo (sft) failed: rank 1 lost its input", "demo (sft) failed: data.jsonl:3: bad row",
+                 "data.jsonl:9: another bad row", "[rank 3] demo (sft) failed: rank 3 lost its input"]:
+        out.feed(line)
+    failure = out.failure(2)
+    assert failure.user_error and failure.reason == "data.jsonl:3: bad row\ndata.jsonl:9: another bad row"
