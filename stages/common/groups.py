@@ -44,7 +44,13 @@ class Group:
         return out if self.rank == dst else None
 
     def barrier(self) -> None:
-        self.all_reduce_(torch.zeros(1, device=self.device))
+        """Return once every member has called it. The host reads the reduced value: an NCCL
+        all-reduce only orders the GPU stream, and returns to the host at once (round 7, 4
+        GPUs: ranks 1-3 read a checkpoint file rank 0 had not restored yet, because this
+        barrier let them through; gloo on CPU blocks either way)."""
+        done = torch.zeros(1, device=self.device)
+        self.all_reduce_(done)
+        done.item()
 
     def all_reduce_sum(self, values: Sequence[float]) -> list[float]:
         t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)
