@@ -15,10 +15,7 @@ bytes + the batch's KV bytes at the mean context) / bandwidth, with the bandwidt
 in this run (a large device-to-device copy: bytes read + written / time), and the share of
 the bound the step reaches. `--compile` turns the engine's `compile` option on (its compile
 seconds are a column; warm-up includes them). `--no-pack` runs q/k/v and gate/up as separate
-matmuls (pack_projections=False: the engine before fused_linear.py), for an A/B in one run;
-`--chunk-steps K` sets how many decode steps the engine queues per host read
-(decode_chunk_steps; 1 = the host reads every step's tokens before the next step starts).
-`--profile` traces ~20 steady decode steps
+matmuls (pack_projections=False: the engine before fused_linear.py), for an A/B in one run. `--profile` traces ~20 steady decode steps
 (kernel times of a 21-token call minus those of a 1-token call) and prints the top kernels
 and the per-step GPU time by kind: attention / GEMM / elementwise+norm / sampling / other.
 
@@ -43,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anyw
 
 COLUMNS = ["date", "device", "model", "dtype", "batch", "prompt", "new", "engine tok/s",
            "generate tok/s", "speedup", "engine decode tok/s", "generate decode tok/s",
-           "greedy agree", "engine warm-up s", "compile s", "graphs", "packed", "steps/read", "ms/step", "bound ms/step",
+           "greedy agree", "engine warm-up s", "compile s", "graphs", "packed", "ms/step", "bound ms/step",
            "% of bound", "bandwidth GB/s", "torch / transformers"]
 
 # kernel (or, on CPU, aten op) name fragments per kind, first match wins: fused Triton
@@ -84,8 +81,6 @@ def parse() -> argparse.Namespace:
     p.add_argument("--compile", action="store_true", help="engine option compile=True (torch.compile)")
     p.add_argument("--no-pack", action="store_true",
                    help="engine option pack_projections=False (q/k/v and gate/up as separate matmuls)")
-    p.add_argument("--chunk-steps", type=int, default=None, metavar="K",
-                   help="engine option decode_chunk_steps (decode steps per host read; default: the engine's)")
     p.add_argument("--profile", action="store_true",
                    help="profile ~20 steady decode steps: top kernels, time per kind")
     p.add_argument("--top-kernels", type=int, default=15)
@@ -215,7 +210,6 @@ def main() -> None:
                                max_batch=a.batch, max_len=a.prompt_len + a.new_tokens,
                                seed=a.seed, eos_token_ids=[],
                                compile=a.compile, pack_projections=not a.no_pack,
-                               decode_chunk_steps=a.chunk_steps,
                                **({"cuda_graphs": False} if a.no_cuda_graphs else {}))
 
     sample = SamplingParams(temperature=1.0, seed=a.seed)
@@ -238,7 +232,7 @@ def main() -> None:
     row = {"engine tok/s": n_new / e_full,
            "engine decode tok/s": a.batch * (a.new_tokens - 1) / max(e_full - e_one, 1e-9),
            "engine warm-up s": warm, "graphs": len(engine.graphs) if engine.use_graphs else "off",
-           "packed": engine.packed_projections, "steps/read": engine.decode_chunk_steps,
+           "packed": engine.packed_projections,
            "compile s": (f"{engine.compiled.compile_seconds:.1f}" if engine.compiled.enabled
                          else ("failed" if a.compile else "off")),
            "ms/step": f"{step_s * 1000:.2f}", "bound ms/step": f"{bound_s * 1000:.3f}",

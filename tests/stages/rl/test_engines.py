@@ -17,12 +17,10 @@ import torch
 from stages.rl.engines import ENGINES, UNAVAILABLE, RolloutRequest, SamplingParams, create_engine
 from tests.stages.rl.tiny_model import EOS, VOCAB, build_model, save_model
 # (engine, device, options): "torch-cpu-static" runs the GPU's bucketed bookkeeping (padded
-# batch and kv-length buckets, idle rows, compaction) on CPU, minus the graph capture;
-# "torch-cpu-chunked" that and the GPU's default of several decode steps per host read
+# batch and kv-length buckets, idle rows, compaction) on CPU, minus the graph capture
 # vLLM reserves gpu_memory_utilization of the whole GPU per engine (default 0.4): some tests
 # hold three engines at once, which did not fit (H100, 2026-11-26), so each takes 0.12 here
 CASES = [("torch", "cpu", {}), ("torch", "cpu", {"static_shapes": True}),
-         ("torch", "cpu", {"static_shapes": True, "decode_chunk_steps": 4}),
          ("torch", "cuda", {}), ("vllm", "cuda", {"gpu_memory_utilization": 0.12})]
 GREEDY = SamplingParams(temperature=0.0)
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -48,8 +46,7 @@ def _open(name: str, device: str, options: dict, model_dir: Path, **kw):
 
 
 @pytest.fixture(scope="module", params=CASES,
-                ids=lambda c: f"{c[0]}-{c[1]}" + ("-static" if c[2].get("static_shapes") else "")
-                + ("-chunked" if c[2].get("decode_chunk_steps", 1) > 1 else ""))
+                ids=lambda c: f"{c[0]}-{c[1]}" + ("-static" if c[2].get("static_shapes") else ""))
 def case(request):
     return request.param
 
@@ -354,36 +351,6 @@ def test_torch_batched_refills_give_the_same_rollouts_with_fewer_prefills(model_
     assert runs[3][1]["prefill_tokens"] == runs[1][1]["prefill_tokens"]
     with pytest.raises(ValueError, match="refill_min_free must be >= 1"):
         create_engine("torch", str(model_dir), refill_min_free=0)
-
-
-def test_torch_chunked_decode_gives_the_rollouts_of_step_by_step_decode(model_dir):
-    """Several decode steps per host read (the CUDA default) change when the host sees a
-    finished row, not what any row decodes: greedy rollouts with an EOS met mid-chunk, rows
-    hitting max_new_tokens mid-chunk and refills of more requests than slots come out as
-    step-by-step decoding gives them; with every request in a slot from the start, a token
-    budget stops the call at the same step (mid-chunk). (With refills pending, a budget may
-    stop later: a chunk's freed slots are refilled at its end, so rows finish later.)"""
-    reqs = [RolloutRequest(f"r{i}", p, 2 + (5 * i) % 13) for i, p in enumerate(_prompts(11, seed=7))]
-
-    def run(k, eos, slots, budget=None):
-        eng = create_engine("torch", str(model_dir), max_batch=slots, max_len=128, eos_token_ids=eos,
-                            static_shapes=True, decode_chunk_steps=k)
-        return eng.generate(reqs, GREEDY, finished_token_budget=budget), eng.last_stats
-
-    free, _ = run(1, [], 4)
-    longest = max(free, key=lambda u: len(u.token_ids))
-    eos = [longest.token_ids[5]]  # a token some row decodes mid-way: it ends that row there
-    for slots, budget in ((4, None), (16, 20)):
-        (one, one_stats), (chunked, chunked_stats) = run(1, eos, slots, budget), run(4, eos, slots, budget)
-        assert any(u.finish_reason == "eos" for u in one) and any(u.finish_reason == "length" for u in one)
-        assert any(not u.finished for u in one) == (budget is not None)
-        for a, b in zip(one, chunked):
-            assert (a.token_ids, a.finished, a.finish_reason) == (b.token_ids, b.finished, b.finish_reason), a.uid
-            torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs), atol=1e-4, rtol=0)
-        assert chunked_stats["new_tokens"] == one_stats["new_tokens"]
-        assert chunked_stats["decode_steps"] >= one_stats["decode_steps"]  # a chunk may run past a finish
-    with pytest.raises(ValueError, match="decode_chunk_steps must be >= 1"):
-        create_engine("torch", str(model_dir), decode_chunk_steps=0)
 
 
 def test_torch_decode_attention_option_is_checked(model_dir):

@@ -69,13 +69,6 @@ from .structure import check_structure
 
 log = logging.getLogger(__name__)
 
-# Queued decode steps per host sync on CUDA. Each step's replay is ~2-5 ms of GPU work; the
-# host's per-step bookkeeping (token copy, finish checks, next inputs) left the GPU idle ~1 ms
-# of every 3.2 ms step at the 0.5B shape (round 7's profile: 2.2 ms of kernels per step).
-# A row that finishes inside a chunk decodes up to k-1 discarded tokens: at 8 steps, <= 7
-# wasted row-steps per rollout of hundreds to thousands of tokens.
-DEFAULT_DECODE_CHUNK_STEPS = 8
-
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
@@ -152,8 +145,7 @@ class TorchEngine(SyncTiming):
                  eos_token_ids: list[int] | None = None, prefill_chunk_tokens: int = 16384,
                  decode_attention: str = "auto", refill_min_free: int | None = None,
                  compile: bool = False, compile_max_shapes: int = DEFAULT_MAX_COMPILES,
-                 pack_projections: bool = True, decode_chunk_steps: int | None = None,
-                 trust_remote_code: bool = False):
+                 pack_projections: bool = True, trust_remote_code: bool = False):
         path = Path(model_dir)
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"torch engine: {model_dir} is not a Hugging Face model "
@@ -167,11 +159,6 @@ class TorchEngine(SyncTiming):
         self.dtype = resolve_dtype(dtype, self.device)
         self.max_batch, self.max_len, self.seed = int(max_batch), int(max_len), int(seed)
         self.prefill_chunk_tokens = int(prefill_chunk_tokens)
-        # decode steps queued on the device before the host reads their tokens (see generate)
-        self.decode_chunk_steps = (DEFAULT_DECODE_CHUNK_STEPS if self.device.type == "cuda" else 1) \
-            if decode_chunk_steps is None else int(decode_chunk_steps)
-        if self.decode_chunk_steps < 1:
-            raise ValueError(f"torch engine: decode_chunk_steps must be >= 1, got {decode_chunk_steps}")
         use_graphs = (self.device.type == "cuda") if cuda_graphs is None else bool(cuda_graphs)
         if use_graphs and self.device.type != "cuda":
             raise ValueError("torch engine: cuda_graphs=True needs a CUDA device")
@@ -390,19 +377,6 @@ class TorchEngine(SyncTiming):
                 self.graphs.clear()
         self.graphs.run(key, lambda: self._decode_body(nb, kvb, mode))
 
-    def _decode_chunk(self, nb: int, kvb: int, mode: SamplingMode, k: int, hi: int) -> np.ndarray:
-        """k decode steps of rows [0, nb), each fed the previous one's tokens on the device;
-        returns the (token, logprob) of rows [0, hi) per step, [k, hi, 2], read once."""
-        c = self.cache
-        steps = torch.empty(k, hi, 2, dtype=c.out.dtype, device=self.device)
-        for j in range(k):
-            self._decode(nb, kvb, mode)
-            steps[j].copy_(c.out[:hi])
-            c.tok_in[:nb].copy_(c.out[:nb, 0].long())
-            if j + 1 < k:
-                c.pos_in[:nb].add_(1).clamp_(max=kvb - 1)
-        return steps.cpu().numpy()
-
     # ---------------------------------------------------------------- generate
     def _check(self, requests: list[RolloutRequest]) -> None:
         for r in requests:
@@ -494,32 +468,21 @@ class TorchEngine(SyncTiming):
                 c.compact(busy, slot_req, slot_pos)
                 busy = np.arange(len(busy))
                 hi = len(busy)
-            # 3) k decode steps for rows [0, nb) queued on the device, then one read of their
-            # tokens: each step feeds its sampled tokens and advanced positions to the next on
-            # the device, so the GPU never waits for the host in between. A row that finishes
-            # at step j < k decodes on into its own cache row (positions clamped to the kv
-            # bucket); those tokens are dropped below and the row is freed after the chunk.
-            left = calls.limit[slot_req[busy]] - calls.count[slot_req[busy]]
-            k = int(min(self.decode_chunk_steps, left.max()))
+            # 3) one decode step for rows [0, nb)
             nb = c.bucket_rows(hi)
-            kv_need = min(int(slot_pos[busy].max()) + k, self.max_len)
+            kv_need = int(slot_pos[busy].max()) + 1
             c.grow(kv_need)
-            kvb = c.bucket_len(kv_need)
-            outs = self._decode_chunk(nb, kvb, mode, k, hi)
-            stats["decode_steps"] += k
-            stats["decode_row_steps"] += k * nb
-            active = busy
-            for j in range(k):
-                fin = calls.record(slot_req[active], outs[j, active])
-                slot_pos[active] += 1
-                slot_req[active[fin]], slot_pos[active[fin]] = -1, 0
-                active = active[~fin]
-                if not len(active) or calls.over_budget():
-                    break
-            # next inputs: tok_in holds each row's last sampled token (set on the device);
-            # positions from the host mirror, where a free row sits at 0 (it rewrites
-            # position 0 of its own unused row, never past it)
-            c.pos_in[:nb].copy_(torch.from_numpy(slot_pos[:nb]))
+            self._decode(nb, c.bucket_len(kv_need), mode)
+            out = c.out[:hi].cpu().numpy()
+            stats["decode_steps"] += 1
+            stats["decode_row_steps"] += nb
+            fin = calls.record(slot_req[busy], out[busy])
+            slot_pos[busy] += 1
+            slot_req[busy[fin]], slot_pos[busy[fin]] = -1, 0
+            # next inputs: the sampled tokens; positions from the host mirror, where a free
+            # row sits at 0 (it rewrites position 0 of its own unused row, never past it)
+            c.tok_in[:hi].copy_(c.out[:hi, 0].long())
+            c.pos_in[:hi].copy_(torch.from_numpy(slot_pos[:hi]))
 
         stats["new_tokens"] = int(calls.count.sum())
         stats["seconds"] = time.perf_counter() - t0
