@@ -183,7 +183,13 @@ class VllmEngine(SyncTiming):
                                            self._params(sampling, r))
                         live[rid] = i
             while live and not over_budget():
-                for out in engine.step():
+                outs = engine.step()
+                if not outs and not engine.has_unfinished_requests():
+                    # vLLM holds none of our live requests: waiting on would spin for ever
+                    # (the stage's first generate went silent on an H100 twice, rounds 5b and 7)
+                    raise RuntimeError(f"vllm engine: {len(live)} request(s) vanished from vLLM's "
+                                       f"scheduler unfinished (e.g. {next(iter(live))!r})")
+                for out in outs:
                     i = live.get(out.request_id)
                     if i is None:
                         continue

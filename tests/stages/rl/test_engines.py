@@ -441,6 +441,10 @@ def test_vllm_engine_glue_against_a_fake_vllm(monkeypatch, model_dir):
             self.prompts: dict[str, list[int]] = {}
             self.params: dict[str, FakeParams] = {}
             self.aborted: list[str] = []
+            self.lose: set[str] = set()  # request uids the scheduler drops without a word
+
+        def has_unfinished_requests(self):
+            return bool(self.live)
 
         def add_request(self, rid, prompt, params):
             self.prompts[rid] = list(prompt["prompt_token_ids"])
@@ -449,6 +453,8 @@ def test_vllm_engine_glue_against_a_fake_vllm(monkeypatch, model_dir):
 
         def step(self):
             outs = []
+            for rid in [r for r in self.live if r.split("-", 2)[2] in self.lose]:
+                del self.live[rid]
             for rid, r in list(self.live.items()):
                 tok = (r["ids"][-1] * 7 + 3) % VOCAB
                 r["ids"].append(tok)
@@ -466,8 +472,8 @@ def test_vllm_engine_glue_against_a_fake_vllm(monkeypatch, model_dir):
 
         def abort_request(self, ids):
             self.aborted += ids
-            for rid in ids:
-                self.live.pop(rid)
+            for rid in ids:  # vLLM ignores ids it does not hold
+                self.live.pop(rid, None)
 
     class FakeLLM:
         def __init__(self, **kw):
@@ -545,6 +551,10 @@ def test_vllm_engine_glue_against_a_fake_vllm(monkeypatch, model_dir):
     assert ups[0].token_ids == rule([5, 6], 2) and ups[0].finish_reason == "eos"
     assert ups[1].token_ids == rule([8], 2) and not ups[1].finished
     assert len(eng2.llm.llm_engine.aborted) == 1
+    # a request vLLM drops without finishing it is an error, not a wait for ever
+    eng2.llm.llm_engine.lose.add("lost")
+    with pytest.raises(RuntimeError, match=r"1 request\(s\) vanished.*lost"):
+        eng2.generate([RolloutRequest("kept", [5], 3), RolloutRequest("lost", [6], 3)], SamplingParams())
     # EOS switched off: the model's own EOS (first token after `pre`) does not stop a request
     pre = (EOS - 3) * pow(7, -1, VOCAB) % VOCAB
     assert rule([pre], 1) == [EOS]
