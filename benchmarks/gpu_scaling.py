@@ -75,6 +75,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from anywhere
 
 from benchmarks._record import SAFE_ENV  # noqa: E402 - needs ROOT on sys.path
+from benchmarks._stage_ranks import dump_rank_stacks, rank_process  # noqa: E402
 from pipeline.launch import pinned_gpus  # noqa: E402
 
 os.environ.update(SAFE_ENV)  # this process and every one it starts
@@ -186,7 +187,7 @@ class Runner:
             proc.wait(timeout=self.args.stage_timeout_s)
             hung = ""
         except subprocess.TimeoutExpired:
-            stacks = _dump_rank_stacks(proc.pid, f"stages.{spec.kind}.job")
+            stacks = dump_rank_stacks(proc.pid, f"stages.{spec.kind}.job")
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             hung = f"still running after {self.args.stage_timeout_s:.0f}s, killed (stacks of {stacks} rank(s) in its log); "
@@ -453,7 +454,7 @@ class Bench:
             if proc.poll() is not None or time.time() > deadline:
                 raise RuntimeError(f"the fault run ended or stalled before its first checkpoint (exit {proc.poll()})")
             time.sleep(0.2)
-        victim = _rank_process(proc.pid, "stages.reasoning_rl.job", rank=1)
+        victim = rank_process(proc.pid, "stages.reasoning_rl.job", rank=1)
         victim.kill()
         killed = time.time()
         self.report.log(f"faults: killed rank 1 (pid {victim.pid}) after checkpoint step {store.latest()}")
@@ -683,53 +684,6 @@ def _free_port() -> int:
     from pipeline.launch import free_port
 
     return free_port()
-
-
-def _ranks_of(root_pid: int, module: str) -> dict[str, "psutil.Process"]:
-    """The ranks of `module` below `root_pid`, by their $RANK (torchrun sets it in each worker;
-    the guard's and the launcher's command lines name the module too, but carry no RANK)."""
-    import psutil
-
-    found = {}
-    for p in psutil.Process(root_pid).children(recursive=True):
-        try:
-            rank = p.environ().get("RANK")
-            if rank is not None and module in " ".join(p.cmdline()):
-                found[rank] = p
-        except psutil.Error:
-            continue
-    return found
-
-
-def _dump_rank_stacks(root_pid: int, module: str) -> int:
-    """Ask every rank of `module` below `root_pid` for its Python stacks (stages.common.entry:
-    SIGUSR2 prints them to the stage log; it would end the guard or the launcher, so ranks
-    only); returns how many were asked. A hung run's log then says where each rank waits."""
-    import psutil
-
-    from stages.common.entry import STACKS_SIGNAL
-
-    asked = 0
-    for p in _ranks_of(root_pid, module).values():
-        try:
-            p.send_signal(STACKS_SIGNAL)
-            asked += 1
-        except psutil.Error:
-            continue
-    if asked:
-        time.sleep(3)  # faulthandler writes from a signal handler: give it, and the log pipes, a moment
-    return asked
-
-
-def _rank_process(root_pid: int, module: str, rank: int):
-    """The process of `module` with $RANK = rank below `root_pid` (waits for it up to 60 s)."""
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        found = _ranks_of(root_pid, module).get(str(rank))
-        if found is not None:
-            return found
-        time.sleep(0.2)
-    raise RuntimeError(f"no process of {module} with RANK={rank} under pid {root_pid}")
 
 
 def _gpu_count() -> int:

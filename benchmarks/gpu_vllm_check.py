@@ -36,6 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks._record import SAFE_ENV, ResultFile, device_name, log  # noqa: E402 - needs ROOT on sys.path
+from benchmarks._stage_ranks import dump_rank_stacks  # noqa: E402
 
 os.environ.update(SAFE_ENV)  # this process and every one it starts
 
@@ -141,8 +142,11 @@ def _run_part(cmd: list[str], timeout_s: float) -> tuple[int | str, str, str]:
     """Run one part in a session of its own; past `timeout_s` the whole session (the stage
     launcher's ranks included, which hold GPU memory) is killed, so a part that hangs does not
     take the next parts' time or memory. Every process runs with Python's faulthandler on, and
-    a hung part first gets SIGABRT: each process writes its threads' stacks to its stderr (the
-    stage logs, whose tails the result keeps) before it dies, which says where it hung.
+    a hung part first gets SIGABRT: each process writes its threads' stacks to its stderr before
+    it dies. The stage ranks a part launched sit in process groups of their own (the
+    pipeline's job guard): they are asked for their stacks first (SIGUSR2, into the stage logs,
+    whose tails the result keeps), which says where a stage hung (rounds 5b and 7: the first
+    generate of reasoning_rl with engine: vllm).
     Returns (exit code or "timeout", stdout, stderr)."""
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **SAFE_ENV, "PYTHONFAULTHANDLER": "1"}, start_new_session=True)
@@ -150,6 +154,7 @@ def _run_part(cmd: list[str], timeout_s: float) -> tuple[int | str, str, str]:
         stdout, stderr = proc.communicate(timeout=timeout_s)
         return proc.returncode, stdout, stderr
     except subprocess.TimeoutExpired:
+        dump_rank_stacks(proc.pid, "stages.")
         os.killpg(proc.pid, signal.SIGABRT)
         try:
             stdout, stderr = proc.communicate(timeout=10)
