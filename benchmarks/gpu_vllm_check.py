@@ -122,8 +122,11 @@ def part_rl(args, engine: str) -> dict:
                     stage="sft", upstream={"base": base.url, "data": data.url}, resources=res, **kw)
     rollout = {"engine": engine, "device": "auto", "max_batch": 64}
     if engine == "vllm":
-        rollout["options"] = {"gpu_memory_utilization": args.gpu_mem, "enforce_eager": args.enforce_eager,
-                              "enable_sleep_mode": True}  # colocated: it sleeps while the trainer steps
+        rollout["options"] = {"gpu_memory_utilization": args.gpu_mem, "enforce_eager": args.enforce_eager}
+    if args.rollout_sleep != "cache":
+        rollout["sleep"] = args.rollout_sleep
+    if engine == "vllm" and args.rollout_sleep != "none":  # colocated: it sleeps while the trainer steps
+        rollout["options"]["enable_sleep_mode"] = True
     rl = run_stage("reasoning_rl", {
         "model": "${stages.sft.output}", "data": "${stages.data.output}/rl.jsonl", "steps": args.rl_steps,
         "prompts_per_step": 8, "rollouts_per_prompt": 8, "max_len": 128, "prompt_max_len": 128,
@@ -244,6 +247,9 @@ def main() -> int:
     p.add_argument("--gpu-mem", type=float, default=0.35)
     p.add_argument("--part-timeout-s", type=float, default=420, help="a part still running then is killed")
     p.add_argument("--enforce-eager", action="store_true", help="vLLM without CUDA graphs / compilation")
+    p.add_argument("--rollout-sleep", choices=["cache", "weights", "none"], default="cache",
+                   help="rl part: rollout.sleep of the stage (none: vLLM built without its sleep mode, "
+                        "an A/B for the first generate that hung in rounds 5b and 7)")
     args = p.parse_args()
     if args.smoke:
         args.hidden, args.layers, args.heads, args.kv_heads = 32, 2, 4, 2
