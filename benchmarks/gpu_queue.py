@@ -2,6 +2,7 @@
 as its GPUs are free and its dependencies are met: one device session's work, all GPUs busy.
 
     python3 benchmarks/gpu_queue.py benchmarks/gpu_plans/h100x4-round4.yaml --results /tmp/results
+    python3 benchmarks/gpu_queue.py PLAN.yaml --results /tmp/r --gpus 4 --check   # here, before a session
 
 A plan is YAML: `jobs:`, a list of {name, gpus, cmd, timeout_s, after: [job names],
 needs_file: path, shares: bool}. Jobs start in plan order whenever they can (a later job may start before an
@@ -63,6 +64,11 @@ def load_plan(path: Path, n_gpus: int) -> list[Job]:
             raise SystemExit(f"{path}: job {j.name!r} wants {j.gpus} GPUs, this machine has {n_gpus}")
         if unknown := set(j.after) - names:
             raise SystemExit(f"{path}: job {j.name!r} runs after unknown job(s) {sorted(unknown)}")
+        # a command bash cannot parse fails when its turn comes, GPUs held (round 7: a YAML
+        # folded block keeps the line breaks of deeper-indented lines, which split a `for` list)
+        syntax = subprocess.run(["bash", "-n", "-c", j.cmd], capture_output=True, text=True)
+        if syntax.returncode:
+            raise SystemExit(f"{path}: job {j.name!r}: its cmd is not valid bash: {syntax.stderr.strip()}")
     return jobs
 
 
@@ -139,13 +145,18 @@ def main() -> None:
     ap.add_argument("plan", type=Path)
     ap.add_argument("--results", type=Path, required=True)
     ap.add_argument("--gpus", type=int, default=None, help="GPUs to hand out (default: all present)")
+    ap.add_argument("--check", action="store_true", help="only validate the plan (e.g. here, before a device session)")
     args = ap.parse_args()
     n = args.gpus
     if n is None:
         import torch
 
         n = torch.cuda.device_count()
-    Queue(load_plan(args.plan, n), n, args.results).run()
+    jobs = load_plan(args.plan, n)
+    if args.check:
+        print(f"{args.plan}: {len(jobs)} job(s), valid for {n} GPU(s)")
+        return
+    Queue(jobs, n, args.results).run()
     sys.exit(0)
 
 

@@ -47,3 +47,33 @@ def test_a_sharing_job_runs_beside_the_holder_and_frees_nothing(tmp_path):
     assert (res / "sharer" / "gpus").read_text().strip() == "0"
     t = {n: float((res / n / f).read_text()) for n, f in (("holder", "end"), ("sharer", "end"), ("waiter", "start"))}
     assert t["sharer"] < t["holder"] <= t["waiter"]
+
+
+def _check(plan: Path, gpus: int) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_queue.py"), str(plan), "--results",
+                           "/nonexistent", "--gpus", str(gpus), "--check"], capture_output=True, text=True, timeout=60)
+
+
+def test_a_plan_with_a_command_bash_cannot_parse_is_refused_before_anything_runs(tmp_path):
+    """A folded YAML block keeps the line break of a deeper-indented line: a `for` list split
+    that way is a bash syntax error, found when the plan loads, not when the job's GPUs are held."""
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("""jobs:
+  - name: decode
+    gpus: 1
+    cmd: >-
+      for a in "--batch 256"
+               "--batch 64"; do echo $a; done
+""")
+    out = _check(plan, 1)
+    assert out.returncode != 0 and "job 'decode': its cmd is not valid bash" in out.stderr
+    plan.write_text(plan.read_text().replace('               "--batch 64"', '      "--batch 64"'))
+    assert _check(plan, 1).returncode == 0
+
+
+def test_every_committed_plan_is_valid():
+    plans = sorted((ROOT / "benchmarks" / "gpu_plans").glob("*.yaml"))
+    assert plans
+    for plan in plans:
+        out = _check(plan, 8)
+        assert out.returncode == 0, f"{plan.name}: {out.stderr}"
