@@ -17,6 +17,7 @@ from tests.conftest import REPO
 pytestmark = [pytest.mark.slow, pytest.mark.long_pole]  # the recipe end to end: ~4-5 minutes
 
 STAGES = ["data", "curate", "base", "sft", "reasoning_rl", "reward_model", "general_rl"]
+SFT_STEPS = 50  # recipes/tiny.yaml's stages.sft.max_steps
 
 
 def _cli(*args, tmp_path, timeout=900):
@@ -47,7 +48,7 @@ def test_whole_recipe_runs_and_each_stage_does_its_job(tiny_run):
     for stage in STAGES:
         assert f"{stage}: ran" in out, out[-3000:]
     sft = _manifest(tmp_path, "sft")["summary"]
-    assert sft["world_size"] == 2 and sft["steps"] == 100
+    assert sft["world_size"] == 2 and sft["steps"] == SFT_STEPS
     # the stage kept its last two checkpoints while training; the published artifact keeps one
     assert len(glob.glob(f"{tmp_path}/store/tiny/sft-*/checkpoints/step-*")) == 1
     assert sft["final_loss"] < sft["first_loss"] - 2.0  # the tiny model learns the task
@@ -113,7 +114,7 @@ def test_tracking_has_a_parent_run_and_a_nested_run_per_stage(tiny_run):
     sft = stage_runs["sft"]
     assert sft.data.params["lr"] == "0.005"
     losses = client.get_metric_history(sft.info.run_id, "loss")
-    assert [m.step for m in losses] == list(range(1, 101))
+    assert [m.step for m in losses] == list(range(1, SFT_STEPS + 1))
     assert "stage.log" in {a.path for a in client.list_artifacts(sft.info.run_id)}
     # the main curves of each training stage, plotted when it ended
     for stage in ("sft", "reasoning_rl", "reward_model", "general_rl"):
