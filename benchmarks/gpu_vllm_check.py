@@ -121,12 +121,11 @@ def part_rl(args, engine: str) -> dict:
                             "checkpoint_every": 100},
                     stage="sft", upstream={"base": base.url, "data": data.url}, resources=res, **kw)
     rollout = {"engine": engine, "device": "auto", "max_batch": 64}
-    if engine == "vllm":
-        rollout["options"] = {"gpu_memory_utilization": args.gpu_mem, "enforce_eager": args.enforce_eager}
     if args.rollout_sleep != "cache":
         rollout["sleep"] = args.rollout_sleep
-    if engine == "vllm" and args.rollout_sleep != "none":  # colocated: it sleeps while the trainer steps
-        rollout["options"]["enable_sleep_mode"] = True
+    if engine == "vllm":  # colocated: it sleeps while the trainer steps, unless rollout.sleep is none
+        rollout["options"] = {"gpu_memory_utilization": args.gpu_mem, "enforce_eager": args.enforce_eager,
+                              "enable_sleep_mode": args.rollout_sleep != "none"}
     rl = run_stage("reasoning_rl", {
         "model": "${stages.sft.output}", "data": "${stages.data.output}/rl.jsonl", "steps": args.rl_steps,
         "prompts_per_step": 8, "rollouts_per_prompt": 8, "max_len": 128, "prompt_max_len": 128,
