@@ -97,14 +97,23 @@ def random_model_dir(d: Path, args) -> Path:
 
 
 # -- part 3: reasoning_rl with engine vllm -------------------------------------------------------
-def part_rl(args, engine: str) -> dict:
-    from pipeline.execute import run_stage
+def _stage_kwargs(args) -> tuple[dict, object]:
     from pipeline.stage_api import Resources
 
-    store, work = args.work / "store", args.work / "work"
     gpu = not args.smoke
     res = Resources(gpus_per_node=1) if gpu else Resources(cpu_ranks=1)
-    kw = dict(storage=str(store), work_root=work, launcher="deepspeed" if gpu else "local")
+    return dict(storage=str(args.work / "store"), work_root=args.work / "work",
+                launcher="deepspeed" if gpu else "local"), res
+
+
+def _sft_model(args):
+    """data -> init_model -> sft through `run_stage`: the model the RL and mismatch parts start
+    from. A part run after another finds these stages published and reuses them, so the
+    mismatch part no longer needs the RL part to have finished (round 7 lost it that way)."""
+    from pipeline.execute import run_stage
+
+    kw, res = _stage_kwargs(args)
+    gpu = not args.smoke
     data = run_stage("synthetic_data", {"files": {
         "sft.jsonl": {"generator": "arithmetic_cot", "n": 1500, "seed": 0, "params": {"max_digits": 1}},
         "rl.jsonl": {"generator": "arithmetic_rl", "n": 256, "seed": 1, "params": {"max_digits": 1}}}},
@@ -120,6 +129,14 @@ def part_rl(args, engine: str) -> dict:
                             "micro_batch_size": 8, "lr": 2.0e-3, "warmup_steps": 4, "zero_stage": 0,
                             "checkpoint_every": 100},
                     stage="sft", upstream={"base": base.url, "data": data.url}, resources=res, **kw)
+    return data, sft
+
+
+def part_rl(args, engine: str) -> dict:
+    from pipeline.execute import run_stage
+
+    kw, res = _stage_kwargs(args)
+    data, sft = _sft_model(args)
     rollout = {"engine": engine, "device": "auto", "max_batch": 64}
     if args.rollout_sleep != "cache":
         rollout["sleep"] = args.rollout_sleep
@@ -133,7 +150,6 @@ def part_rl(args, engine: str) -> dict:
         "c3po": {"pool_capacity": 96, "token_budget": 4096, "retention_limit": 3},
         "rollout": rollout, "verifier_workers": 2, "zero_stage": 0, "checkpoint_every": 100},
         stage=f"rl-{engine}", upstream={"sft": sft.url, "data": data.url}, resources=res, **kw)
-    (args.work / "sft_model_url").write_text(sft.url)
     metrics = [json.loads(line) for line in Path(_local(rl.url), "metrics.jsonl").read_text().splitlines()]
     keys = ("reward_mean", "masked_fraction", "mismatch_kl", "abs_log_k_mean", "weight_sync_seconds",
             "rollout_seconds", "step_seconds", "generated_tokens_per_second")
@@ -185,7 +201,7 @@ def part_mismatch(args, engine: str) -> dict:
 
     from stages.rl.engines import RolloutRequest, SamplingParams, create_engine
 
-    model_dir = _local((args.work / "sft_model_url").read_text().strip())
+    model_dir = _local(_sft_model(args)[1].url)
     device = "cuda" if not args.smoke else "cpu"
     opts = {}
     if engine == "vllm":
