@@ -42,7 +42,17 @@ os.environ.update(SAFE_ENV)  # this process and every one it starts
 
 
 # -- part 2: decode --------------------------------------------------------------------------
-def part_decode(args, engine_names: list[str]) -> dict:
+DECODE_RUNS = {  # name: (engine, its options beyond the shape's)
+    "torch": ("torch", {}),
+    "torch_compiled": ("torch", {"compile": True}),  # the torch engine's fastest step
+    "vllm": ("vllm", {}),
+    # vLLM with a seed on every request: its sampler then loops over the requests every step
+    # (vllm_engine.py docstring, Seeds), the default before that was measured
+    "vllm_seed_each_request": ("vllm", {"seed_each_request": True}),
+}
+
+
+def part_decode(args, run_names: list[str]) -> dict:
     import torch
 
     from stages.rl.engines import RolloutRequest, SamplingParams, create_engine
@@ -54,11 +64,12 @@ def part_decode(args, engine_names: list[str]) -> dict:
         prompts = torch.randint(0, args.vocab, (args.batch, args.prompt_len), generator=g).tolist()
         reqs = [RolloutRequest(f"r{i}", p, args.new_tokens) for i, p in enumerate(prompts)]
         out = {}
-        for name in engine_names:
-            opts = {"eos_token_ids": []}
-            if name == "vllm":
+        for name in run_names:
+            engine_name, extra = DECODE_RUNS[name]
+            opts = {"eos_token_ids": [], **extra}
+            if engine_name == "vllm":
                 opts.update(gpu_memory_utilization=args.gpu_mem, enforce_eager=args.enforce_eager)
-            eng = create_engine(name, str(model_dir), device=device, dtype="auto", max_batch=args.batch,
+            eng = create_engine(engine_name, str(model_dir), device=device, dtype="auto", max_batch=args.batch,
                                 max_len=args.prompt_len + args.new_tokens + 8, seed=0, **opts)
             sp = SamplingParams(temperature=1.0, seed=1)
             eng.generate(reqs[: max(1, args.batch // 8)], sp)  # warm-up (graphs, compilation)
@@ -258,6 +269,8 @@ def main() -> int:
     from engine_decode import add_decode_shape_args  # benchmarks/ is this script's sys.path[0]
 
     add_decode_shape_args(p)
+    p.add_argument("--decode-runs", default=None,
+                   help=f"decode part: comma-separated of {', '.join(DECODE_RUNS)} (default: all; smoke: torch ones)")
     p.add_argument("--rl-steps", type=int, default=4)
     p.add_argument("--gpu-mem", type=float, default=0.35)
     p.add_argument("--part-timeout-s", type=float, default=420, help="a part still running then is killed")
@@ -275,7 +288,9 @@ def main() -> int:
     engine = "torch" if args.smoke else "vllm"
 
     if args.part:  # a child: one part, result as JSON on the last line
-        fn = {"decode": lambda: part_decode(args, ["torch", engine] if engine != "torch" else ["torch"]),
+        decode_runs = (args.decode_runs.split(",") if args.decode_runs else
+                       list(DECODE_RUNS) if engine == "vllm" else ["torch", "torch_compiled"])
+        fn = {"decode": lambda: part_decode(args, decode_runs),
               "rl": lambda: part_rl(args, engine), "mismatch": lambda: part_mismatch(args, engine)}[args.part]
         print("RESULT " + json.dumps(fn()), flush=True)
         return 0

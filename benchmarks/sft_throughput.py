@@ -11,7 +11,7 @@ transformers + fused AdamW loop, and the RL learner's step, on one GPU, in one r
     python benchmarks/sft_throughput.py --smoke --out /tmp/sft_smoke
     # where the stage's step goes (issue 19): operator tables of plain vs stage variants
     timeout 480 python3 benchmarks/sft_throughput.py --out "$OUT" --only 1.5B@4096 --profile \
-        --variants plain stage_before stage stage_z1 stage_z2 2>&1 | tee "$OUT/sft_throughput.log"
+        --variants plain stage stage_z1 stage_mixed stage_mixed_z1 2>&1 | tee "$OUT/sft_throughput.log"
 
 Cases, in this order (`--only` picks some; names: `<shape>@<tokens>` and `learner`):
   1.5B@4096, learner, 0.5B@4096, 0.5B@16384, 1.5B@16384
@@ -29,6 +29,8 @@ Variants of an SFT case (`<tokens>` tokens per micro batch, micro batch 1, ZeRO-
   stage_before  the stage as it was before issue 19: sdpa, the whole micro batch's logits at once
   stage_z1, stage_z2  the stage under ZeRO-1 / ZeRO-2 instead of ZeRO-0 (DeepSpeed's ZeRO optimizer
                 instead of its BF16_Optimizer; ZeRO-2 is the stage's default)
+  stage_mixed, stage_mixed_z1  the stage with `precision: bf16-mixed` (fp32 weights, bf16
+                autocast compute, the fused AdamW on the weights themselves), ZeRO-0 / ZeRO-1
 With `--profile`, two more steps after the timed ones run under torch.profiler (the stage's
 `profile` setting; the plain loop the same way; they are not in the rates): OUT/profile_<case>_
 <variant>.txt is the operator table (key_averages by device time, top 40), the first place to
@@ -98,6 +100,10 @@ VARIANTS = {  # the sft stage's config per variant
     # (flat fp32 partitions, bucketed gradient reduction); 2 is the stage's own default
     "stage_z1": {"zero_stage": 1},
     "stage_z2": {"zero_stage": 2},
+    # precision bf16-mixed: fp32 weights stepped by the fused AdamW itself, bf16 compute under
+    # torch.autocast; no optimizer wrapper copying between bf16 weights and fp32 masters
+    "stage_mixed": {"precision": "bf16-mixed"},
+    "stage_mixed_z1": {"precision": "bf16-mixed", "zero_stage": 1},
 }
 DEFAULT_VARIANTS = {"1.5B@4096": ["plain", "stage", "stage_flex", "stage_before"]}
 PROFILED_STEPS = 2  # with --profile, after the timed steps

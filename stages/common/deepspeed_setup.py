@@ -9,11 +9,16 @@ from typing import Any, Callable, Iterable
 import torch
 
 
-def ds_config(zero_stage: int, grad_clip: float, bf16: bool, *, micro_batch: int = 1, grad_accum: int = 1,
+def ds_config(zero_stage: int, grad_clip: float, precision: str, *, micro_batch: int = 1, grad_accum: int = 1,
               world: int | None = None) -> dict[str, Any]:
-    """The DeepSpeed config. `train_batch_size` is set only when `world` is given (stages that
-    let DeepSpeed count micro-batches); the optimizer is a torch AdamW passed in (DS's own
-    CPU Adam is a JIT build), hence `zero_allow_untested_optimizer`."""
+    """The DeepSpeed config. `precision` is resolved ("bf16", "bf16-mixed" or "fp32",
+    distributed.PRECISION_HELP): "bf16-mixed" keeps the weights in fp32 (load them so) and
+    runs the engine's forward under torch.autocast, so the torch AdamW steps the weights
+    themselves; DeepSpeed's bf16 mode instead wraps the optimizer with fp32 master copies it
+    keeps in step with per-parameter copies and checks (benchmarks/RESULTS.md, round 7's SFT
+    profile). `train_batch_size` is set only when `world` is given (stages that let DeepSpeed
+    count micro-batches); the optimizer is a torch AdamW passed in (DS's own CPU Adam is a JIT
+    build), hence `zero_allow_untested_optimizer`."""
     zero: dict[str, Any] = {"stage": zero_stage}
     if zero_stage == 3:
         zero["stage3_gather_16bit_weights_on_model_save"] = True
@@ -22,11 +27,13 @@ def ds_config(zero_stage: int, grad_clip: float, bf16: bool, *, micro_batch: int
         "gradient_accumulation_steps": grad_accum,
         "gradient_clipping": grad_clip,
         "zero_optimization": zero,
-        "bf16": {"enabled": bf16},
+        "bf16": {"enabled": precision == "bf16"},
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 10 ** 12,
         "wall_clock_breakdown": False,
     }
+    if precision == "bf16-mixed":
+        cfg["torch_autocast"] = {"enabled": True, "dtype": "bfloat16"}
     if world is not None:
         cfg["train_batch_size"] = micro_batch * grad_accum * world
     return cfg

@@ -99,11 +99,13 @@ def load_sequence_classifier(model_dir: str | Path, dtype, *, trust_remote_code:
         str(model_dir), dtype=dtype, trust_remote_code=trust_remote_code, **kwargs)
 
 
-def save_hf_model(engine, module, model_dir: Path, out: Path, zero_stage: int, rank: int) -> None:
+def save_hf_model(engine, module, model_dir: Path, out: Path, zero_stage: int, rank: int,
+                  dtype: Any = None) -> None:
     """`module` (the HF model inside the DeepSpeed `engine`) written to `out` as a HF directory,
     with the input model dir's tokenizer files and custom code (`*.py`, which config.json's
     `auto_map` names: the written model loads like its input). Every rank calls it (ZeRO-3
-    gathers the weights onto rank 0); rank 0 writes."""
+    gathers the weights onto rank 0); rank 0 writes. `dtype`: the weights are written in it
+    (a bf16-mixed run trains fp32 weights and publishes bf16 ones, like a bf16 run)."""
     state_dict = None
     if zero_stage == 3:
         full = engine._zero3_consolidated_16bit_state_dict()
@@ -111,6 +113,9 @@ def save_hf_model(engine, module, model_dir: Path, out: Path, zero_stage: int, r
         state_dict = {k.removeprefix(prefix): v for k, v in full.items()} if rank == 0 else None
     if rank != 0:
         return
+    if dtype is not None:
+        state_dict = {k: v.to(dtype) if v.is_floating_point() else v
+                      for k, v in (state_dict if state_dict is not None else module.state_dict()).items()}
     out.mkdir(parents=True, exist_ok=True)
     for p in sorted(Path(model_dir).iterdir()):
         if p.is_file() and not p.name.startswith(".") and p.name not in _NOT_COPIED \
@@ -119,6 +124,10 @@ def save_hf_model(engine, module, model_dir: Path, out: Path, zero_stage: int, r
             shutil.copy2(p, out / p.name)
     module.config.use_cache = True  # training ran without a cache; inference wants one
     module.save_pretrained(out, state_dict=state_dict)
+    if dtype is not None:  # save_pretrained writes the module's own (training) dtype into the config
+        config = json.loads((out / "config.json").read_text())
+        config["dtype"] = str(dtype).removeprefix("torch.")
+        (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def eos_token_ids_of(model_dir: str | Path, *, trust_remote_code: bool) -> list[int]:

@@ -13,7 +13,7 @@ from pipeline.stage_api import StageError, StageJob
 from pipeline.tracking import StageLogger
 from stages.common.chat import require_chat_template
 from stages.common.deepspeed_setup import ds_config, hf_zero3_context, initialize, lr_factor, param_groups
-from stages.common.distributed import Ranks, init_distributed, seed_all, use_bf16
+from stages.common.distributed import Ranks, init_distributed, resolve_precision, seed_all
 from stages.common.hf_io import load_tokenizer
 from stages.common.packed_attention import choose_attention
 
@@ -21,12 +21,22 @@ from stages.common.packed_attention import choose_attention
 @dataclass(frozen=True)
 class TrainingJob:
     ranks: Ranks
-    bf16: bool
+    precision: str    # resolved: "bf16", "bf16-mixed" or "fp32" (distributed.PRECISION_HELP)
     log: StageLogger
     model_dir: Path   # the input model, a local Hugging Face directory
     tokenizer: Any    # its tokenizer (it has a chat template)
     pad_id: int | None  # the pad token, else eos; None when it has neither
     trust_remote_code: bool  # the stage runs the model dir's own code (stages/common/hf_io.py)
+
+    @property
+    def deepspeed_bf16(self) -> bool:
+        """DeepSpeed's bf16 mode (bf16 weights; its optimizer wrapper keeps the fp32 masters)."""
+        return self.precision == "bf16"
+
+    @property
+    def published_dtype(self) -> torch.dtype | None:
+        """The dtype the stage's model is written in: bf16 for both bf16 modes, else as trained."""
+        return torch.bfloat16 if self.precision in ("bf16", "bf16-mixed") else None
 
 
 def start_training_job(job: StageJob, cfg, split_last: int = 0) -> TrainingJob:
@@ -37,7 +47,8 @@ def start_training_job(job: StageJob, cfg, split_last: int = 0) -> TrainingJob:
 
     hf_logging.disable_progress_bar()
     if cfg.precision == "bf16" and not torch.cuda.is_available():
-        raise StageError("precision bf16 needs a GPU; use auto or fp32 on CPU")
+        # DeepSpeed's bf16 optimizer wrapper is GPU-only; bf16-mixed (torch.autocast) runs on CPU too
+        raise StageError("precision bf16 needs a GPU; use auto, bf16-mixed or fp32 on CPU")
     ranks = init_distributed(world_of_one_without_launcher=True, split_last=split_last)
     seed_all(cfg.seed)
     model_dir = Path(job.fetch(cfg.model))
@@ -46,7 +57,7 @@ def start_training_job(job: StageJob, cfg, split_last: int = 0) -> TrainingJob:
     tokenizer = load_tokenizer(model_dir, trust_remote_code=cfg.trust_remote_code, what=f"model {cfg.model}:")
     require_chat_template(tokenizer, cfg.model)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    return TrainingJob(ranks, use_bf16(cfg.precision, ranks.on_gpu), StageLogger.for_job(job), model_dir,
+    return TrainingJob(ranks, resolve_precision(cfg.precision, ranks.on_gpu), StageLogger.for_job(job), model_dir,
                        tokenizer, pad_id, cfg.trust_remote_code)
 
 
@@ -60,7 +71,7 @@ def supervised_engine(cfg, setup: TrainingJob, total_steps: int, load_model: Cal
     run here is a StageError. `packed`: the batches pack several samples per row (the choice of
     "auto" depends on it)."""
     attn = choose_attention(cfg.attn_implementation, setup.ranks.on_gpu, packed=packed)
-    ds_cfg = ds_config(cfg.zero_stage, cfg.grad_clip, setup.bf16, micro_batch=cfg.micro_batch_size,
+    ds_cfg = ds_config(cfg.zero_stage, cfg.grad_clip, setup.precision, micro_batch=cfg.micro_batch_size,
                        grad_accum=cfg.grad_accum, world=setup.ranks.world)
     zero3_ctx = hf_zero3_context(ds_cfg)  # noqa: F841 - kept alive while from_pretrained partitions
     model = load_model(attn)

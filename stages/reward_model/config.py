@@ -6,6 +6,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from pipeline.stage_api import StageConfig, cosmetic
+from stages.common.distributed import PRECISION_HELP
 from stages.common.hf_io import trust_remote_code_field
 from stages.registry import StageKind, register
 
@@ -43,8 +44,7 @@ class RewardModelConfig(StageConfig):
     adam_betas: tuple[float, float] = (0.9, 0.95)
     grad_clip: float = Field(1.0, gt=0)
     zero_stage: Literal[0, 1, 2, 3] = 2
-    precision: Literal["auto", "bf16", "fp32"] = Field(
-        "auto", description="auto = bf16 on GPU, fp32 on CPU")
+    precision: Literal["auto", "bf16", "bf16-mixed", "fp32"] = Field("auto", description=PRECISION_HELP)
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = Field(
         "auto", description="auto = flash_attention_2 on GPU when flash-attn is installed, else sdpa")
     seed: int = 0

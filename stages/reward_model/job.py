@@ -227,7 +227,7 @@ def main(job: StageJob) -> dict[str, Any] | None:
 
     # 5. outputs
     out = Path(job.output_dir)
-    save_hf_model(engine, engine.module, model_dir, out, cfg.zero_stage, rank)
+    save_hf_model(engine, engine.module, model_dir, out, cfg.zero_stage, rank, setup.published_dtype)
     if rank != 0:
         return None
     meta = {"format": 1, "head": "AutoModelForSequenceClassification/num_labels=1",
@@ -246,7 +246,7 @@ def main(job: StageJob) -> dict[str, Any] | None:
                "eval_accuracy": final_eval["accuracy"], "eval_loss": final_eval["loss"],
                "eval_margin": final_eval["margin"], "train_loss": train_metrics.get("loss"),
                "train_accuracy": train_metrics.get("accuracy"),
-               "precision": "bf16" if setup.bf16 else "fp32", "zero_stage": cfg.zero_stage,
+               "precision": setup.precision, "zero_stage": cfg.zero_stage,
                "data": stats.as_dict(), "eval_data": eval_stats.as_dict() if eval_stats else None}
     (out / "stage_summary.json").write_text(json.dumps(summary, indent=2))
     info(f"reward_model: done, {p.step} steps; held-out accuracy {initial_eval['accuracy']:.3f} -> "

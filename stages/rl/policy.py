@@ -54,9 +54,10 @@ class DeepSpeedBackend:
         return t
 
 
-def policy_ds_config(cfg: RLConfig, bf16: bool) -> dict[str, Any]:
-    """One micro-batch per DeepSpeed step: accumulation boundaries are set by the learner."""
-    return ds_config(cfg.zero_stage, cfg.grad_clip, bf16)
+def policy_ds_config(cfg: RLConfig, precision: str) -> dict[str, Any]:
+    """One micro-batch per DeepSpeed step: accumulation boundaries are set by the learner.
+    `precision`: resolved, "bf16" or "fp32" (the RL stages' choices)."""
+    return ds_config(cfg.zero_stage, cfg.grad_clip, precision)
 
 
 @dataclass
@@ -71,17 +72,17 @@ class Policy:
         return self.ds_engine.module.lm
 
 
-def build_policy(cfg: RLConfig, model_dir: Path, ranks: Ranks, bf16: bool, pad_id: int) -> Policy:
+def build_policy(cfg: RLConfig, model_dir: Path, ranks: Ranks, precision: str, pad_id: int) -> Policy:
     """`cfg.model` loaded, `frozen_param_patterns` frozen, wrapped in the learner's PolicyHead
     (which switches its dropout off) under DeepSpeed, with the reference model when
     `kl_coef > 0`."""
-    dtype = torch.bfloat16 if bf16 else torch.float32
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     model = load_causal_lm(model_dir, dtype, trust_remote_code=cfg.trust_remote_code)
     frozen = freeze_parameters(model, cfg.frozen_param_patterns)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     trainable = [p for p in model.parameters() if p.requires_grad]
-    ds_engine, _ = initialize(PolicyHead(model), trainable, policy_ds_config(cfg, bf16), lr=cfg.lr,
+    ds_engine, _ = initialize(PolicyHead(model), trainable, policy_ds_config(cfg, precision), lr=cfg.lr,
                               betas=cfg.adam_betas, weight_decay=cfg.weight_decay)
     ref_model = None
     if cfg.kl_coef > 0:

@@ -80,7 +80,7 @@ class RLTrainer:
 
         self.prompts = run_on(ranks.everyone, 0, lambda: spec.load_prompts(ctx), "loading the prompts")
         self.hooks = spec.build_hooks(ctx)
-        self.policy = (build_policy(cfg, setup.model_dir, ranks, setup.bf16, setup.pad_id)
+        self.policy = (build_policy(cfg, setup.model_dir, ranks, setup.precision, setup.pad_id)
                        if placement.is_trainer else None)
         self.rollouts = DataParallelRollouts.start(cfg, placement, ranks, setup.model_dir, self.prompts,
                                                    lambda: spec.build_reward(ctx), ctx.decode, spec.step_metrics)

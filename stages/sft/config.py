@@ -7,6 +7,7 @@ from pydantic import Field, model_validator
 
 from data_curation.io import DataInput
 from pipeline.stage_api import StageConfig, Strict, cosmetic
+from stages.common.distributed import PRECISION_HELP
 from stages.common.step_profile import ProfileSettings
 from stages.common.hf_io import trust_remote_code_field
 from stages.registry import StageKind, register
@@ -67,8 +68,7 @@ class SFTConfig(StageConfig):
     adam_betas: tuple[float, float] = (0.9, 0.95)
     grad_clip: float = Field(1.0, gt=0)
     zero_stage: Literal[0, 1, 2, 3] = 2
-    precision: Literal["auto", "bf16", "fp32"] = Field(
-        "auto", description="auto = bf16 on GPU, fp32 on CPU")
+    precision: Literal["auto", "bf16", "bf16-mixed", "fp32"] = Field("auto", description=PRECISION_HELP)
     seed: int = 0
     on_bad_row: Literal["fail", "skip"] = Field(
         "fail", description="a malformed row stops the stage (naming file/row/reason), or is "

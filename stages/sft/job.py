@@ -221,7 +221,7 @@ def main(job: StageJob) -> dict[str, Any] | None:
             # DeepSpeed divides by grad_accum and averages over ranks: this makes the step's
             # gradient that of the mean over every trained token of the global batch
             engine.backward(ce * (cfg.grad_accum * world / max(step_targets, 1)))
-            if cfg.zero_stage == 0 and not setup.bf16 and j == len(batches) - 1:
+            if cfg.zero_stage == 0 and not setup.deepspeed_bf16 and j == len(batches) - 1:
                 # plain DeepSpeed clips without reporting the norm: take it from the
                 # (already all-reduced) gradients before the step clips them
                 grad_norm = torch.nn.utils.get_total_norm(
@@ -259,14 +259,14 @@ def main(job: StageJob) -> dict[str, Any] | None:
 
     # 5. outputs
     out = Path(job.output_dir)
-    save_hf_model(engine, engine.module.lm, model_dir, out, cfg.zero_stage, rank)
+    save_hf_model(engine, engine.module.lm, model_dir, out, cfg.zero_stage, rank, setup.published_dtype)
     if rank != 0:
         return None
     summary = {"steps": p.step, "first_loss": p.first_loss, "final_loss": loss,
                "tokens_trained": p.tokens, "target_tokens_trained": p.target_tokens,
                "epochs": round(p.epoch + p.step_in_epoch / plan.steps_per_epoch, 4),
                "resumed_from_step": resumed_from, "world_size": world, "packs": len(packs),
-               "precision": "bf16" if setup.bf16 else "fp32", "zero_stage": cfg.zero_stage,
+               "precision": setup.precision, "zero_stage": cfg.zero_stage,
                "attn_implementation": attn, "data": stats.as_dict()}
     (out / "stage_summary.json").write_text(json.dumps(summary, indent=2))
     info(f"sft: done, {p.step} steps, loss {p.first_loss:.4f} -> {loss if loss is not None else float('nan'):.4f}; "

@@ -20,6 +20,14 @@ stand-in of the same API (tests/stages/rl/test_engines.py). The calls it makes:
   returns the sampled token's logprob only; DELTA outputs carry only each step's new tokens
   (cumulative ones would copy whole 64k-token rollouts every step); finish_reason "stop"
   (EOS / stop token) -> "eos", "length" -> "length".
+- Seeds: a `seed` per request makes vLLM's sampler draw each seeded request's noise in a loop
+  of its own (vllm/v1/sample/ops/topk_topp_sampler.py `random_sample`: one kernel per request
+  per decode step, and FlashInfer's top-k/top-p path is skipped). So by default no request
+  carries a seed: in process, the generate call seeds the CUDA generator the sampler draws from
+  with a hash of (seed, the requests' uids and offsets) instead; the same requests with the
+  same seed sample the same tokens, as on the torch engine, but the noise depends on the
+  batch, not on each request alone. `seed_each_request=True` (or a separate worker process,
+  whose generator this process cannot seed) sends per-request seeds: batch-independent, slower.
 - Weights: `llm.collective_rpc(fn, kwargs=...)` runs `fn(worker, ...)` on the worker, which
   feeds the model's own `load_weights(iterable of (hf_name, tensor))` (vLLM's loader stacks
   q/k/v and gate/up and skips a tied lm_head). In process (VLLM_ENABLE_V1_MULTIPROCESSING=0,
@@ -90,6 +98,14 @@ def _request_seed(seed: int, uid: str, offset: int) -> int:
     return int.from_bytes(h, "little") & 0x7FFF_FFFF
 
 
+def _call_seed(seed: int, requests: list[RolloutRequest]) -> int:
+    """One seed for a generate call: the same requests (uids and offsets) give the same seed."""
+    h = hashlib.blake2b(f"{seed}".encode(), digest_size=8)
+    for r in requests:
+        h.update(f"|{r.uid}:{len(r.generated_ids)}".encode())
+    return int.from_bytes(h.digest(), "little") & 0x7FFF_FFFF
+
+
 class VllmEngine(SyncTiming):
     name = "vllm"
     # with logprobs_mode="processed_logprobs" the reported log-prob is that of the distribution
@@ -99,7 +115,7 @@ class VllmEngine(SyncTiming):
     def __init__(self, model_dir: str, *, device: str = "cuda", dtype: str = "auto",
                  max_batch: int = 64, max_len: int = 4096, seed: int = 0,
                  gpu_memory_utilization: float = 0.4, enable_prefix_caching: bool = True,
-                 enforce_eager: bool = False, in_process: bool = True,
+                 enforce_eager: bool = False, in_process: bool = True, seed_each_request: bool = False,
                  eos_token_ids: list[int] | None = None, trust_remote_code: bool = False, **llm_kwargs):
         if vllm is None:
             raise RuntimeError(f"vllm engine: vllm is not importable ({VLLM_IMPORT_ERROR})")
@@ -112,6 +128,7 @@ class VllmEngine(SyncTiming):
         if in_process:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self.max_len, self.seed = int(max_len), int(seed)
+        self.seed_each_request = bool(seed_each_request) or not in_process  # module docstring: Seeds
         self.eos_token_ids = (list(eos_token_ids) if eos_token_ids is not None
                               else eos_token_ids_of(model_dir, trust_remote_code=trust_remote_code))
         kwargs = dict(model=model_dir, dtype="bfloat16" if dtype == "auto" else dtype, seed=seed,
@@ -139,7 +156,8 @@ class VllmEngine(SyncTiming):
 
     # ---------------------------------------------------------------- generate
     def _params(self, s: SamplingParams, r: RolloutRequest):
-        seed = None if s.seed is None else _request_seed(s.seed, r.uid, len(r.generated_ids))
+        seed = (None if s.seed is None or not self.seed_each_request
+                else _request_seed(s.seed, r.uid, len(r.generated_ids)))
         return VllmSamplingParams(
             n=1, temperature=max(0.0, s.temperature), top_p=s.top_p,
             top_k=s.top_k if s.top_k > 0 else -1, seed=seed, max_tokens=r.max_new_tokens,
@@ -159,6 +177,8 @@ class VllmEngine(SyncTiming):
                                  f"{need} tokens > max_len {self.max_len}")
         call = self._calls
         self._calls += 1
+        if sampling.seed is not None and not self.seed_each_request:
+            torch.cuda.manual_seed(_call_seed(sampling.seed, requests))
         engine = self.llm.llm_engine
         n = len(requests)
         toks: list[list[int]] = [[] for _ in range(n)]
@@ -229,7 +249,8 @@ def make_vllm_engine(model_dir: str, *, device: str = "cuda", dtype: str = "auto
                      max_batch: int = 64, max_len: int = 4096, seed: int = 0,
                      **engine_options) -> VllmEngine:
     """engine_options: gpu_memory_utilization (0.4), enable_prefix_caching, enforce_eager,
-    in_process, eos_token_ids, and any other `vllm.LLM` keyword (tensor_parallel_size, ...)."""
+    in_process, seed_each_request, eos_token_ids, and any other `vllm.LLM` keyword
+    (tensor_parallel_size, ...)."""
     return VllmEngine(model_dir, device=device, dtype=dtype, max_batch=max_batch,
                       max_len=max_len, seed=seed, **engine_options)
 

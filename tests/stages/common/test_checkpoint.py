@@ -24,7 +24,7 @@ def _engine(seed: int):
 
     torch.manual_seed(seed)
     model = torch.nn.Linear(4, 2)
-    engine, _ = initialize(model, model.parameters(), ds_config(0, 1.0, False), lr=0.1, betas=(0.9, 0.99))
+    engine, _ = initialize(model, model.parameters(), ds_config(0, 1.0, "fp32"), lr=0.1, betas=(0.9, 0.99))
     return engine
 
 

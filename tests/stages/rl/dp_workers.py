@@ -128,7 +128,7 @@ def weight_sync(ranks, model_dir: str, split: bool) -> dict:
     module = None
     if placement.is_trainer:
         model = load_causal_lm(model_dir, torch.float32, trust_remote_code=False)
-        ds_engine, _ = initialize(model, model.parameters(), ds_config(3, 1.0, False), lr=0.05, betas=(0.9, 0.99))
+        ds_engine, _ = initialize(model, model.parameters(), ds_config(3, 1.0, "fp32"), lr=0.05, betas=(0.9, 0.99))
         ids = torch.randint(2, 300, (2, 12), generator=torch.Generator().manual_seed(rank))
         ds_engine.backward(ds_engine(input_ids=ids, labels=ids).loss)
         ds_engine.step()

@@ -40,7 +40,7 @@ def main() -> None:
     cfg = ReasoningRLConfig.model_validate({"kind": "reasoning_rl", "model": "m", "data": "d", "steps": 1,
                                             "zero_stage": 3, "grad_clip": 1.0})
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    eng, *_ = deepspeed.initialize(model=PolicyHead(model), optimizer=opt, config=policy_ds_config(cfg, False))
+    eng, *_ = deepspeed.initialize(model=PolicyHead(model), optimizer=opt, config=policy_ds_config(cfg, "fp32"))
     stats = Learner(DeepSpeedBackend(eng, torch.device("cpu")), lc).train(samples, 0)
     print(json.dumps({"rank": int(os.environ["RANK"]), "loss": stats["loss"], "grad_norm": stats["grad_norm"],
                       "abs_log_k_mean": stats["abs_log_k_mean"]}), flush=True)
