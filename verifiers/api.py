@@ -2,7 +2,12 @@
 
 ``verify_batch`` keeps a module-level pool of worker processes alive between calls (an RL
 loop calls it every step; starting processes each time would cost more than verifying).
-Workers are forked from a forkserver that has already imported ``verifiers``. Each row
+Workers are forked from a forkserver that has already imported ``verifiers``. A worker
+gets its first row only once it says it is ready: its start-up (multiprocessing imports the
+parent's ``__main__`` module in it, e.g. a stage entry and all it imports) is not charged to
+a row's time, and a worker that cannot start within ``WORKER_START_TIMEOUT_S`` is an error
+(round 8 on an H100: workers importing vLLM through the stage's main module outlived every
+row's timeout, so every row scored 0 "verifier timeout" and the stage crawled). Each row
 gets ``timeout_s``: the worker enforces it in-process (SIGALRM), and the parent kills a
 worker that is still busy ``timeout_s + grace`` after dispatch (C-level hangs, crashes),
 records score 0 with the reason and starts a fresh worker. Order is preserved.
@@ -29,6 +34,13 @@ from .schema import Reward, TaskRow
 
 DEFAULT_TIMEOUT_S = 10.0
 KILL_GRACE_S = 2.0
+WORKER_START_TIMEOUT_S = 300.0
+READY = "ready"
+
+
+class VerifierPoolError(RuntimeError):
+    """The pool cannot verify at all (a worker that does not start): an environment problem
+    that must stop training, not score 0."""
 
 
 def verify(row: TaskRow | dict[str, Any], response: str, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> Reward:
@@ -79,6 +91,7 @@ def _worker_main(conn: Connection, sys_path: list[str], modules: list[str]) -> N
             importlib.import_module(name)
         except Exception:
             pass  # their rows then score 0 with "no verifier registered"
+    conn.send(READY)
     while True:
         try:
             msg = conn.recv()
@@ -108,6 +121,27 @@ class _Worker:
         child.close()
         self.task: int | None = None
         self.deadline = 0.0
+        self.ready = False
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Block until the worker has started (its READY message); VerifierPoolError if it
+        exits or stays silent for `timeout_s`."""
+        if self.ready:
+            return
+        t0 = time.monotonic()
+        try:
+            if not self.conn.poll(timeout_s):
+                raise VerifierPoolError(f"a verifier worker did not start within {timeout_s:g}s (pid "
+                                        f"{self.proc.pid}); its start-up imports the calling program's "
+                                        f"main module")
+            msg = self.conn.recv()
+        except (EOFError, OSError):
+            self.proc.join(timeout=5)
+            raise VerifierPoolError(f"a verifier worker exited while starting (exit code "
+                                    f"{self.proc.exitcode}) after {time.monotonic() - t0:.1f}s") from None
+        if msg != READY:
+            raise VerifierPoolError(f"a verifier worker sent {msg!r} before saying it was ready")
+        self.ready = True
 
     def kill(self) -> None:
         try:
@@ -146,6 +180,7 @@ class VerifierPool:
         while todo or any(w.task is not None for w in self._workers):
             for w in self._workers:
                 if w.task is None and todo:
+                    w.wait_ready(WORKER_START_TIMEOUT_S)  # start-up is not the row's time
                     idx = todo.popleft()
                     row = rows[idx].model_dump() if isinstance(rows[idx], TaskRow) else rows[idx]
                     try:
@@ -237,7 +272,9 @@ def verify_batch(
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> list[Reward]:
     """Verify many responses in a reused process pool; order preserved; never raises for
-    a crashing or hanging verifier (score 0 with the reason instead)."""
+    a crashing or hanging verifier (score 0 with the reason instead). Raises
+    VerifierPoolError when a worker cannot start, SandboxUnavailable when code cannot be run
+    safely here."""
     if len(rows) != len(responses):
         raise ValueError(f"verify_batch: {len(rows)} rows but {len(responses)} responses")
     if not rows:

@@ -1,4 +1,5 @@
 import json
+import re
 import time
 
 import pytest
@@ -118,3 +119,49 @@ def test_verify_files_errors_name_file_and_line(tmp_path):
     _write(tmp_path / "nodomain.jsonl", [{"id": 1, "reference": "1"}])
     with pytest.raises(ValueError, match=r"nodomain.jsonl:1: task row has no 'domain'"):
         verify_files(str(tmp_path / "nodomain.jsonl"), str(tmp_path / "short.jsonl"), None, 0, 5)
+
+
+# A program whose main module is slow to import (as a stage entry that imports torch and an
+# inference engine is): multiprocessing imports it again in every pool worker.
+_SLOW_MAIN = '''
+import sys, time
+if __name__ != "__main__":
+    time.sleep(float(sys.argv[1]))  # only in the workers, which import this file as __mp_main__
+from verifiers import verify_batch
+if __name__ == "__main__":
+    rows = [{"domain": "math", "reference": {"answer": str(k)}} for k in range(6)]
+    out = verify_batch(rows, [f"the answer is \\\\boxed{{{k}}}" for k in range(6)], num_workers=2, timeout_s=1.0)
+    print([(r.score, r.source) for r in out])
+'''
+
+
+def test_a_slow_worker_start_is_not_charged_to_the_rows(tmp_path):
+    """Round 8 on an H100: the workers' start-up (the stage's main module imported vLLM) outlived
+    each row's timeout, so every row scored 0 "verifier timeout". Start-up is now waited for."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "slow_main.py"
+    script.write_text(_SLOW_MAIN)
+    env = {"PYTHONPATH": str(Path(verifiers.__file__).resolve().parents[1]), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, str(script), "3"], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == str([(1.0, "boxed")] * 6), done.stdout
+
+
+def test_a_worker_that_cannot_start_is_an_error_not_zero_rewards(tmp_path, monkeypatch):
+    import verifiers.api as api
+
+    script = tmp_path / "dies_main.py"  # exits while a worker imports it
+    script.write_text(_SLOW_MAIN.replace("time.sleep(float(sys.argv[1]))", "sys.exit(3)"))
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {"PYTHONPATH": str(Path(verifiers.__file__).resolve().parents[1]), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, str(script), "0"], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode != 0
+    assert re.search(r"VerifierPoolError: a verifier worker exited while starting \(exit code \d+\)",
+                     done.stderr), done.stderr[-2000:]
+    assert api.WORKER_START_TIMEOUT_S >= 60  # a busy machine's start-up is not an error
