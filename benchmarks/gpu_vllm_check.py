@@ -46,9 +46,6 @@ DECODE_RUNS = {  # name: (engine, its options beyond the shape's)
     "torch": ("torch", {}),
     "torch_compiled": ("torch", {"compile": True}),  # the torch engine's fastest step
     "vllm": ("vllm", {}),
-    # vLLM with a seed on every request: its sampler then loops over the requests every step
-    # (vllm_engine.py docstring, Seeds), the default before that was measured
-    "vllm_seed_each_request": ("vllm", {"seed_each_request": True}),
 }
 
 

@@ -20,14 +20,11 @@ stand-in of the same API (tests/stages/rl/test_engines.py). The calls it makes:
   returns the sampled token's logprob only; DELTA outputs carry only each step's new tokens
   (cumulative ones would copy whole 64k-token rollouts every step); finish_reason "stop"
   (EOS / stop token) -> "eos", "length" -> "length".
-- Seeds: a `seed` per request makes vLLM's sampler draw each seeded request's noise in a loop
-  of its own (vllm/v1/sample/ops/topk_topp_sampler.py `random_sample`: one kernel per request
-  per decode step, and FlashInfer's top-k/top-p path is skipped). So by default no request
-  carries a seed: in process, the generate call seeds the CUDA generator the sampler draws from
-  with a hash of (seed, the requests' uids and offsets) instead; the same requests with the
-  same seed sample the same tokens, as on the torch engine, but the noise depends on the
-  batch, not on each request alone. `seed_each_request=True` (or a separate worker process,
-  whose generator this process cannot seed) sends per-request seeds: batch-independent, slower.
+- Seeds: each request carries a seed derived from (seed, uid, offset), so a rollout's tokens do
+  not depend on the batch it ran in (as on the torch engine). vLLM then draws each seeded
+  request's noise in a loop of its own (vllm/v1/sample/ops/topk_topp_sampler.py); round 8
+  measured no cost from that (benchmarks/RESULTS.md: 22.2k tok/s with per-request seeds, 15.9k
+  with the generator seeded once per call instead).
 - Weights: `llm.collective_rpc(fn, kwargs=...)` runs `fn(worker, ...)` on the worker, which
   feeds the model's own `load_weights(iterable of (hf_name, tensor))` (vLLM's loader stacks
   q/k/v and gate/up and skips a tied lm_head). In process (VLLM_ENABLE_V1_MULTIPROCESSING=0,
@@ -47,8 +44,11 @@ CUDA_VISIBLE_DEVICES per process.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
+import importlib.util
 import logging
 import os
+import sys
 import time
 from typing import Iterable
 
@@ -60,18 +60,35 @@ from stages.common.hf_io import eos_token_ids_of
 
 log = logging.getLogger(__name__)
 
-try:  # import-guarded: the package is optional and GPU-only
-    import vllm
-    from vllm import LLM
-    from vllm import SamplingParams as VllmSamplingParams
-    from vllm.inputs import TokensPrompt
-    from vllm.sampling_params import RequestOutputKind
-    VLLM_IMPORT_ERROR: str | None = None
-except Exception as e:  # ImportError, or a broken CUDA/vLLM install raising anything else
-    vllm = None
-    VLLM_IMPORT_ERROR = f"{type(e).__name__}: {e}"
-
 MIN_VLLM = (0, 26)  # the API this module is written against (module docstring)
+
+
+def _installed_vllm() -> tuple[str | None, str | None]:
+    """(vLLM's version, None), or (None, why it is not there), without importing it: importing
+    vLLM takes seconds and probes CUDA, and every process that imports the engine registry
+    would pay it (the stage entries, and with them the verifier workers, which multiprocessing
+    starts by importing the stage's main module: round 8, benchmarks/RESULTS.md)."""
+    loaded = sys.modules.get("vllm")
+    if loaded is not None:
+        return getattr(loaded, "__version__", "0"), None
+    try:
+        if importlib.util.find_spec("vllm") is None:
+            return None, "No module named 'vllm'"
+        return importlib.metadata.version("vllm"), None
+    except Exception as e:  # noqa: BLE001 - a broken install's metadata
+        return None, f"{type(e).__name__}: {e}"
+
+
+def _import_vllm():
+    """vLLM's API this module calls, imported when the first engine is built."""
+    try:
+        from vllm import LLM
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+    except Exception as e:  # ImportError, or a broken CUDA/vLLM install raising anything else
+        raise RuntimeError(f"vllm engine: vllm is installed but does not import: {type(e).__name__}: {e}") from e
+    return LLM, VllmSamplingParams, TokensPrompt, RequestOutputKind
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
@@ -98,14 +115,6 @@ def _request_seed(seed: int, uid: str, offset: int) -> int:
     return int.from_bytes(h, "little") & 0x7FFF_FFFF
 
 
-def _call_seed(seed: int, requests: list[RolloutRequest]) -> int:
-    """One seed for a generate call: the same requests (uids and offsets) give the same seed."""
-    h = hashlib.blake2b(f"{seed}".encode(), digest_size=8)
-    for r in requests:
-        h.update(f"|{r.uid}:{len(r.generated_ids)}".encode())
-    return int.from_bytes(h.digest(), "little") & 0x7FFF_FFFF
-
-
 class VllmEngine(SyncTiming):
     name = "vllm"
     # with logprobs_mode="processed_logprobs" the reported log-prob is that of the distribution
@@ -115,10 +124,8 @@ class VllmEngine(SyncTiming):
     def __init__(self, model_dir: str, *, device: str = "cuda", dtype: str = "auto",
                  max_batch: int = 64, max_len: int = 4096, seed: int = 0,
                  gpu_memory_utilization: float = 0.4, enable_prefix_caching: bool = True,
-                 enforce_eager: bool = False, in_process: bool = True, seed_each_request: bool = False,
+                 enforce_eager: bool = False, in_process: bool = True,
                  eos_token_ids: list[int] | None = None, trust_remote_code: bool = False, **llm_kwargs):
-        if vllm is None:
-            raise RuntimeError(f"vllm engine: vllm is not importable ({VLLM_IMPORT_ERROR})")
         if not torch.cuda.is_available():
             raise RuntimeError("vllm engine: no CUDA device is visible")
         dev = torch.device(device)
@@ -128,7 +135,6 @@ class VllmEngine(SyncTiming):
         if in_process:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self.max_len, self.seed = int(max_len), int(seed)
-        self.seed_each_request = bool(seed_each_request) or not in_process  # module docstring: Seeds
         self.eos_token_ids = (list(eos_token_ids) if eos_token_ids is not None
                               else eos_token_ids_of(model_dir, trust_remote_code=trust_remote_code))
         kwargs = dict(model=model_dir, dtype="bfloat16" if dtype == "auto" else dtype, seed=seed,
@@ -137,6 +143,7 @@ class VllmEngine(SyncTiming):
                       gpu_memory_utilization=gpu_memory_utilization,
                       enable_prefix_caching=enable_prefix_caching, enforce_eager=enforce_eager,
                       **llm_kwargs)
+        LLM, self._SamplingParams, self._TokensPrompt, self._OutputKind = _import_vllm()
         self.llm = LLM(**kwargs, logprobs_mode="processed_logprobs")
         self._calls = 0
         self.last_stats: dict[str, float] = {}
@@ -156,16 +163,15 @@ class VllmEngine(SyncTiming):
 
     # ---------------------------------------------------------------- generate
     def _params(self, s: SamplingParams, r: RolloutRequest):
-        seed = (None if s.seed is None or not self.seed_each_request
-                else _request_seed(s.seed, r.uid, len(r.generated_ids)))
-        return VllmSamplingParams(
+        seed = None if s.seed is None else _request_seed(s.seed, r.uid, len(r.generated_ids))
+        return self._SamplingParams(
             n=1, temperature=max(0.0, s.temperature), top_p=s.top_p,
             top_k=s.top_k if s.top_k > 0 else -1, seed=seed, max_tokens=r.max_new_tokens,
             # our list is the only stop rule: vLLM also stops on the model's own EOS (its
             # generation config) unless told not to, so an engine opened with EOS off
             # (eos_token_ids=[]) still stopped at the model's EOS on an H100 (2026-11-26)
             logprobs=0, stop_token_ids=list(self.eos_token_ids), ignore_eos=True, detokenize=False,
-            output_kind=RequestOutputKind.DELTA)
+            output_kind=self._OutputKind.DELTA)
 
     def generate(self, requests: list[RolloutRequest], sampling: SamplingParams,
                  finished_token_budget: int | None = None) -> list[RolloutUpdate]:
@@ -177,8 +183,6 @@ class VllmEngine(SyncTiming):
                                  f"{need} tokens > max_len {self.max_len}")
         call = self._calls
         self._calls += 1
-        if sampling.seed is not None and not self.seed_each_request:
-            torch.cuda.manual_seed(_call_seed(sampling.seed, requests))
         engine = self.llm.llm_engine
         n = len(requests)
         toks: list[list[int]] = [[] for _ in range(n)]
@@ -199,7 +203,7 @@ class VllmEngine(SyncTiming):
                 for i, r in enumerate(requests):
                     if reason[i] is None:
                         rid = f"{call}-{i}-{r.uid}"
-                        engine.add_request(rid, TokensPrompt(prompt_token_ids=r.prompt_ids + r.generated_ids),
+                        engine.add_request(rid, self._TokensPrompt(prompt_token_ids=r.prompt_ids + r.generated_ids),
                                            self._params(sampling, r))
                         live[rid] = i
             while live and not over_budget():
@@ -249,19 +253,20 @@ def make_vllm_engine(model_dir: str, *, device: str = "cuda", dtype: str = "auto
                      max_batch: int = 64, max_len: int = 4096, seed: int = 0,
                      **engine_options) -> VllmEngine:
     """engine_options: gpu_memory_utilization (0.4), enable_prefix_caching, enforce_eager,
-    in_process, seed_each_request, eos_token_ids, and any other `vllm.LLM` keyword
+    in_process, eos_token_ids, and any other `vllm.LLM` keyword
     (tensor_parallel_size, ...)."""
     return VllmEngine(model_dir, device=device, dtype=dtype, max_batch=max_batch,
                       max_len=max_len, seed=seed, **engine_options)
 
 
-if vllm is None:
-    UNAVAILABLE["vllm"] = (f"vllm is not importable here ({VLLM_IMPORT_ERROR}); it needs "
+VLLM_VERSION, VLLM_MISSING = _installed_vllm()
+if VLLM_VERSION is None:
+    UNAVAILABLE["vllm"] = (f"vllm is not installed here ({VLLM_MISSING}); it needs "
                            f"`pip install ring-pipeline[vllm]` on a CUDA machine")
-elif _version_tuple(vllm.__version__) < MIN_VLLM:
-    UNAVAILABLE["vllm"] = (f"vllm {vllm.__version__} is older than {'.'.join(map(str, MIN_VLLM))}, "
+elif _version_tuple(VLLM_VERSION) < MIN_VLLM:
+    UNAVAILABLE["vllm"] = (f"vllm {VLLM_VERSION} is older than {'.'.join(map(str, MIN_VLLM))}, "
                            f"the API this engine is written against")
 else:
     register_engine("vllm")(make_vllm_engine)
     if not torch.cuda.is_available():
-        UNAVAILABLE["vllm"] = f"vllm {vllm.__version__} is installed but no CUDA device is visible"
+        UNAVAILABLE["vllm"] = f"vllm {VLLM_VERSION} is installed but no CUDA device is visible"
