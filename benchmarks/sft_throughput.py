@@ -31,6 +31,7 @@ Variants of an SFT case (`<tokens>` tokens per micro batch, micro batch 1, ZeRO-
                 instead of its BF16_Optimizer; ZeRO-2 is the stage's default)
   stage_mixed, stage_mixed_z1  the stage with `precision: bf16-mixed` (fp32 weights, bf16
                 autocast compute, the fused AdamW on the weights themselves), ZeRO-0 / ZeRO-1
+  stage_mixed_compiled  stage_mixed with `compile_layers: true` (each decoder layer compiled)
 With `--profile`, two more steps after the timed ones run under torch.profiler (the stage's
 `profile` setting; the plain loop the same way; they are not in the rates): OUT/profile_<case>_
 <variant>.txt is the operator table (key_averages by device time, top 40), the first place to
@@ -104,6 +105,8 @@ VARIANTS = {  # the sft stage's config per variant
     # torch.autocast; no optimizer wrapper copying between bf16 weights and fp32 masters
     "stage_mixed": {"precision": "bf16-mixed"},
     "stage_mixed_z1": {"precision": "bf16-mixed", "zero_stage": 1},
+    # and every decoder layer through torch.compile (the step is host-bound at micro batch 1)
+    "stage_mixed_compiled": {"precision": "bf16-mixed", "compile_layers": True},
 }
 DEFAULT_VARIANTS = {"1.5B@4096": ["plain", "stage", "stage_flex", "stage_before"]}
 PROFILED_STEPS = 2  # with --profile, after the timed steps

@@ -81,6 +81,11 @@ class SFTConfig(StageConfig):
     gradient_checkpointing: bool = Field(
         False, description="recompute each decoder layer's activations in the backward pass: less memory "
                            "for longer packs or larger micro batches, ~1/3 more compute")
+    compile_layers: bool = Field(
+        False, description="torch.compile each decoder layer (regional compilation): fused kernels and far "
+                           "less Python per step, which bounds a small micro batch's step on a GPU; the "
+                           "first steps compile. ZeRO 0-2 (ZeRO-3 gathers parameters in hooks around "
+                           "each layer)")
     loss_chunk_tokens: int = Field(
         8192, ge=1, description="tokens per chunk of the LM-head + cross-entropy: the full-vocabulary logits "
                                 "of a micro batch are never held at once (stages/common/fused_loss.py)")
@@ -97,6 +102,13 @@ class SFTConfig(StageConfig):
     def _warmup_fits(self) -> "SFTConfig":
         if self.max_steps is not None and self.warmup_steps > self.max_steps:
             raise ValueError(f"warmup_steps ({self.warmup_steps}) exceeds max_steps ({self.max_steps})")
+        return self
+
+    @model_validator(mode="after")
+    def _compile_fits(self) -> "SFTConfig":
+        if self.compile_layers and self.zero_stage == 3:
+            raise ValueError("compile_layers needs zero_stage 0, 1 or 2 (ZeRO-3 gathers each layer's "
+                             "parameters in hooks that compiled layers do not run the same way)")
         return self
 
     @model_validator(mode="after")

@@ -121,8 +121,8 @@ def packed_loss_sum(model, batch: dict[str, torch.Tensor], device: torch.device,
 
 
 def load_packed_lm(model_dir: Path, cfg: SFTConfig, attn: str) -> PackedLMLoss:
-    """The input model in float32 (DeepSpeed casts it), with the configured attention and
-    gradient checkpointing, wrapped for the chunked loss."""
+    """The input model in float32 (DeepSpeed casts it), with the configured attention,
+    gradient checkpointing and compiled layers, wrapped for the chunked loss."""
     lm = load_causal_lm(model_dir, torch.float32, attn_implementation=attn,
                         trust_remote_code=cfg.trust_remote_code)
     if cfg.gradient_checkpointing:  # transformers >= 5.20 renamed it (the old name warns)
@@ -131,6 +131,13 @@ def load_packed_lm(model_dir: Path, cfg: SFTConfig, attn: str) -> PackedLMLoss:
             enable(activation_checkpointing_kwargs={"use_reentrant": False})
         else:
             lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.compile_layers:
+        layers = getattr(lm.get_decoder(), "layers", None)
+        if not isinstance(layers, torch.nn.ModuleList) or not len(layers):
+            raise StageError(f"model {cfg.model}: compile_layers needs the decoder's layers as "
+                             f"`.layers` (a ModuleList); {type(lm.get_decoder()).__name__} has none")
+        for layer in layers:  # in place: parameter names (checkpoints, saving) stay the same
+            layer.compile()
     width = static_width(attn, cfg.max_seq_len) or cfg.max_seq_len  # a pack's most tokens, padding included
     return PackedLMLoss(lm, cfg.loss_chunk_tokens, max_tokens=cfg.micro_batch_size * width)
 
