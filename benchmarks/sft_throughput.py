@@ -107,6 +107,7 @@ VARIANTS = {  # the sft stage's config per variant
     "stage_mixed_z1": {"precision": "bf16-mixed", "zero_stage": 1},
     # and every decoder layer through torch.compile (the step is host-bound at micro batch 1)
     "stage_mixed_compiled": {"precision": "bf16-mixed", "compile_layers": True},
+    "stage_compiled": {"compile_layers": True},  # DeepSpeed's bf16 optimizer, ZeRO-0, compiled layers
 }
 DEFAULT_VARIANTS = {"1.5B@4096": ["plain", "stage", "stage_flex", "stage_before"]}
 PROFILED_STEPS = 2  # with --profile, after the timed steps
