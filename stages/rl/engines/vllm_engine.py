@@ -253,8 +253,7 @@ def make_vllm_engine(model_dir: str, *, device: str = "cuda", dtype: str = "auto
                      max_batch: int = 64, max_len: int = 4096, seed: int = 0,
                      **engine_options) -> VllmEngine:
     """engine_options: gpu_memory_utilization (0.4), enable_prefix_caching, enforce_eager,
-    in_process, eos_token_ids, and any other `vllm.LLM` keyword
-    (tensor_parallel_size, ...)."""
+    in_process, eos_token_ids, and any other `vllm.LLM` keyword (tensor_parallel_size, ...)."""
     return VllmEngine(model_dir, device=device, dtype=dtype, max_batch=max_batch,
                       max_len=max_len, seed=seed, **engine_options)
 
