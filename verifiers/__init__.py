@@ -4,7 +4,7 @@
 
 See verifiers/README.md. This package imports nothing from the rest of the repository.
 """
-from .api import VerifierPool, shutdown_pool, verify, verify_batch
+from .api import VerifierPool, VerifierPoolError, shutdown_pool, verify, verify_batch
 from .registry import VERIFIERS, get_verifier, register_verifier
 from .schema import Reward, TaskRow
 
@@ -19,6 +19,7 @@ __all__ = [
     "TaskRow",
     "VERIFIERS",
     "VerifierPool",
+    "VerifierPoolError",
     "get_verifier",
     "register_verifier",
     "shutdown_pool",
