@@ -18,3 +18,11 @@ def gloo_group(monkeypatch):
     yield init_distributed()
     if dist.is_initialized():
         dist.destroy_process_group()
+    # DeepSpeed keeps a clone of the world group it made for the first engine: the next test's
+    # group is a new one, and an engine built then would broadcast over the destroyed clone
+    # ("Group ... is not registered"), so its cache goes with the group it was cloned from
+    import sys
+
+    groups = sys.modules.get("deepspeed.utils.groups")
+    if groups is not None:
+        groups._WORLD_GROUP = None
