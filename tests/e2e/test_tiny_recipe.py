@@ -11,13 +11,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.long_pole]  # the recipe end to end: ~4-5 minutes
 
 STAGES = ["data", "curate", "base", "sft", "reasoning_rl", "reward_model", "general_rl"]
-SFT_STEPS = 50  # recipes/tiny.yaml's stages.sft.max_steps
+SFT_STEPS = yaml.safe_load((REPO / "recipes" / "tiny.yaml").read_text())["stages"]["sft"]["max_steps"]
 
 
 def _cli(*args, tmp_path, timeout=900):
