@@ -37,6 +37,9 @@ With `--profile`, two more steps after the timed ones run under torch.profiler (
 <variant>.txt is the operator table (key_averages by device time, top 40), the first place to
 look for where a step goes.
 Gradient checkpointing is on for the 16k-token cases (plain and stage alike), off at 4096.
+`--grad-accum K` (plain and stage alike) makes a step K micro batches and one optimizer step:
+at micro batch 1 the optimizer (AdamW over every parameter, plus the stage's gradient clipping)
+runs after every pack, a share of the step that a real SFT batch of many packs amortises.
 The stage's rate is the median of its logged per-step tokens/s after `--skip` warm-up steps
 (FlexAttention compiles in the first); its peak memory is torch.cuda.max_memory_allocated,
 logged by the stage.
@@ -203,14 +206,18 @@ def run_plain(path: Path, shape: str, pack_ids: list[list[int]], tokens: int, ck
     times = []
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
+    k = args.grad_accum
     for step in range(args.total_steps):
-        start = (step * tokens) % max(1, len(stream) - tokens)
-        ids = torch.tensor([stream[start:start + tokens]], device=device)
+        batches = []
+        for micro in range(k):
+            start = ((step * k + micro) * tokens) % max(1, len(stream) - tokens)
+            batches.append(torch.tensor([stream[start:start + tokens]], device=device))
         profiler.before(step + 1)
         sync(device)
         t0 = time.perf_counter()
-        loss = model(input_ids=ids, labels=ids, use_cache=False).loss
-        loss.backward()
+        for ids in batches:  # one optimizer step per k micro batches, as the stage's grad_accum
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss / k
+            loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         sync(device)
@@ -220,8 +227,9 @@ def run_plain(path: Path, shape: str, pack_ids: list[list[int]], tokens: int, ck
     dt = statistics.median(times)
     n = sum(p.numel() for p in model.parameters())
     m = model_numbers(shape)
-    flops = 6 * n * tokens + 6 * m["layers"] * m["d_attn"] * tokens ** 2
-    out = {"tokens_per_s": tokens / dt, "step_seconds": dt, "params": n, "gradient_checkpointing": ckpt,
+    flops = k * (6 * n * tokens + 6 * m["layers"] * m["d_attn"] * tokens ** 2)
+    out = {"tokens_per_s": k * tokens / dt, "step_seconds": dt, "params": n, "gradient_checkpointing": ckpt,
+           "grad_accum": k,
            "flops_per_step": flops, "mfu": mfu(flops / dt, peak),
            "peak_memory_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if device == "cuda" else None}
     del model, opt
@@ -238,7 +246,7 @@ def run_stage_variant(variant: str, path: Path, rows_file: Path, shape: str, tok
 
     overrides = {k: tokens if v is TOKENS else v for k, v in VARIANTS[variant].items()}
     config = {"model": str(path), "data": str(rows_file), "max_seq_len": tokens, "micro_batch_size": 1,
-              "grad_accum": 1, "max_steps": args.total_steps, "warmup_steps": 1, "lr": 1e-5,
+              "grad_accum": args.grad_accum, "max_steps": args.total_steps, "warmup_steps": 1, "lr": 1e-5,
               "zero_stage": 0, "gradient_checkpointing": ckpt, "checkpoint_every": 10 ** 6, "log_every": 1,
               **overrides}
     if args.profile:
@@ -394,6 +402,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None, help="timed steps per SFT variant (default 8, smoke 2)")
     p.add_argument("--skip", type=int, default=None, help="warm-up steps not timed (default 3, smoke 1)")
     p.add_argument("--rows", type=int, default=None, help="synthetic CoT rows (default 3000, smoke 300)")
+    p.add_argument("--grad-accum", type=int, default=1,
+                   help="micro batches per optimizer step, plain loop and stage alike (default 1: the "
+                        "optimizer steps after every pack)")
     p.add_argument("--profile", action="store_true",
                    help="torch.profiler over two more steps after the timed ones of every SFT variant: "
                         "OUT/profile_<case>_<variant>.txt")
