@@ -16,7 +16,7 @@ in this run (a large device-to-device copy: bytes read + written / time), and th
 the bound the step reaches. `--compile` turns the engine's `compile` option on (its compile
 seconds are a column; warm-up includes them). `--no-pack` runs q/k/v and gate/up as separate
 matmuls (pack_projections=False: the engine before fused_linear.py), for an A/B in one run;
-`--noise drawn|hashed` picks the sampling noise (sampling.py; auto = hashed when compiled), the
+`--autotune` compiles with inductor's GEMM autotuning (compile_mode); `--noise drawn|hashed` picks the sampling noise (sampling.py; auto = hashed when compiled), the
 same kind of A/B. `--profile` traces ~20 steady decode steps
 (kernel times of a 21-token call minus those of a 1-token call) and prints the top kernels
 and the per-step GPU time by kind: attention / GEMM / elementwise+norm / sampling / other.
@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anyw
 
 COLUMNS = ["date", "device", "model", "dtype", "batch", "prompt", "new", "engine tok/s",
            "generate tok/s", "speedup", "engine decode tok/s", "generate decode tok/s",
-           "greedy agree", "engine warm-up s", "compile s", "graphs", "packed", "noise", "ms/step", "bound ms/step",
+           "greedy agree", "engine warm-up s", "compile s", "compile mode", "graphs", "packed", "noise", "ms/step", "bound ms/step",
            "% of bound", "bandwidth GB/s", "torch / transformers"]
 
 # kernel (or, on CPU, aten op) name fragments per kind, first match wins: fused Triton
@@ -83,6 +83,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--compile", action="store_true", help="engine option compile=True (torch.compile)")
     p.add_argument("--no-pack", action="store_true",
                    help="engine option pack_projections=False (q/k/v and gate/up as separate matmuls)")
+    p.add_argument("--autotune", action="store_true",
+                   help="with --compile: compile_mode max-autotune-no-cudagraphs (compiled_step.py)")
     p.add_argument("--noise", default="auto", choices=("auto", "drawn", "hashed"),
                    help="engine option sampling_noise (auto = hashed when compiled: sampling.py)")
     p.add_argument("--profile", action="store_true",
@@ -214,6 +216,7 @@ def main() -> None:
                                max_batch=a.batch, max_len=a.prompt_len + a.new_tokens,
                                seed=a.seed, eos_token_ids=[],
                                compile=a.compile, pack_projections=not a.no_pack, sampling_noise=a.noise,
+                               compile_mode="max-autotune-no-cudagraphs" if a.autotune else "default",
                                **({"cuda_graphs": False} if a.no_cuda_graphs else {}))
 
     sample = SamplingParams(temperature=1.0, seed=a.seed)
@@ -237,6 +240,7 @@ def main() -> None:
            "engine decode tok/s": a.batch * (a.new_tokens - 1) / max(e_full - e_one, 1e-9),
            "engine warm-up s": warm, "graphs": len(engine.graphs) if engine.use_graphs else "off",
            "packed": engine.packed_projections, "noise": engine.sampling_noise,
+           "compile mode": engine.compiled.mode if engine.compiled.enabled else "-",
            "compile s": (f"{engine.compiled.compile_seconds:.1f}" if engine.compiled.enabled
                          else ("failed" if a.compile else "off")),
            "ms/step": f"{step_s * 1000:.2f}", "bound ms/step": f"{bound_s * 1000:.3f}",

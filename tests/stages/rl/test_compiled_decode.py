@@ -84,6 +84,8 @@ def test_failed_compile_warns_once_and_decodes_eagerly(model_dir, caplog):
 def test_compile_options_are_checked(model_dir):
     with pytest.raises(ValueError, match="compile_max_shapes must be >= 1"):
         _engine(model_dir, compile=True, compile_max_shapes=0)
+    with pytest.raises(ValueError, match="compile_mode must be one of .*own CUDA graphs"):
+        _engine(model_dir, compile=True, compile_mode="reduce-overhead")
     with pytest.raises(ValueError, match="compile=True needs static_shapes=True"):
         create_engine("torch", str(model_dir), compile=True, static_shapes=False)
     assert create_engine("torch", str(model_dir), compile=True).static_shapes  # the default follows

@@ -27,6 +27,12 @@ log = logging.getLogger(__name__)
 # batch buckets x kv buckets x sampling modes of one run stay well under this (the
 # benchmark's batch-256 run compiles 3 or 4); each signature costs a compile (seconds)
 DEFAULT_MAX_COMPILES = 32
+# torch.compile modes that leave CUDA graphs to cuda_graphs.py: "max-autotune-no-cudagraphs"
+# benchmarks Triton GEMM templates against cuBLAS for each matmul shape (the decode step's
+# M = batch matmuls are skinny) and can fuse pointwise epilogues into them (fewer kernels per
+# layer); its compile takes minutes longer. "reduce-overhead" / "max-autotune" capture graphs
+# of their own over the same buffers: refused.
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 
 
 # inductor writes out ("realizes") a pointwise result of more than this many ops instead of
@@ -45,17 +51,22 @@ def _inductor_config():
 
 
 class CompiledDecode:
-    def __init__(self, body: Callable[..., None], enabled: bool, max_compiles: int = DEFAULT_MAX_COMPILES):
+    def __init__(self, body: Callable[..., None], enabled: bool, max_compiles: int = DEFAULT_MAX_COMPILES,
+                 mode: str = "default"):
         if max_compiles < 1:
             raise ValueError(f"torch engine: compile_max_shapes must be >= 1, got {max_compiles}")
-        self.enabled, self.max_compiles = bool(enabled), int(max_compiles)
+        if mode not in COMPILE_MODES:
+            raise ValueError(f"torch engine: compile_mode must be one of {', '.join(COMPILE_MODES)} (the "
+                             f"engine captures its own CUDA graphs); got {mode!r}")
+        self.enabled, self.max_compiles, self.mode = bool(enabled), int(max_compiles), mode
         self.compiled: set[Hashable] = set()
         self.compile_seconds = 0.0
         self._warned_full = False
         self._step = None
         if self.enabled:
             try:  # lazy: the compile itself happens at a signature's first call
-                self._step = torch.compile(body, fullgraph=True, dynamic=False, backend="inductor")
+                self._step = torch.compile(body, fullgraph=True, dynamic=False, backend="inductor",
+                                           mode=None if mode == "default" else mode)
             except Exception as e:
                 self.disable(e)
 

@@ -147,6 +147,7 @@ class TorchEngine(SyncTiming):
                  eos_token_ids: list[int] | None = None, prefill_chunk_tokens: int = 16384,
                  decode_attention: str = "auto", refill_min_free: int | None = None,
                  compile: bool = False, compile_max_shapes: int = DEFAULT_MAX_COMPILES,
+                 compile_mode: str = "default",
                  pack_projections: bool = True, sampling_noise: str = "auto",
                  trust_remote_code: bool = False):
         path = Path(model_dir)
@@ -200,7 +201,7 @@ class TorchEngine(SyncTiming):
                         "graphs", rope_type)
             use_graphs = False
         self.graphs = DecodeGraphs(self.device, use_graphs)
-        self.compiled = CompiledDecode(self._decode_body, compile, compile_max_shapes)
+        self.compiled = CompiledDecode(self._decode_body, compile, compile_max_shapes, compile_mode)
         self.layers = list(inner.layers)
         self.mlps = [feed_forward(layer.mlp, f"layer {i} mlp of {model_dir}") for i, layer in enumerate(self.layers)]
         # q/k/v and a dense MLP's gate/up as one matmul each (fused_linear.py); `_packs` own
@@ -574,6 +575,7 @@ def make_torch_engine(model_dir: str, *, device: str = "cpu", dtype: str = "auto
     refill_min_free (int, default max_batch // 8: free slots that trigger a refill prefill),
     compile (bool, default False: the decode step through torch.compile, compiled_step.py),
     compile_max_shapes (int, default 32: decode shapes compiled at most; later ones run eagerly),
+    compile_mode ("default"; "max-autotune-no-cudagraphs": GEMM autotuning, compiled_step.py),
     sampling_noise ("auto" = hashed when compiled, else drawn; "drawn"; "hashed": sampling.py),
     pack_projections (bool, default True: q/k/v and gate/up as one matmul each, fused_linear.py)."""
     return TorchEngine(model_dir, device=device, dtype=dtype, max_batch=max_batch,
