@@ -2,12 +2,13 @@
 place (the `compile_layers` setting of the SFT and RL stages).
 
 One decoder layer's code is compiled once and shared by every layer of the model (dynamo
-takes the parameters as inputs), so a model compiles in the time of one layer. Shapes: the
-first call compiles for its exact shapes; the first call with another shape recompiles with
-the changed dimensions dynamic (torch's automatic dynamic shapes), and later shapes reuse that
-graph; a dimension of size 1 is specialised once more. The RL learner's micro batches, whose
-rows and widths change with every call, so cost a few compiles per grad mode, not one per
-shape (tests/stages/common/test_compile_layers.py counts them).
+takes the parameters as inputs), so a model compiles in the time of one layer, once per grad
+mode. Shapes: by default the first call compiles for its exact shapes and the first call with
+another shape recompiles with the changed sizes dynamic (torch's automatic dynamic shapes);
+with `dynamic=True` (the RL policy: its learner's micro batches change rows and width with
+every call) sizes are symbolic from the first compile. Either way a size of 1 (a one-row micro
+batch) is specialised once more; no shape after that compiles again
+(tests/stages/common/test_compile_layers.py counts the graphs).
 
 `RING_COMPILE_BACKEND` (environment) names the torch.compile backend, `inductor` by default;
 `aot_eager` traces the same graphs without code generation, which is what the CPU smoke of
@@ -44,9 +45,11 @@ def check_zero_stage(compile_layers: bool, zero_stage: int) -> None:
                          "parameters in hooks that compiled layers do not run the same way)")
 
 
-def compile_decoder_layers(lm: Any, model: str) -> None:
+def compile_decoder_layers(lm: Any, model: str, dynamic: bool | None = None) -> None:
     """torch.compile every decoder layer of the causal LM `lm` in place (parameter names, and so
-    checkpoints and saved models, stay the same). `model`: the config's model, for the error."""
+    checkpoints and saved models, stay the same). `model`: the config's model, for the error.
+    `dynamic`: torch.compile's; True for inputs whose shape changes with every call (the RL
+    learner's micro batches): sizes are symbolic from the first compile."""
     layers = getattr(lm.get_decoder(), "layers", None)
     import torch
 
@@ -54,5 +57,9 @@ def compile_decoder_layers(lm: Any, model: str) -> None:
         raise StageError(f"model {model}: compile_layers needs the decoder's layers as "
                          f"`.layers` (a ModuleList); {type(lm.get_decoder()).__name__} has none")
     backend = os.environ.get(BACKEND_ENV) or DEFAULT_BACKEND
-    for layer in layers:
-        layer.compile(backend=backend)
+    try:
+        for layer in layers:
+            layer.compile(backend=backend, dynamic=dynamic)
+    except torch._dynamo.exc.InvalidBackend as e:
+        raise StageError(f"compile_layers: ${BACKEND_ENV}={backend!r} is not a torch.compile backend "
+                         f"(known: {', '.join(torch._dynamo.list_backends())})") from e

@@ -83,8 +83,8 @@ def build_policy(cfg: RLConfig, model_dir: Path, ranks: Ranks, precision: str, p
     frozen = freeze_parameters(model, cfg.frozen_param_patterns)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
-    if cfg.compile_layers:  # the reference model runs one no-grad pass a step: left eager
-        compile_decoder_layers(model, cfg.model)
+    if cfg.compile_layers:  # micro batches change shape every call; the reference model stays eager
+        compile_decoder_layers(model, cfg.model, dynamic=True)
     trainable = [p for p in model.parameters() if p.requires_grad]
     ds_engine, _ = initialize(PolicyHead(model), trainable, policy_ds_config(cfg, precision), lr=cfg.lr,
                               betas=cfg.adam_betas, weight_decay=cfg.weight_decay)
