@@ -7,7 +7,8 @@ transformers + fused AdamW loop, and the RL learner's step, on one GPU, in one r
     timeout 480 python3 benchmarks/sft_throughput.py --out "$OUT" 2>&1 | tee "$OUT/sft_throughput.log"
     # one case only (e.g. a second run for what the first did not reach):
     timeout 480 python3 benchmarks/sft_throughput.py --out "$OUT" --only 1.5B@16384 2>&1 | tee "$OUT/sft_throughput.log"
-    # here (CPU): the whole orchestration on a tiny shape
+    # here (CPU): the whole orchestration on a tiny shape (compile_layers traced with aot_eager:
+    # the smoke sets RING_COMPILE_BACKEND=aot_eager unless it is set, stages/common/compile_layers.py)
     python benchmarks/sft_throughput.py --smoke --out /tmp/sft_smoke
     # where the stage's step goes (issue 19): operator tables of plain vs stage variants
     timeout 480 python3 benchmarks/sft_throughput.py --out "$OUT" --only 1.5B@4096 --profile \
@@ -45,10 +46,22 @@ The stage's rate is the median of its logged per-step tokens/s after `--skip` wa
 logged by the stage.
 
 The learner case: stages/rl/learner.py `Learner.train` (theta_old pass + one update) with the
-plain-torch backend on the 0.5B shape, 32 rollouts (prompts 256 tokens, responses 512-2048),
-micro batches of 16384 padded tokens; `before` = the head over the whole micro batch at once
-(logit_chunk = micro_batch_tokens: what the learner did for responses <= 2048 tokens),
-`after` = chunks of 2048 tokens over the micro batch.
+plain-torch backend (fused AdamW on bf16 weights, sdpa attention), 32 rollouts (prompts 256
+tokens, responses 512-2048), the head in chunks of 2048 response tokens, on one model in one run:
+  before           the learner as it was: collate's [B, T] padding mask passed to the model, which
+                   HF turns into a dense 4D mask (SDPA cannot take its flash kernel)
+  causal           no mask (rows are right-padded; `PolicyHead` drops it for causal model types)
+  causal_compiled  no mask + every decoder layer compiled (stages/common/compile_layers.py, as
+                   the RL stages' `compile_layers: true`; dynamic shapes), the first step compiles
+`--learner-shape 0.5B` (default) runs micro batches of 16384 padded tokens; `--learner-shape
+1.5B` runs 12288: by arithmetic from the 0.5B run's 33.2 GiB peak at 16384 (benchmarks/RESULTS.md,
+issue 19), activations are ~74 KB per token per layer at 0.5B, ~1.8x that per layer at 1.5B
+(10 h + 4 ffn elements per token) and 28 layers: ~57 GiB at 16384 tokens, plus 11.5 GiB of bf16
+weights, grads and AdamW state and ~2 GiB of head chunks, ~71 GiB of an H100's ~79; 12288 tokens
+(~43 GiB of activations, ~57 GiB in all) leaves room for the allocator's fragmentation over
+micro batches of changing shapes. A variant's rate is the median of 2 timed steps after one
+warm-up step (which also compiles); its peak memory is torch.cuda.max_memory_allocated.
+    timeout 480 python3 benchmarks/sft_throughput.py --out "$OUT" --only learner --learner-shape 1.5B
 
 MFU = model FLOPs / s / the card's dense bf16 peak (from the device name: H100 SXM / H200
 989e12, H100 PCIe 756e12, A100 312e12; unknown card: no MFU). Model FLOPs, forward + backward:
@@ -79,6 +92,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from stages.common.compile_layers import BACKEND_ENV  # noqa: E402
 from stages.common.step_profile import StepProfiler  # noqa: E402
 from benchmarks._record import SAFE_ENV, ResultFile, device_name, log, versions  # noqa: E402 - needs ROOT on sys.path
 
@@ -321,15 +335,26 @@ class LearnerSample:
         return [0] * len(self.response_ids)
 
 
+LEARNER_VARIANTS = {  # PolicyHead's padding mask, decoder layers compiled
+    "before": {"keep_padding_mask": True, "compiled": False},     # the learner before: HF's 4D mask
+    "causal": {"keep_padding_mask": False, "compiled": False},    # no mask: SDPA is_causal (flash)
+    "causal_compiled": {"keep_padding_mask": False, "compiled": True},  # and compile_layers
+}
+LEARNER_MICRO_TOKENS = {"0.5B": 16384, "1.5B": 12288, "tiny": 256}  # module docstring: why 12288
+
+
 def run_learner(path: Path, shape: str, args, device: str, peak: float | None) -> dict:
     import torch
+    from torch._dynamo.utils import counters
     from transformers import AutoModelForCausalLM
 
-    from stages.rl.learner import Learner, LearnerConfig, TorchBackend
+    from stages.common.compile_layers import compile_decoder_layers
+    from stages.rl.learner import Learner, LearnerConfig, PolicyHead, TorchBackend
     from stages.rl.loss import LossConfig
 
     g = torch.Generator().manual_seed(0)
-    n_roll, prompt, (lo, hi), mb_tokens = args.learner_shape
+    n_roll, prompt, (lo, hi) = args.learner_batch
+    mb_tokens, chunk = LEARNER_MICRO_TOKENS[shape], 2048 if device == "cuda" else 64
     samples = []
     for i in range(n_roll):
         r = int(torch.randint(lo, hi + 1, (1,), generator=g))
@@ -340,41 +365,50 @@ def run_learner(path: Path, shape: str, args, device: str, peak: float | None) -
     resp_tokens = sum(len(s.response_ids) for s in samples)
     m = model_numbers(shape)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    out = {"rollouts": n_roll, "tokens": all_tokens, "response_tokens": resp_tokens, "micro_batch_tokens": mb_tokens}
-    for variant, chunk in (("before", mb_tokens), ("after", 2048 if device == "cuda" else 64)):
+    out = {"shape": shape, "rollouts": n_roll, "tokens": all_tokens, "response_tokens": resp_tokens,
+           "micro_batch_tokens": mb_tokens, "logit_chunk": chunk}
+    for variant, how in LEARNER_VARIANTS.items():
+        model = opt = learner = head = None
         try:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").to(device)
             model.config.use_cache = False
             n = sum(p.numel() for p in model.parameters())
             body = n - m["head_params"]
+            if how["compiled"]:  # as stages/rl/policy.py build_policy does with compile_layers
+                torch._dynamo.reset()
+                counters.clear()
+                compile_decoder_layers(model, shape, dynamic=True)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=device == "cuda")
-            learner = Learner(TorchBackend(model, opt, grad_clip=1.0),
+            head = PolicyHead(model, keep_padding_mask=how["keep_padding_mask"])
+            learner = Learner(TorchBackend(head, opt, grad_clip=1.0),
                               LearnerConfig(loss=LossConfig(correction="icepop"), pad_id=0,
                                             micro_batch_tokens=mb_tokens, logit_chunk=chunk))
             if device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
             times = []
-            for step in range(1 + args.learner_steps):
+            for step in range(1 + args.learner_steps):  # the first: warm-up (and compiles)
                 sync(device)
                 t0 = time.perf_counter()
                 learner.train(samples, version=0)
                 sync(device)
-                if step >= 1:
-                    times.append(time.perf_counter() - t0)
-            dt = statistics.median(times)
+                times.append(time.perf_counter() - t0)
+            dt = statistics.median(times[1:])
             # theta_old forward (2/8) + update forward and backward (6/8); the head on responses only
             flops = (8 * body * all_tokens + 8 * m["head_params"] * resp_tokens
                      + 8 * m["layers"] * m["d_attn"] * sum((len(s.prompt_ids) + len(s.response_ids)) ** 2
                                                            for s in samples))
-            out[variant] = {"logit_chunk": chunk, "step_seconds": dt, "tokens_per_s": all_tokens / dt,
-                            "mfu": mfu(flops / dt, peak),
+            out[variant] = {**how, "step_seconds": dt, "first_step_seconds": times[0],
+                            "tokens_per_s": all_tokens / dt, "mfu": mfu(flops / dt, peak),
                             "peak_memory_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if device == "cuda" else None}
-            log(f"learner {variant}: {all_tokens / dt:,.0f} tok/s, step {dt:.2f}s, MFU {fmt(out[variant]['mfu'])}")
+            if how["compiled"]:
+                out[variant]["compiled_graphs"] = counters["stats"]["unique_graphs"]
+            log(f"learner {shape} {variant}: {all_tokens / dt:,.0f} tok/s, step {dt:.2f}s (first {times[0]:.1f}s), "
+                f"MFU {fmt(out[variant]['mfu'])}")
         except Exception as e:  # noqa: BLE001 - a failed variant is a result (OOM, ...), the run goes on
-            out[variant] = {"logit_chunk": chunk, "error": f"{type(e).__name__}: {str(e)[:2000]}"}
-            log(f"learner {variant} FAILED: {out[variant]['error'][:300]}")
+            out[variant] = {**how, "error": f"{type(e).__name__}: {str(e)[:2000]}"}
+            log(f"learner {shape} {variant} FAILED: {out[variant]['error'][:300]}")
         finally:
-            model = opt = learner = None
+            model = opt = learner = head = None
             if device == "cuda":
                 torch.cuda.empty_cache()
     return out
@@ -405,6 +439,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--grad-accum", type=int, default=1,
                    help="micro batches per optimizer step, plain loop and stage alike (default 1: the "
                         "optimizer steps after every pack)")
+    p.add_argument("--learner-shape", choices=["0.5B", "1.5B"], default="0.5B",
+                   help="the learner case's model shape (the smoke: tiny)")
     p.add_argument("--profile", action="store_true",
                    help="torch.profiler over two more steps after the timed ones of every SFT variant: "
                         "OUT/profile_<case>_<variant>.txt")
@@ -418,8 +454,8 @@ def parse(argv=None) -> argparse.Namespace:
     a.rows = a.rows or (300 if a.smoke else 3000)
     a.total_steps = a.skip + a.steps + (PROFILED_STEPS if a.profile else 0)
     a.learner_steps = 1 if a.smoke else 2
-    # rollouts, prompt tokens, (min, max) response tokens, micro-batch padded tokens
-    a.learner_shape = (4, 16, (16, 48), 256) if a.smoke else (32, 256, (512, 2048), 16384)
+    # rollouts, prompt tokens, (min, max) response tokens
+    a.learner_batch = (4, 16, (16, 48)) if a.smoke else (32, 256, (512, 2048))
     return a
 
 
@@ -427,6 +463,8 @@ def main(argv=None) -> int:
     args = parse(argv)
     import torch
 
+    if args.smoke:  # inductor's C++ build of CPU graphs takes minutes here; the same graphs, traced
+        os.environ.setdefault(BACKEND_ENV, "aot_eager")
     gpu = torch.cuda.is_available() and not args.smoke
     device = "cuda" if gpu else "cpu"
     name = device_name(gpu)
@@ -446,7 +484,7 @@ def main(argv=None) -> int:
         rows_file = tokenizer_dir = None
         for case in cases:
             if case == "learner":  # random token ids: no data, no tokenizer
-                shape = "tiny" if args.smoke else "0.5B"
+                shape = "tiny" if args.smoke else args.learner_shape
                 try:
                     path = model_dir(shape, None, work, device)
                     results.put("cases", "learner", shape, result=run_learner(path, shape, args, device, peak))

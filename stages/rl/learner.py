@@ -23,6 +23,9 @@ micro-batch (stages/common/fused_loss.py; recomputed in the backward pass when t
 than one chunk), so neither a 64k-token response nor a wide micro-batch ever holds a
 [tokens, vocab] tensor at once.
 
+Attention: the micro batch's rows are right-padded, so a model whose attention is causal by
+position needs no padding mask, and gets none (SDPA's flash kernel; `CAUSAL_BY_POSITION`).
+
 Backends: `TorchBackend` (a plain torch optimizer; the GPU benchmark uses it) or the
 DeepSpeed wrapper in deepspeed_backend.py. Each rank's micro-batch loss is multiplied by the world
 size because data-parallel backends average gradients over ranks.
@@ -141,6 +144,8 @@ class MicroBatch:
 
 
 def collate(samples: Sequence[Any], version: int, pad_id: int, device: torch.device) -> MicroBatch:
+    """One rollout per row, prompt then response from position 0, pads after it (right padding:
+    what PolicyHead's mask-free causal attention relies on)."""
     dummy = not samples
     if dummy:  # keeps collectives in step on a rank with nothing left to do; its loss is 0
         from types import SimpleNamespace
@@ -176,7 +181,7 @@ def collate(samples: Sequence[Any], version: int, pad_id: int, device: torch.dev
 
 
 # -- log-probs -----------------------------------------------------------------------------------
-def _hidden_and_head(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+def _hidden_and_head(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None):
     base = getattr(model, "base_model", None)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if base is None or base is model or head is None:
@@ -186,11 +191,12 @@ def _hidden_and_head(model: torch.nn.Module, input_ids: torch.Tensor, attention_
     return hidden, head
 
 
-def response_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+def response_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                       resp_pos: torch.Tensor, targets: torch.Tensor, temperature: float, chunk: int,
                       with_entropy: bool = False,
                       head_calls: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(y_t | x, y_<t) of every response token, [B, R] (and the entropy at each).
+    `attention_mask`: None = causal attention over whole rows (PolicyHead decides which).
     `head_calls`: how often to call the head (the same on every rank under ZeRO-3)."""
     hidden, head = _hidden_and_head(model, input_ids, attention_mask)
     softcap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
@@ -217,22 +223,40 @@ def disable_dropout(model: torch.nn.Module) -> None:
                 setattr(m, attr, 0.0)
 
 
+# Model types whose attention is causal by position and whose positions count from each row's
+# first token: on collate's right-padded rows (one rollout per row from position 0, pads after
+# it) a real token attends only to real tokens before it, so these get no padding mask, and HF
+# hands SDPA `is_causal` (its flash kernel; a [B, T] mask becomes a dense 4D one that rules it
+# out). The pads' own outputs are never read (resp_pos points at real tokens). MoE types
+# included: their routers pick experts per token with no capacity limit, so a pad cannot take a
+# real token's place. Any other type keeps the mask: a causal mask is a per-model property (a
+# config can switch it to bidirectional, e.g. gemma3's `use_bidirectional_attention`).
+CAUSAL_BY_POSITION = frozenset({"qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "llama", "mistral", "ring_moe"})
+
+
 class PolicyHead(torch.nn.Module):
     """The causal LM `lm` with a forward that returns response-token log-probs; its dropout is
     switched off (module docstring).
 
     The policy is wrapped (rather than its submodules called from outside) so that one
     `forward` of the training engine covers the whole computation: DeepSpeed (ZeRO-3 in
-    particular) keeps per-micro-step state in its forward, which gradient accumulation needs."""
+    particular) keeps per-micro-step state in its forward, which gradient accumulation needs.
 
-    def __init__(self, lm: torch.nn.Module):
+    `keep_padding_mask`: pass collate's padding mask to the model even when its type is in
+    CAUSAL_BY_POSITION (the same numbers, slower; benchmarks and tests compare the two)."""
+
+    def __init__(self, lm: torch.nn.Module, keep_padding_mask: bool = False):
         super().__init__()
         disable_dropout(lm)
         self.lm = lm
+        model_type = getattr(getattr(lm, "config", None), "model_type", None)
+        self.uses_padding_mask = keep_padding_mask or model_type not in CAUSAL_BY_POSITION
 
     def forward(self, input_ids, attention_mask, resp_pos, targets, temperature: float, chunk: int,
                 with_entropy: bool = False, head_calls: int | None = None):
-        return response_logprobs(self.lm, input_ids, attention_mask, resp_pos, targets, temperature, chunk,
+        """`attention_mask`: [B, T], each row's ones first (collate's right padding)."""
+        mask = attention_mask if self.uses_padding_mask else None
+        return response_logprobs(self.lm, input_ids, mask, resp_pos, targets, temperature, chunk,
                                  with_entropy, head_calls)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from stages.common.compile_layers import compile_decoder_layers
 from stages.common.deepspeed_setup import ds_config, initialize
 from stages.common.distributed import Ranks
 from stages.common.hf_io import load_causal_lm
@@ -73,7 +74,8 @@ class Policy:
 
 
 def build_policy(cfg: RLConfig, model_dir: Path, ranks: Ranks, precision: str, pad_id: int) -> Policy:
-    """`cfg.model` loaded, `frozen_param_patterns` frozen, wrapped in the learner's PolicyHead
+    """`cfg.model` loaded, `frozen_param_patterns` frozen, its decoder layers compiled when
+    `compile_layers` (stages/common/compile_layers.py), wrapped in the learner's PolicyHead
     (which switches its dropout off) under DeepSpeed, with the reference model when
     `kl_coef > 0`."""
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
@@ -81,6 +83,8 @@ def build_policy(cfg: RLConfig, model_dir: Path, ranks: Ranks, precision: str, p
     frozen = freeze_parameters(model, cfg.frozen_param_patterns)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
+    if cfg.compile_layers:  # micro batches change shape every call; the reference model stays eager
+        compile_decoder_layers(model, cfg.model, dynamic=True)
     trainable = [p for p in model.parameters() if p.requires_grad]
     ds_engine, _ = initialize(PolicyHead(model), trainable, policy_ds_config(cfg, precision), lr=cfg.lr,
                               betas=cfg.adam_betas, weight_decay=cfg.weight_decay)

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from pipeline.stage_api import StageConfig, Strict, cosmetic
+from stages.common.compile_layers import check_zero_stage, compile_layers_field
 from stages.common.hf_io import trust_remote_code_field
 
 # engines whose reported log-prob of a sampled token is that of the untruncated
@@ -128,6 +129,7 @@ class RLConfig(StageConfig):
                                 "and prompt_max_len + max_len (one whole rollout)")
     logit_chunk: int = Field(2048, ge=1, description="response tokens per lm-head chunk")
     gradient_checkpointing: bool = False
+    compile_layers: bool = compile_layers_field()  # the policy's layers; not the reference model's
     rollout: RolloutSettings = RolloutSettings()
     zero_stage: Literal[0, 1, 2, 3] = 2
     precision: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto = bf16 on GPU, fp32 on CPU")
@@ -157,6 +159,7 @@ class RLConfig(StageConfig):
         if self.c3po.min_group_size > self.rollouts_per_prompt:
             raise ValueError(f"c3po.min_group_size ({self.c3po.min_group_size}) exceeds rollouts_per_prompt "
                              f"({self.rollouts_per_prompt})")
+        check_zero_stage(self.compile_layers, self.zero_stage)
         self._check_truncated_sampling()
         return self
 

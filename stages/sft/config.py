@@ -7,6 +7,7 @@ from pydantic import Field, model_validator
 
 from data_curation.io import DataInput
 from pipeline.stage_api import StageConfig, Strict, cosmetic
+from stages.common.compile_layers import check_zero_stage, compile_layers_field
 from stages.common.distributed import PRECISION_HELP
 from stages.common.step_profile import ProfileSettings
 from stages.common.hf_io import trust_remote_code_field
@@ -81,11 +82,7 @@ class SFTConfig(StageConfig):
     gradient_checkpointing: bool = Field(
         False, description="recompute each decoder layer's activations in the backward pass: less memory "
                            "for longer packs or larger micro batches, ~1/3 more compute")
-    compile_layers: bool = Field(
-        False, description="torch.compile each decoder layer (regional compilation): fused kernels and far "
-                           "less Python per step, which bounds a small micro batch's step on a GPU; the "
-                           "first steps compile. ZeRO 0-2 (ZeRO-3 gathers parameters in hooks around "
-                           "each layer)")
+    compile_layers: bool = compile_layers_field()
     loss_chunk_tokens: int = Field(
         8192, ge=1, description="tokens per chunk of the LM-head + cross-entropy: the full-vocabulary logits "
                                 "of a micro batch are never held at once (stages/common/fused_loss.py)")
@@ -106,9 +103,7 @@ class SFTConfig(StageConfig):
 
     @model_validator(mode="after")
     def _compile_fits(self) -> "SFTConfig":
-        if self.compile_layers and self.zero_stage == 3:
-            raise ValueError("compile_layers needs zero_stage 0, 1 or 2 (ZeRO-3 gathers each layer's "
-                             "parameters in hooks that compiled layers do not run the same way)")
+        check_zero_stage(self.compile_layers, self.zero_stage)
         return self
 
     @model_validator(mode="after")

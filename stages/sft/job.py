@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from pipeline.stage_api import StageError, StageJob
 from pipeline.tracking import info
 from stages.common.checkpoint import Checkpointer, StatefulDataclass
+from stages.common.compile_layers import compile_decoder_layers
 from stages.common.data_plan import DataPlan
 from stages.common.distributed import local_first
 from stages.common.entry import run_job
@@ -132,12 +133,7 @@ def load_packed_lm(model_dir: Path, cfg: SFTConfig, attn: str) -> PackedLMLoss:
         else:
             lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if cfg.compile_layers:
-        layers = getattr(lm.get_decoder(), "layers", None)
-        if not isinstance(layers, torch.nn.ModuleList) or not len(layers):
-            raise StageError(f"model {cfg.model}: compile_layers needs the decoder's layers as "
-                             f"`.layers` (a ModuleList); {type(lm.get_decoder()).__name__} has none")
-        for layer in layers:  # in place: parameter names (checkpoints, saving) stay the same
-            layer.compile()
+        compile_decoder_layers(lm, cfg.model)
     width = static_width(attn, cfg.max_seq_len) or cfg.max_seq_len  # a pack's most tokens, padding included
     return PackedLMLoss(lm, cfg.loss_chunk_tokens, max_tokens=cfg.micro_batch_size * width)
 

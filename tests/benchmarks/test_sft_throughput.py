@@ -1,5 +1,5 @@
 """benchmarks/sft_throughput.py: the card's peak is read from its name, and the learner case
-runs end to end on CPU, writing its before/after result to OUT as soon as it is measured."""
+runs end to end on CPU, writing each variant's result (before / causal / causal_compiled) to OUT."""
 from __future__ import annotations
 
 import json
@@ -24,13 +24,18 @@ def test_an_unknown_variant_is_refused_naming_the_known_ones(capsys):
     assert "unknown --variants ['stage_z9']" in err and "stage_z1 stage_z2" in err
 
 
-@pytest.mark.slow  # builds and trains a model (CPU-heavy, ~25 s of CPU)
-def test_learner_case_smoke_writes_before_and_after(tmp_path):
+@pytest.mark.slow  # builds and trains a model three times (CPU-heavy, ~30 s of CPU)
+def test_learner_case_smoke_writes_every_variant(tmp_path, monkeypatch):
+    from stages.common.compile_layers import BACKEND_ENV
+
+    monkeypatch.setenv(BACKEND_ENV, "aot_eager")  # what the smoke sets; restored after the test
     assert sft_throughput.main(["--smoke", "--only", "learner", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "sft_throughput.json").read_text())
     learner = data["cases"]["learner"]["tiny"]
     assert data["device"] == "cpu" and data["smoke"] is True
-    assert learner["before"]["logit_chunk"] == learner["micro_batch_tokens"] > learner["after"]["logit_chunk"]
-    for variant in ("before", "after"):
+    assert learner["micro_batch_tokens"] > learner["logit_chunk"]
+    for variant, how in sft_throughput.LEARNER_VARIANTS.items():
         assert "error" not in learner[variant], learner[variant]
+        assert {k: learner[variant][k] for k in how} == how
         assert learner[variant]["tokens_per_s"] == pytest.approx(learner["tokens"] / learner[variant]["step_seconds"])
+    assert 1 <= learner["causal_compiled"]["compiled_graphs"] <= 4

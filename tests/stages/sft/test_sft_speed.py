@@ -8,6 +8,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from stages.common.compile_layers import BACKEND_ENV
 from stages.sft.config import SFTConfig
 from stages.sft.job import PackedLMLoss, load_packed_lm, packed_loss_sum
 from stages.common.packed_attention import pad_packed_batch
@@ -124,11 +125,10 @@ def test_bad_speed_settings_are_named(field, value, problem):
 
 def test_compiled_layers_give_the_same_loss_and_grads(monkeypatch, tmp_path):
     """compile_layers compiles every decoder layer in place (parameter names unchanged) and the
-    packed loss and its gradients do not move. Traced with dynamo's aot_eager backend here:
-    the graph capture and autograd are what compilation changes in the stage; inductor's code
-    generation is measured on the GPU (benchmarks/sft_throughput.py, stage_mixed_compiled)."""
-    compile_ = torch.nn.Module.compile
-    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: compile_(self, backend="aot_eager"))
+    packed loss and its gradients do not move. Traced with dynamo's aot_eager backend here
+    (RING_COMPILE_BACKEND): the graph capture and autograd are what compilation changes in the
+    stage; inductor's code generation is measured on the GPU (benchmarks/sft_throughput.py, stage_mixed_compiled)."""
+    monkeypatch.setenv(BACKEND_ENV, "aot_eager")
     _lm().save_pretrained(tmp_path / "m")
     cfg = {"model": "m", "data": "d", "max_seq_len": 64, "loss_chunk_tokens": 16, "attn_implementation": "sdpa"}
     eager = load_packed_lm(tmp_path / "m", SFTConfig.model_validate(cfg), "sdpa").train()
