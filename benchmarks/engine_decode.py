@@ -16,8 +16,7 @@ in this run (a large device-to-device copy: bytes read + written / time), and th
 the bound the step reaches. `--compile` turns the engine's `compile` option on (its compile
 seconds are a column; warm-up includes them). `--no-pack` runs q/k/v and gate/up as separate
 matmuls (pack_projections=False: the engine before fused_linear.py), for an A/B in one run;
-`--autotune` compiles with inductor's GEMM autotuning (compile_mode); `--noise drawn|hashed` picks the sampling noise (sampling.py; auto = hashed when compiled), the
-same kind of A/B. `--profile` traces ~20 steady decode steps
+`--autotune` compiles with inductor's GEMM autotuning (compile_mode). `--profile` traces ~20 steady decode steps
 (kernel times of a 21-token call minus those of a 1-token call) and prints the top kernels
 and the per-step GPU time by kind: attention / GEMM / elementwise+norm / sampling / other.
 
@@ -42,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anyw
 
 COLUMNS = ["date", "device", "model", "dtype", "batch", "prompt", "new", "engine tok/s",
            "generate tok/s", "speedup", "engine decode tok/s", "generate decode tok/s",
-           "greedy agree", "engine warm-up s", "compile s", "compile mode", "graphs", "packed", "noise", "ms/step", "bound ms/step",
+           "greedy agree", "engine warm-up s", "compile s", "compile mode", "graphs", "packed", "ms/step", "bound ms/step",
            "% of bound", "bandwidth GB/s", "torch / transformers"]
 
 # kernel (or, on CPU, aten op) name fragments per kind, first match wins: fused Triton
@@ -85,8 +84,6 @@ def parse() -> argparse.Namespace:
                    help="engine option pack_projections=False (q/k/v and gate/up as separate matmuls)")
     p.add_argument("--autotune", action="store_true",
                    help="with --compile: compile_mode max-autotune-no-cudagraphs (compiled_step.py)")
-    p.add_argument("--noise", default="auto", choices=("auto", "drawn", "hashed"),
-                   help="engine option sampling_noise (auto = hashed when compiled: sampling.py)")
     p.add_argument("--profile", action="store_true",
                    help="profile ~20 steady decode steps: top kernels, time per kind")
     p.add_argument("--top-kernels", type=int, default=15)
@@ -215,7 +212,7 @@ def main() -> None:
         engine = create_engine("torch", tmp, device=a.device, dtype=str(dtype).split(".")[1],
                                max_batch=a.batch, max_len=a.prompt_len + a.new_tokens,
                                seed=a.seed, eos_token_ids=[],
-                               compile=a.compile, pack_projections=not a.no_pack, sampling_noise=a.noise,
+                               compile=a.compile, pack_projections=not a.no_pack,
                                compile_mode="max-autotune-no-cudagraphs" if a.autotune else "default",
                                **({"cuda_graphs": False} if a.no_cuda_graphs else {}))
 
@@ -239,7 +236,7 @@ def main() -> None:
     row = {"engine tok/s": n_new / e_full,
            "engine decode tok/s": a.batch * (a.new_tokens - 1) / max(e_full - e_one, 1e-9),
            "engine warm-up s": warm, "graphs": len(engine.graphs) if engine.use_graphs else "off",
-           "packed": engine.packed_projections, "noise": engine.sampling_noise,
+           "packed": engine.packed_projections,
            "compile mode": engine.compiled.mode if engine.compiled.enabled else "-",
            "compile s": (f"{engine.compiled.compile_seconds:.1f}" if engine.compiled.enabled
                          else ("failed" if a.compile else "off")),

@@ -20,9 +20,7 @@ from tests.stages.rl.tiny_model import EOS, VOCAB, build_model, save_model
 # batch and kv-length buckets, idle rows, compaction) on CPU, minus the graph capture
 # vLLM reserves gpu_memory_utilization of the whole GPU per engine (default 0.4): some tests
 # hold three engines at once, which did not fit (H100, 2026-11-26), so each takes 0.12 here
-# "torch-cpu-hashed": the hashed sampling noise of the compiled step (sampling.py), run eagerly
 CASES = [("torch", "cpu", {}), ("torch", "cpu", {"static_shapes": True}),
-         ("torch", "cpu", {"static_shapes": True, "sampling_noise": "hashed"}),
          ("torch", "cuda", {}), ("vllm", "cuda", {"gpu_memory_utilization": 0.12})]
 GREEDY = SamplingParams(temperature=0.0)
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -48,8 +46,7 @@ def _open(name: str, device: str, options: dict, model_dir: Path, **kw):
 
 
 @pytest.fixture(scope="module", params=CASES,
-                ids=lambda c: f"{c[0]}-{c[1]}" + ("-static" if c[2].get("static_shapes") else "")
-                + (f"-{c[2]['sampling_noise']}" if "sampling_noise" in c[2] else ""))
+                ids=lambda c: f"{c[0]}-{c[1]}" + ("-static" if c[2].get("static_shapes") else ""))
 def case(request):
     return request.param
 

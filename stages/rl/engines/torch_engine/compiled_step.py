@@ -35,21 +35,6 @@ DEFAULT_MAX_COMPILES = 32
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 
 
-# inductor writes out ("realizes") a pointwise result of more than this many ops instead of
-# inlining it into its consumer (default 30); the hashed sampling noise (sampling.py) is ~50
-# integer ops per element, and realized it is a [rows, vocab] int64 buffer written and read
-# every step: inlined, it is computed inside the sampling reduction and never stored
-REALIZE_OPCOUNT_THRESHOLD = 256
-
-
-def _inductor_config():
-    """inductor's config, patched for the decode step (a torch without the setting: as it is)."""
-    from torch._inductor import config
-
-    return config.patch({"realize_opcount_threshold": REALIZE_OPCOUNT_THRESHOLD}
-                        if hasattr(config, "realize_opcount_threshold") else {})
-
-
 class CompiledDecode:
     def __init__(self, body: Callable[..., None], enabled: bool, max_compiles: int = DEFAULT_MAX_COMPILES,
                  mode: str = "default"):
@@ -86,8 +71,7 @@ class CompiledDecode:
         return lambda *args: self._first_call(signature, *args)
 
     def _call(self, *args) -> None:
-        with torch._dynamo.config.patch(recompile_limit=self.max_compiles + 1), \
-                _inductor_config():
+        with torch._dynamo.config.patch(recompile_limit=self.max_compiles + 1):
             self._step(*args)
 
     def _first_call(self, signature: Hashable, *args) -> None:

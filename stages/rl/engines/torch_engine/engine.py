@@ -32,9 +32,7 @@ cuda_graphs.py, fused_linear.py, moe.py):
   each row's own cached positions; "sdpa_masked" (CPU default, and the fallback when the
   varlen kernel is unavailable) runs SDPA over the whole kv-length bucket with a mask.
 - Sampling (sampling.py): temperature / top-k / top-p with a `torch.Generator` seeded per
-  call (`SamplingParams.seed`, else engine seed + call index); the Gumbel noise drawn from it
-  per step, or hashed inside the step from a key drawn from it (`sampling_noise`; "auto" =
-  hashed for the compiled step, where it fuses into the sampling kernel). The reported logprob
+  call (`SamplingParams.seed`, else engine seed + call index). The reported logprob
   (pi_infer) is that of the untruncated softmax(logits / temperature), before top-k/top-p:
   the engine `reports_untruncated_logprobs`.
 - `compile=True` runs the decode step (layers, final norm, lm_head, sampling) through
@@ -66,7 +64,7 @@ from .cuda_graphs import DecodeGraphs
 from .fused_linear import FusedLinear, pack_dense_mlp
 from .kv_cache import KVCache, pow2_at_least
 from .moe import feed_forward
-from .sampling import SAMPLING_NOISE, SamplingMode, hashed_exponential, sample
+from .sampling import SamplingMode, sample
 from .structure import check_structure
 
 log = logging.getLogger(__name__)
@@ -148,8 +146,7 @@ class TorchEngine(SyncTiming):
                  decode_attention: str = "auto", refill_min_free: int | None = None,
                  compile: bool = False, compile_max_shapes: int = DEFAULT_MAX_COMPILES,
                  compile_mode: str = "default",
-                 pack_projections: bool = True, sampling_noise: str = "auto",
-                 trust_remote_code: bool = False):
+                 pack_projections: bool = True, trust_remote_code: bool = False):
         path = Path(model_dir)
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"torch engine: {model_dir} is not a Hugging Face model "
@@ -175,11 +172,6 @@ class TorchEngine(SyncTiming):
             raise ValueError("torch engine: compile=True needs static_shapes=True (one compile per "
                              "batch / kv-length bucket; exact shapes would compile every step)")
 
-        if sampling_noise not in SAMPLING_NOISE:
-            raise ValueError(f"torch engine: sampling_noise must be one of {', '.join(SAMPLING_NOISE)}; "
-                             f"got {sampling_noise!r}")
-        # sampling.py: the hashed noise fuses into the compiled step; eagerly, drawing is cheaper
-        self.sampling_noise = ("hashed" if compile else "drawn") if sampling_noise == "auto" else sampling_noise
         config = load_config(path, trust_remote_code=trust_remote_code)
         if getattr(config, "use_sliding_window", False) or any(
                 t != "full_attention" for t in (getattr(config, "layer_types", None) or [])):
@@ -231,8 +223,7 @@ class TorchEngine(SyncTiming):
         if self.refill_min_free < 1:
             raise ValueError(f"torch engine: refill_min_free must be >= 1, got {refill_min_free}")
         self.cache = KVCache(len(self.layers), self.n_kv, self.head_dim, self.vocab, self.dtype, self.device,
-                             self.max_len, self.static_shapes, on_realloc=self.graphs.clear,
-                             noise_buffer=self.sampling_noise == "drawn")
+                             self.max_len, self.static_shapes, on_realloc=self.graphs.clear)
 
         # name -> parameter, tied names included (lm_head.weight is embed_tokens.weight)
         self._params = dict(self.model.named_parameters(remove_duplicate=False))
@@ -332,11 +323,7 @@ class TorchEngine(SyncTiming):
         last = x[torch.arange(n, device=dev), lens - 1]
         noise = None
         if not mode.greedy:
-            if self.sampling_noise == "drawn":
-                noise = torch.empty(n, self.vocab, device=dev).exponential_(generator=self._gen)
-            else:
-                self.cache.new_noise_key(self._gen)
-                noise = hashed_exponential(self.cache.noise_key, n, self.vocab)
+            noise = torch.empty(n, self.vocab, device=dev).exponential_(generator=self._gen)
         tok, lp = sample(self._logits(last), mode, noise)
         return torch.stack([tok.double(), lp.double()], dim=1)
 
@@ -372,20 +359,14 @@ class TorchEngine(SyncTiming):
                 o = self.attention.masked(qg, kc, vc, mask, kvb)
             x = x + attn.o_proj(o.reshape(nb, 1, self.n_heads * self.head_dim))
             x = x + self.mlps[li](layer.post_attention_layernorm(x))
-        noise = None
-        if not mode.greedy:
-            noise = (c.noise[:nb] if self.sampling_noise == "drawn"
-                     else hashed_exponential(c.noise_key, nb, self.vocab))
+        noise = None if mode.greedy else c.noise[:nb]
         tok_new, lp = sample(self._logits(x[:, 0]), mode, noise)
         c.out[:nb, 0].copy_(tok_new)
         c.out[:nb, 1].copy_(lp)
 
     def _decode(self, nb: int, kvb: int, mode: SamplingMode) -> None:
-        if not mode.greedy:  # this step's noise (sampling.py), outside the graph
-            if self.sampling_noise == "drawn":
-                self.cache.noise[:nb].exponential_(generator=self._gen)
-            else:
-                self.cache.new_noise_key(self._gen)
+        if not mode.greedy:
+            self.cache.noise[:nb].exponential_(generator=self._gen)
         key = (nb, kvb, mode)
         step = self.compiled.step_for((*key, self.cache.rows, self.cache.capacity))
         if step is not None:
@@ -576,7 +557,6 @@ def make_torch_engine(model_dir: str, *, device: str = "cpu", dtype: str = "auto
     compile (bool, default False: the decode step through torch.compile, compiled_step.py),
     compile_max_shapes (int, default 32: decode shapes compiled at most; later ones run eagerly),
     compile_mode ("default"; "max-autotune-no-cudagraphs": GEMM autotuning, compiled_step.py),
-    sampling_noise ("auto" = hashed when compiled, else drawn; "drawn"; "hashed": sampling.py),
     pack_projections (bool, default True: q/k/v and gate/up as one matmul each, fused_linear.py)."""
     return TorchEngine(model_dir, device=device, dtype=dtype, max_batch=max_batch,
                        max_len=max_len, seed=seed, **engine_options)

@@ -24,15 +24,10 @@ def pow2_at_least(n: int, floor: int = 1) -> int:
 
 class KVCache:
     def __init__(self, n_layers: int, n_kv: int, head_dim: int, vocab: int, dtype: torch.dtype,
-                 device: torch.device, max_len: int, static_shapes: bool, on_realloc: Callable[[], None],
-                 noise_buffer: bool = True):
+                 device: torch.device, max_len: int, static_shapes: bool, on_realloc: Callable[[], None]):
         self.n_layers, self.n_kv, self.head_dim, self.vocab = n_layers, n_kv, head_dim, vocab
         self.dtype, self.device, self.max_len, self.static_shapes = dtype, device, max_len, static_shapes
         self.on_realloc = on_realloc
-        # the sampling noise of a step: a drawn [rows, vocab] buffer, or the key of the hashed
-        # noise (sampling.py); the key lives outside the reallocated buffers (graphs read it)
-        self.noise_buffer = noise_buffer
-        self.noise_key = torch.zeros(1, dtype=torch.int64, device=device)
         self.rows = self.capacity = 0
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
@@ -67,16 +62,12 @@ class KVCache:
         dev = self.device
         self.tok_in = torch.zeros(b, dtype=torch.long, device=dev)
         self.pos_in = torch.zeros(b, dtype=torch.long, device=dev)
-        self.noise = torch.ones(b, self.vocab, dtype=torch.float32, device=dev) if self.noise_buffer else None
+        self.noise = torch.ones(b, self.vocab, dtype=torch.float32, device=dev)
         self.out = torch.zeros(b, 2, dtype=torch.float64, device=dev)  # (token, logprob)
         self.positions = torch.arange(cap, device=dev)
         self.row_ids = torch.arange(b, device=dev)  # index tensors of the decode step's cache write
         self.head_ids = torch.arange(self.n_kv, device=dev)
         self.rows, self.capacity = b, cap
-
-    def new_noise_key(self, generator: torch.Generator) -> None:
-        """A fresh key of the hashed noise, in place (captured graphs read this tensor)."""
-        self.noise_key.random_(0, 2 ** 31, generator=generator)
 
     def grow(self, length: int) -> None:
         """Make room for `length` positions mid-call, keeping every row's cached keys/values."""
