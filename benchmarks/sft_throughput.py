@@ -36,7 +36,8 @@ Variants of an SFT case (`<tokens>` tokens per micro batch, micro batch 1, ZeRO-
 With `--profile`, two more steps after the timed ones run under torch.profiler (the stage's
 `profile` setting; the plain loop the same way; they are not in the rates): OUT/profile_<case>_
 <variant>.txt is the operator table (key_averages by device time, top 40), the first place to
-look for where a step goes.
+look for where a step goes. The learner profiles one more step of each variant the same way
+(OUT/profile_learner-<shape>_<variant>.txt).
 Gradient checkpointing is on for the 16k-token cases (plain and stage alike), off at 4096.
 `--grad-accum K` (plain and stage alike) makes a step K micro batches and one optimizer step:
 at micro batch 1 the optimizer (AdamW over every parameter, plus the stage's gradient clipping)
@@ -402,6 +403,15 @@ def run_learner(path: Path, shape: str, args, device: str, peak: float | None) -
                             "peak_memory_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if device == "cuda" else None}
             if how["compiled"]:
                 out[variant]["compiled_graphs"] = counters["stats"]["unique_graphs"]
+            if args.profile:  # one more step, untimed, under torch.profiler: where the step goes
+                from stages.common.step_profile import ProfileSettings
+
+                where = args.work / f"learner_profile_{variant}"
+                profiler = StepProfiler(ProfileSettings(start_step=1, steps=1), where, active=True)
+                profiler.before(1)
+                learner.train(samples, version=0)
+                profiler.after(1, last=True)
+                keep_profile(where, args, f"learner-{shape}", variant)
             log(f"learner {shape} {variant}: {all_tokens / dt:,.0f} tok/s, step {dt:.2f}s (first {times[0]:.1f}s), "
                 f"MFU {fmt(out[variant]['mfu'])}")
         except Exception as e:  # noqa: BLE001 - a failed variant is a result (OOM, ...), the run goes on

@@ -29,7 +29,7 @@ def test_learner_case_smoke_writes_every_variant(tmp_path, monkeypatch):
     from stages.common.compile_layers import BACKEND_ENV
 
     monkeypatch.setenv(BACKEND_ENV, "aot_eager")  # what the smoke sets; restored after the test
-    assert sft_throughput.main(["--smoke", "--only", "learner", "--out", str(tmp_path)]) == 0
+    assert sft_throughput.main(["--smoke", "--only", "learner", "--profile", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "sft_throughput.json").read_text())
     learner = data["cases"]["learner"]["tiny"]
     assert data["device"] == "cpu" and data["smoke"] is True
@@ -39,3 +39,6 @@ def test_learner_case_smoke_writes_every_variant(tmp_path, monkeypatch):
         assert {k: learner[variant][k] for k in how} == how
         assert learner[variant]["tokens_per_s"] == pytest.approx(learner["tokens"] / learner[variant]["step_seconds"])
     assert 1 <= learner["causal_compiled"]["compiled_graphs"] <= 4
+    for variant in sft_throughput.LEARNER_VARIANTS:  # --profile: one more step's operator table each
+        table = (tmp_path / f"profile_learner-tiny_{variant}.txt").read_text()
+        assert "aten::addmm" in table or "aten::mm" in table, table[:500]
