@@ -33,6 +33,9 @@ Variants of an SFT case (`<tokens>` tokens per micro batch, micro batch 1, ZeRO-
   stage_mixed, stage_mixed_z1  the stage with `precision: bf16-mixed` (fp32 weights, bf16
                 autocast compute, the fused AdamW on the weights themselves), ZeRO-0 / ZeRO-1
   stage_mixed_compiled  stage_mixed with `compile_layers: true` (each decoder layer compiled)
+  stage_mixed_compiled_mb2  the same with 2 packs per micro batch, half the micro batches per step
+  *_eager_loss  the variant with the loss's chunk math eager (RING_COMPILE_LOSS=off; compiled on
+                CUDA by default since round 10, stages/common/fused_loss.py)
 With `--profile`, two more steps after the timed ones run under torch.profiler (the stage's
 `profile` setting; the plain loop the same way; they are not in the rates): OUT/profile_<case>_
 <variant>.txt is the operator table (key_averages by device time, top 40), the first place to
@@ -54,6 +57,10 @@ tokens, responses 512-2048), the head in chunks of 2048 response tokens, on one 
   causal           no mask (rows are right-padded; `PolicyHead` drops it for causal model types)
   causal_compiled  no mask + every decoder layer compiled (stages/common/compile_layers.py, as
                    the RL stages' `compile_layers: true`; dynamic shapes), the first step compiles
+  causal_loss, causal_compiled_loss  the same two with the head's chunk math (log-softmax,
+                   gather, entropy) through torch.compile (stages/common/fused_loss.py: the default
+                   on CUDA since round 10; the three variants above run it eagerly, as before)
+(`--learner-variants` picks some.)
 `--learner-shape 0.5B` (default) runs micro batches of 16384 padded tokens; `--learner-shape
 1.5B` runs 12288: by arithmetic from the 0.5B run's 33.2 GiB peak at 16384 (benchmarks/RESULTS.md,
 issue 19), activations are ~74 KB per token per layer at 0.5B, ~1.8x that per layer at 1.5B
@@ -125,10 +132,15 @@ VARIANTS = {  # the sft stage's config per variant
     "stage_mixed_z1": {"precision": "bf16-mixed", "zero_stage": 1},
     # and every decoder layer through torch.compile (the step is host-bound at micro batch 1)
     "stage_mixed_compiled": {"precision": "bf16-mixed", "compile_layers": True},
+    # the same with the loss's chunk math eager (as before it was compiled on CUDA: fused_loss.py)
+    "stage_mixed_compiled_eager_loss": {"precision": "bf16-mixed", "compile_layers": True,
+                                        "_env": {"RING_COMPILE_LOSS": "off"}},
     "stage_compiled": {"compile_layers": True},  # DeepSpeed's bf16 optimizer, ZeRO-0, compiled layers
     # two packs per micro batch (half the micro batches per optimizer step: the same tokens
     # per step): half the per-micro-batch costs (autocast weight casts, launches) per token
     "stage_mixed_compiled_mb2": {"precision": "bf16-mixed", "compile_layers": True, "micro_batch_size": 2},
+    "stage_mixed_compiled_mb2_eager_loss": {"precision": "bf16-mixed", "compile_layers": True, "micro_batch_size": 2,
+                                            "_env": {"RING_COMPILE_LOSS": "off"}},
 }
 DEFAULT_VARIANTS = {"1.5B@4096": ["plain", "stage", "stage_flex", "stage_before"]}
 PROFILED_STEPS = 2  # with --profile, after the timed steps
@@ -263,6 +275,7 @@ def run_stage_variant(variant: str, path: Path, rows_file: Path, shape: str, tok
     from pipeline.stage_api import Resources
 
     overrides = {k: tokens if v is TOKENS else v for k, v in VARIANTS[variant].items()}
+    env = overrides.pop("_env", {})  # for the stage's processes (they inherit ours)
     packs_per_micro = overrides.get("micro_batch_size", 1)  # tokens per optimizer step held equal
     config = {"model": str(path), "data": str(rows_file), "max_seq_len": tokens, "micro_batch_size": 1,
               "grad_accum": max(1, args.grad_accum // packs_per_micro), "max_steps": args.total_steps, "warmup_steps": 1, "lr": 1e-5,
@@ -271,8 +284,14 @@ def run_stage_variant(variant: str, path: Path, rows_file: Path, shape: str, tok
     if args.profile:
         config["profile"] = profile_settings(args).model_dump()
     res = Resources(gpus_per_node=1) if gpu else Resources(cpu_ranks=1)
-    run = run_stage("sft", config, stage=f"sft-{shape}-{tokens}-{variant}", storage=f"file://{work}/store",
-                    work_root=work / "runs", launcher="deepspeed" if gpu else "local", resources=res)
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        run = run_stage("sft", config, stage=f"sft-{shape}-{tokens}-{variant}", storage=f"file://{work}/store",
+                        work_root=work / "runs", launcher="deepspeed" if gpu else "local", resources=res)
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
     out_dir = local_path(run.url)
     steps = [json.loads(line.split("[metrics] ", 1)[1])  # the stage's per-step metrics lines
              for line in (out_dir / "logs" / "stage.log").read_text().splitlines() if "[metrics] " in line]
@@ -340,10 +359,13 @@ class LearnerSample:
         return [0] * len(self.response_ids)
 
 
-LEARNER_VARIANTS = {  # PolicyHead's padding mask, decoder layers compiled
-    "before": {"keep_padding_mask": True, "compiled": False},     # the learner before: HF's 4D mask
-    "causal": {"keep_padding_mask": False, "compiled": False},    # no mask: SDPA is_causal (flash)
-    "causal_compiled": {"keep_padding_mask": False, "compiled": True},  # and compile_layers
+LEARNER_VARIANTS = {  # PolicyHead's padding mask, decoder layers compiled, the head's math compiled
+    "before": {"keep_padding_mask": True, "compiled": False, "loss": "off"},     # the learner before: HF's 4D mask
+    "causal": {"keep_padding_mask": False, "compiled": False, "loss": "off"},    # no mask: SDPA is_causal (flash)
+    "causal_compiled": {"keep_padding_mask": False, "compiled": True, "loss": "off"},  # and compile_layers
+    # the chunk math of the head (stages/common/fused_loss.py) compiled: the default on CUDA
+    "causal_loss": {"keep_padding_mask": False, "compiled": False, "loss": "auto"},
+    "causal_compiled_loss": {"keep_padding_mask": False, "compiled": True, "loss": "auto"},
 }
 LEARNER_MICRO_TOKENS = {"0.5B": 16384, "1.5B": 12288, "tiny": 256}  # module docstring: why 12288
 
@@ -354,6 +376,7 @@ def run_learner(path: Path, shape: str, args, device: str, peak: float | None) -
     from transformers import AutoModelForCausalLM
 
     from stages.common.compile_layers import compile_decoder_layers
+    from stages.common.fused_loss import LOSS_COMPILE_ENV
     from stages.rl.learner import Learner, LearnerConfig, PolicyHead, TorchBackend
     from stages.rl.loss import LossConfig
 
@@ -372,8 +395,10 @@ def run_learner(path: Path, shape: str, args, device: str, peak: float | None) -
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     out = {"shape": shape, "rollouts": n_roll, "tokens": all_tokens, "response_tokens": resp_tokens,
            "micro_batch_tokens": mb_tokens, "logit_chunk": chunk}
-    for variant, how in LEARNER_VARIANTS.items():
+    for variant in args.learner_variants:
+        how = LEARNER_VARIANTS[variant]
         model = opt = learner = head = None
+        os.environ[LOSS_COMPILE_ENV] = how["loss"]
         try:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").to(device)
             model.config.use_cache = False
@@ -425,6 +450,7 @@ def run_learner(path: Path, shape: str, args, device: str, peak: float | None) -
             model = opt = learner = head = None
             if device == "cuda":
                 torch.cuda.empty_cache()
+    os.environ.pop(LOSS_COMPILE_ENV, None)
     return out
 
 
@@ -453,6 +479,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--grad-accum", type=int, default=1,
                    help="micro batches per optimizer step, plain loop and stage alike (default 1: the "
                         "optimizer steps after every pack)")
+    p.add_argument("--learner-variants", nargs="*", default=list(LEARNER_VARIANTS), choices=list(LEARNER_VARIANTS),
+                   help="the learner case's variants (default: all)")
     p.add_argument("--learner-shape", choices=["0.5B", "1.5B"], default="0.5B",
                    help="the learner case's model shape (the smoke: tiny)")
     p.add_argument("--profile", action="store_true",

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from stages.common import fused_loss
 from stages.common.fused_loss import linear_cross_entropy_sum, token_logprobs
 
 V, H = 97, 16
@@ -138,3 +139,57 @@ def test_head_calls_fix_the_number_of_head_calls_whatever_the_tokens():
     assert float(loss) == 0.0 and calls == [0, 0, 0, 0]
     with pytest.raises(ValueError, match="need 3 chunks"):
         token_logprobs(h, head, t, 2, head_calls=2)
+
+
+# -- the chunk math through torch.compile (RING_COMPILE_LOSS): what runs on a GPU by default ---------
+@pytest.fixture
+def compiled_math(monkeypatch):
+    """The compiled path on CPU: aot_eager traces the same graphs (forward and backward) as
+    inductor does on a GPU, without code generation."""
+    monkeypatch.setenv("RING_COMPILE_LOSS", "on")
+    monkeypatch.setenv("RING_COMPILE_BACKEND", "aot_eager")
+
+
+@pytest.mark.parametrize("chunk", [5, 24])
+def test_compiled_cross_entropy_equals_eager(compiled_math, monkeypatch, chunk):
+    head, hidden, targets = _inputs((2, 12), torch.float32)
+    compiled = linear_cross_entropy_sum(hidden, head, targets, chunk)
+    g_compiled = _grads(compiled, hidden, head)
+    assert (fused_loss._ce_sum_math, "aot_eager") in fused_loss._compiled  # it did go through torch.compile
+    monkeypatch.setenv("RING_COMPILE_LOSS", "off")
+    eager = linear_cross_entropy_sum(hidden, head, targets, chunk)
+    g_eager = _grads(eager, hidden, head)
+    torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=1e-5)
+    for a, b in zip(g_compiled, g_eager):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("temperature,softcap,with_entropy", [(1.0, None, True), (0.7, 5.0, True), (1.3, None, False)])
+def test_compiled_token_logprobs_equal_eager(compiled_math, monkeypatch, temperature, softcap, with_entropy):
+    head, hidden, targets = _inputs((3, 9), torch.float32, ignored=0.0)
+    weights = torch.linspace(-1, 1, targets.numel()).view(targets.shape)
+
+    def run():
+        lp, ent = token_logprobs(hidden, head, targets, 7, temperature=temperature, softcap=softcap,
+                                 with_entropy=with_entropy)
+        loss = (lp * weights).sum() + (ent.sum() if with_entropy else 0.0)
+        return lp.detach(), ent, _grads(loss, hidden, head)
+
+    lp_c, ent_c, g_c = run()
+    assert (fused_loss._logprob_math, "aot_eager") in fused_loss._compiled
+    monkeypatch.setenv("RING_COMPILE_LOSS", "off")
+    lp_e, ent_e, g_e = run()
+    torch.testing.assert_close(lp_c, lp_e, atol=1e-5, rtol=1e-5)
+    if with_entropy:
+        torch.testing.assert_close(ent_c.detach(), ent_e.detach(), atol=1e-5, rtol=1e-5)
+    else:
+        assert ent_c is None and ent_e is None
+    for a, b in zip(g_c, g_e):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_an_unknown_loss_compile_mode_is_refused(monkeypatch):
+    monkeypatch.setenv("RING_COMPILE_LOSS", "yes")
+    head, hidden, targets = _inputs((1, 4), torch.float32)
+    with pytest.raises(ValueError, match="RING_COMPILE_LOSS='yes'.*auto, on, off"):
+        linear_cross_entropy_sum(hidden, head, targets, 2)
