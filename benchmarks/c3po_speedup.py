@@ -167,7 +167,17 @@ def run_mode(mode: str, a, engine, init_state, policy, device, rows, prompt_ids,
         t_sync = time.perf_counter() - t1
         t_e2e = time.perf_counter() - t0
         gen = batch.stats["generated_tokens"]
-        rec = {
+        # where the engine's time went (its counters cover its last generate call: one per step
+        # here, `generate_calls`): refill prefills (eager forwards) vs decode steps
+        es = getattr(engine, "last_stats", None) or {}
+        decode_s = es.get("seconds", 0.0) - es.get("prefill_seconds", 0.0)
+        engine_rec = {"engine_prefill_s": es.get("prefill_seconds", float("nan")),
+                      "engine_prefills": es.get("prefills", float("nan")),
+                      "engine_prefill_tokens": es.get("prefill_tokens", float("nan")),
+                      "engine_prefill_padded_tokens": es.get("prefill_padded_tokens", float("nan")),
+                      "engine_decode_steps": es.get("decode_steps", float("nan")),
+                      "engine_decode_ms_per_step": 1e3 * decode_s / es["decode_steps"] if es.get("decode_steps") else float("nan")}
+        rec = {**engine_rec,
             "step": step, "timed": step >= a.warmup,
             "rollout_s": batch.stats["rollout_seconds"], "rollout_phase_s": t_roll_phase, "e2e_s": t_e2e,
             "update_s": stats["old_logprob_seconds"] + stats["update_seconds"], "sync_s": t_sync,
@@ -188,7 +198,8 @@ def run_mode(mode: str, a, engine, init_state, policy, device, rows, prompt_ids,
     timed = [s for s in steps if s["timed"]]
     keys = ["rollout_s", "rollout_phase_s", "e2e_s", "update_s", "sync_s", "tokens_per_s", "slot_idle_fraction",
             "engine_time_idle_fraction", "train_tokens", "train_rollouts", "generate_calls", "purged",
-            "masked_fraction", "mismatch_kl"]
+            "masked_fraction", "mismatch_kl", "engine_prefill_s", "engine_prefills", "engine_prefill_tokens",
+            "engine_prefill_padded_tokens", "engine_decode_steps", "engine_decode_ms_per_step"]
     summary = {k: statistics.fmean(s[k] for s in timed) for k in keys}
     summary["e2e_s_per_1k_trained_tokens"] = 1000 * sum(s["e2e_s"] for s in timed) / sum(s["train_tokens"] for s in timed)
     summary["rollout_s_per_1k_trained_tokens"] = (1000 * sum(s["rollout_s"] for s in timed)
@@ -310,6 +321,14 @@ def main() -> None:
               f"{s['slot_idle_fraction']:.2f} | {s['engine_time_idle_fraction']:.2f} | {s['train_tokens']:.0f} | "
               f"{s['e2e_s_per_1k_trained_tokens']:.3f} | {s['purged']:.1f} | "
               f"{s['reward_curve'][0]:.3f} -> {s['reward_after_n']:.3f} |")
+    print("\n| mode | engine prefills/step | prefill s/step | prefill tokens (padded) | decode steps/step "
+          "| decode ms/step (incl. host) |")
+    print("|---|---|---|---|---|---|")
+    for mode, r in m.items():
+        s = r["summary"]
+        print(f"| {mode} | {s['engine_prefills']:.1f} | {s['engine_prefill_s']:.2f} | {s['engine_prefill_tokens']:.0f} "
+              f"({s['engine_prefill_padded_tokens']:.0f}) | {s['engine_decode_steps']:.0f} | "
+              f"{s['engine_decode_ms_per_step']:.2f} |")
     if "speedup" in results:
         sp = results["speedup"]
         print(f"\nspeedup C3PO++ over sync: rollout phase {sp['rollout_phase']:.2f}x, end-to-end "

@@ -353,6 +353,29 @@ def test_torch_batched_refills_give_the_same_rollouts_with_fewer_prefills(model_
         create_engine("torch", str(model_dir), refill_min_free=0)
 
 
+def test_torch_prefill_chunks_group_rows_of_like_length(model_dir):
+    """Prompts of alternating lengths (carried-over rollouts beside fresh prompts) prefilled in
+    chunks: rows of like length share a chunk, so padding stays at what sorting allows, and the
+    greedy rollouts are those of one prefill per request (exact positions, fp32)."""
+    lens = [40, 3, 38, 4, 36, 5, 34, 6]
+    g = torch.Generator().manual_seed(11)
+    reqs = [RolloutRequest(f"r{i}", torch.randint(3, 60, (n,), generator=g).tolist(), 4)
+            for i, n in enumerate(lens)]
+    eng = create_engine("torch", str(model_dir), max_batch=8, max_len=128, eos_token_ids=[],
+                        static_shapes=True, prefill_chunk_tokens=80)
+    chunked = eng.generate(reqs, GREEDY)
+    st = eng.last_stats
+    assert st["prefill_tokens"] == sum(lens)
+    # longest first, at most 80 padded tokens a chunk: [40, 38], [36, 34], [6, 5, 4, 3]
+    assert st["prefills"] == 3 and st["prefill_padded_tokens"] == 2 * 40 + 2 * 36 + 4 * 6
+    assert st["prefill_seconds"] > 0
+    one = create_engine("torch", str(model_dir), max_batch=1, max_len=128, eos_token_ids=[], static_shapes=True)
+    for r, a in zip(reqs, chunked):
+        b = one.generate([r], GREEDY)[0]
+        assert a.token_ids == b.token_ids, r.uid
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)
+
+
 def test_torch_decode_attention_option_is_checked(model_dir):
     eng = create_engine("torch", str(model_dir), max_batch=2, max_len=64)
     assert eng.decode_attention == "sdpa_masked"  # CPU default: the varlen kernels are CUDA-only

@@ -407,7 +407,8 @@ class TorchEngine(SyncTiming):
         self._calls += 1
         self._gen.manual_seed(int(call_seed) & 0x7FFF_FFFF_FFFF_FFFF)
         calls = _CallLog(requests, self.eos_token_ids, finished_token_budget)
-        stats = {"prefill_tokens": 0, "prefills": 0, "decode_steps": 0, "decode_row_steps": 0}
+        stats = {"prefill_tokens": 0, "prefill_padded_tokens": 0, "prefills": 0, "prefill_seconds": 0.0,
+                 "decode_steps": 0, "decode_row_steps": 0}
 
         pending: list[int] = []
         for i, r in enumerate(requests):
@@ -438,6 +439,9 @@ class TorchEngine(SyncTiming):
             if pending and len(free) and (len(free) == n_slots or len(free) >= min(
                     self.refill_min_free, len(pending))):
                 new = [(int(b), pending.pop()) for b in free[:len(pending)]]
+                # longest first: a prefill chunk pads its rows to its longest, so rows of like
+                # length go together (a carried-over rollout can be 2k tokens, a new prompt 50)
+                new.sort(key=lambda bi: -(len(requests[bi[1]].prompt_ids) + len(requests[bi[1]].generated_ids)))
                 for chunk in self._chunks(new, requests):
                     if calls.over_budget():  # the rest stay unstarted
                         break
@@ -446,8 +450,11 @@ class TorchEngine(SyncTiming):
                     seqs = [requests[i].prompt_ids + requests[i].generated_ids for i in reqs]
                     c.grow(max(len(q) for q in seqs) + 1)
                     stats["prefill_tokens"] += sum(len(q) for q in seqs)
+                    stats["prefill_padded_tokens"] += len(seqs) * max(len(q) for q in seqs)
                     stats["prefills"] += 1
-                    out = self._prefill(slots.tolist(), seqs, mode).cpu().numpy()
+                    t_prefill = time.perf_counter()
+                    out = self._prefill(slots.tolist(), seqs, mode).cpu().numpy()  # .cpu(): synced
+                    stats["prefill_seconds"] += time.perf_counter() - t_prefill
                     keep = ~calls.record(reqs, out)
                     if keep.any():
                         rows = slots[keep]
