@@ -88,6 +88,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
     p.add_argument("--out", default=None, help="write the full results as JSON here")
+    p.add_argument("--no-cudnn-sdpa", action="store_true",
+                   help="torch.backends.cuda.enable_cudnn_sdp(False): SDPA (the engine's prefill, the "
+                        "learner) never takes cuDNN's kernel, whose plans are built per new shape")
     a = p.parse_args()
     for k, v in PRESETS[a.preset].items():
         if getattr(a, k, None) is None:
@@ -268,6 +271,8 @@ def icepop_overhead(a, policy, device, samples, reps: int) -> dict:
 
 def main() -> None:
     a = parse()
+    if a.no_cudnn_sdpa:
+        torch.backends.cuda.enable_cudnn_sdp(False)
     if a.threads:
         torch.set_num_threads(a.threads)
     device = torch.device(a.device)

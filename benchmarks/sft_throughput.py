@@ -139,6 +139,9 @@ VARIANTS = {  # the sft stage's config per variant
     # two packs per micro batch (half the micro batches per optimizer step: the same tokens
     # per step): half the per-micro-batch costs (autocast weight casts, launches) per token
     "stage_mixed_compiled_mb2": {"precision": "bf16-mixed", "compile_layers": True, "micro_batch_size": 2},
+    # four packs per micro batch, the loss over the whole micro batch at once (one head chunk)
+    "stage_mixed_compiled_mb4": {"precision": "bf16-mixed", "compile_layers": True, "micro_batch_size": 4,
+                                 "loss_chunk_tokens": 16384},
     "stage_mixed_compiled_mb2_eager_loss": {"precision": "bf16-mixed", "compile_layers": True, "micro_batch_size": 2,
                                             "_env": {"RING_COMPILE_LOSS": "off"}},
 }
