@@ -24,6 +24,19 @@ from pipeline.stage_api import StageError
 FLEX_BLOCK = 128  # FlexAttention's block size: widths are rounded up to it
 
 
+def sdpa_without_cudnn():
+    """A context in which SDPA takes its flash, memory-efficient or math kernel, never cuDNN's.
+
+    cuDNN's attention (SDPA's first choice on Hopper in torch 2.11) builds an execution plan for
+    every new shape; the RL learner's micro batches and the rollout engine's prefills have a new
+    shape almost every call. On one H100 (benchmarks/RESULTS.md, round 10c) leaving it out cut
+    C3PO++'s prefills from 0.82 to 0.27 s a step and the learner's update from 1.45 to 0.93 s;
+    with a repeated shape (plan cached) it made no difference."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
 def _has_flash_attn() -> bool:
     try:
         import flash_attn  # noqa: F401

@@ -40,6 +40,7 @@ from typing import Any, Protocol, Sequence
 import torch
 
 from stages.common.fused_loss import chunks_for, token_logprobs
+from stages.common.packed_attention import sdpa_without_cudnn
 from stages.rl.loss import STAT_KEYS, LossConfig, MismatchStats, policy_loss
 
 
@@ -275,7 +276,14 @@ class Learner:
 
     def train(self, samples: Sequence[Any], version: int) -> dict[str, float]:
         """One RL step on `samples` (every rank passes the same list); returns metrics
-        reduced over ranks. `version` = the policy version of theta_old."""
+        reduced over ranks. `version` = the policy version of theta_old.
+
+        Forward and backward (recomputations included) run without SDPA's cuDNN kernel: its
+        plans are built per shape, and micro batches change shape every step."""
+        with sdpa_without_cudnn():
+            return self._train(samples, version)
+
+    def _train(self, samples: Sequence[Any], version: int) -> dict[str, float]:
         be, cfg = self.backend, self.cfg
         if not samples:
             raise ValueError("empty training batch")

@@ -376,6 +376,20 @@ def test_torch_prefill_chunks_group_rows_of_like_length(model_dir):
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)
 
 
+def test_torch_prefill_runs_without_cudnn_attention(model_dir):
+    """A prefill's shape is new almost every time: it runs with SDPA's cuDNN kernel (plans per
+    shape) switched off, which is restored after."""
+    eng = create_engine("torch", str(model_dir), max_batch=2, max_len=64, eos_token_ids=[])
+    seen = []
+    eng.model.model.layers[0].input_layernorm.register_forward_hook(
+        lambda m, i, o: seen.append((i[0].shape[1], torch.backends.cuda.cudnn_sdp_enabled())))
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    eng.generate([RolloutRequest("a", [5, 6, 7, 8], 3)], GREEDY)
+    prefill = [on for t, on in seen if t == 4]
+    assert prefill == [False]
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before
+
+
 def test_torch_decode_attention_option_is_checked(model_dir):
     eng = create_engine("torch", str(model_dir), max_batch=2, max_len=64)
     assert eng.decode_attention == "sdpa_masked"  # CPU default: the varlen kernels are CUDA-only

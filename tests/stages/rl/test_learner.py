@@ -155,3 +155,22 @@ def test_kl_needs_reference_model():
                       LearnerConfig(loss=LossConfig(kl_coef=0.1), pad_id=0), ref_model=ref)
     stats = learner.train(batch_samples(), version=0)
     assert stats["kl_ref"] == pytest.approx(0.0, abs=1e-6)  # theta == reference before the step
+
+
+def test_the_learner_step_runs_without_cudnn_attention():
+    """Forward and backward of a learner step run with SDPA's cuDNN kernel switched off (its
+    per-shape plans: stages/common/packed_attention.py), and the switch is restored after."""
+    model = tiny_lm()
+    seen = []
+    model.model.layers[0].self_attn.register_forward_hook(
+        lambda *_: seen.append(torch.backends.cuda.cudnn_sdp_enabled()))
+    model.model.layers[0].self_attn.register_full_backward_hook(
+        lambda *_: seen.append(torch.backends.cuda.cudnn_sdp_enabled()))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    learner = Learner(TorchBackend(model, opt, grad_clip=None),
+                      LearnerConfig(loss=LossConfig(correction="icepop"), pad_id=0, micro_batch_tokens=64))
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    learner.train(batch_samples(), version=0)
+    assert seen and not any(seen)  # theta_old pass, update forward and backward
+    assert len(seen) >= 3
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before

@@ -56,6 +56,7 @@ import torch
 import torch.nn.functional as F
 
 from stages.common.hf_io import eos_token_ids_of, load_causal_lm, load_config
+from stages.common.packed_attention import sdpa_without_cudnn
 from stages.rl.engines.protocol import IGNORED_PREFIXES, RolloutRequest, RolloutUpdate, SamplingParams, SyncTiming
 
 from .attention import DecodeAttention, rotate_half
@@ -292,7 +293,13 @@ class TorchEngine(SyncTiming):
 
     # ---------------------------------------------------------------- prefill
     def _prefill(self, slots: list[int], seqs: list[list[int]], mode: SamplingMode) -> torch.Tensor:
-        """Encode `seqs` into cache rows `slots`; returns [(token, logprob)] of their next token."""
+        """Encode `seqs` into cache rows `slots`; returns [(token, logprob)] of their next token.
+        Without SDPA's cuDNN kernel: a prefill's (rows, length) is new almost every time, and
+        cuDNN builds a plan per shape (packed_attention.sdpa_without_cudnn)."""
+        with sdpa_without_cudnn():
+            return self._prefill_rows(slots, seqs, mode)
+
+    def _prefill_rows(self, slots: list[int], seqs: list[list[int]], mode: SamplingMode) -> torch.Tensor:
         n, t = len(seqs), max(len(s) for s in seqs)
         dev = self.device
         ids = torch.zeros(n, t, dtype=torch.long)
