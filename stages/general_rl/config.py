@@ -128,7 +128,7 @@ class GeneralRLConfig(RLConfig):
 
 
 KIND = register(StageKind(
-    name="general_rl", config=GeneralRLConfig, version=1,
+    name="general_rl", config=GeneralRLConfig, version=2,  # 2: torch engine prefills longest first (other samples per seed)
     sources=("stages.general_rl", "stages.rl", "stages.reward_model", "stages.common", "verifiers"),
     distributed=True,
     description="RLHF: GRPO on a weighted prompt mix, reward model + rule rewards, reasoning guard"))

@@ -66,6 +66,6 @@ class ReasoningRLConfig(RLConfig):
 
 
 KIND = register(StageKind(
-    name="reasoning_rl", config=ReasoningRLConfig, version=1,
+    name="reasoning_rl", config=ReasoningRLConfig, version=2,  # 2: torch engine prefills longest first (other samples per seed)
     sources=("stages.reasoning_rl", "stages.rl", "stages.common", "verifiers"), distributed=True,
     description="RLVR: GRPO with IcePop, C3PO++ rollout scheduling, verifiable rewards"))
