@@ -19,24 +19,34 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED_BENCHMARKS = REPO.parent / "shared" / "benchmarks"
 
 _PREFECT_HOME = pytest.StashKey[tuple]()  # (this session's PREFECT_HOME, the one it replaced)
+_OMP_THREADS = pytest.StashKey[object]()  # the OMP_NUM_THREADS this session replaced (None: unset)
 
 
 def pytest_configure(config):
     """Each worker (and a plain run) gets its own PREFECT_HOME: `ring-pipeline run`'s embedded
     server keeps its database there: two workers' servers would otherwise share one sqlite
-    file, by default the user's own ~/.prefect/prefect.db. Set before any test imports Prefect; children inherit it."""
+    file, by default the user's own ~/.prefect/prefect.db. Set before any test imports Prefect; children inherit it.
+
+    One intra-op thread per process unless OMP_NUM_THREADS says otherwise (set before any test
+    imports torch; stage jobs inherit it, and pipeline.launch keeps a value that is set): the
+    suite's processes share 2 cores (two workers, each often running a stage's ranks), and a
+    second OpenMP thread on a busy core spins instead of helping the tiny models (the in-process
+    torch tests took ~25% longer beside a 2-rank stage with torch's default of one thread per core)."""
     home = tempfile.mkdtemp(prefix=f"ring-prefect-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-")
     config.stash[_PREFECT_HOME] = (home, os.environ.get("PREFECT_HOME"))
     os.environ["PREFECT_HOME"] = home
+    config.stash[_OMP_THREADS] = os.environ.get("OMP_NUM_THREADS")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_unconfigure(config):
     home, old = config.stash[_PREFECT_HOME]
     shutil.rmtree(home, ignore_errors=True)
-    if old is None:
-        os.environ.pop("PREFECT_HOME", None)
-    else:
-        os.environ["PREFECT_HOME"] = old
+    for name, value in (("PREFECT_HOME", old), ("OMP_NUM_THREADS", config.stash[_OMP_THREADS])):
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def pytest_collection_modifyitems(items):
