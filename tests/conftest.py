@@ -50,9 +50,15 @@ def pytest_unconfigure(config):
 
 
 def pytest_collection_modifyitems(items):
-    """Tests marked long_pole first: xdist hands out files in collection order, and the
-    longest file started last would run on one worker after the other has gone idle."""
-    items.sort(key=lambda item: item.get_closest_marker("long_pole") is None)  # stable: the rest keep their order
+    """Long files first: the file marked long_pole, then the files with slow tests, then the
+    rest, each file's tests together and in their order (a stable sort by file). xdist hands
+    out files in this order (pyproject: --no-loadscope-reorder; by default it orders files by
+    their number of tests, which put the hundreds of quick tests first and the minutes-long
+    files last), so the last files to run are short ones, and neither worker waits long for
+    the other at the end."""
+    long_pole = {item.path for item in items if item.get_closest_marker("long_pole")}
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: (item.path not in long_pole, item.path not in slow))
 
 
 @pytest.fixture(scope="session")
