@@ -137,7 +137,7 @@ def _train_tiny_policy(out: Path, base_dir: Path) -> dict[str, Path]:
     from stages.common.chat import encode_text, render_chat
     from verifiers.math_gen import generate_arithmetic
 
-    out.mkdir()
+    out.mkdir(exist_ok=True)  # a worker whose build failed may have left it
     rl_rows = generate_arithmetic(48, seed=1, max_operand=9)
     sft_rows = generate_arithmetic(256, seed=2, max_operand=9)
     (out / "rl.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rl_rows))
@@ -197,7 +197,7 @@ def rlhf_data(stage_env) -> RLHFData:
 def _write_rlhf_data(root: Path) -> RLHFData:
     from stages.synthetic_data.generators import get_generator
 
-    root.mkdir()
+    root.mkdir(exist_ok=True)  # a worker whose build failed may have left it
 
     def write(name: str, rows: list) -> Path:
         (root / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
