@@ -19,30 +19,46 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED_BENCHMARKS = REPO.parent / "shared" / "benchmarks"
 
 _PREFECT_HOME = pytest.StashKey[tuple]()  # (this session's PREFECT_HOME, the one it replaced)
+_OMP_THREADS = pytest.StashKey[object]()  # the OMP_NUM_THREADS this session replaced (None: unset)
 
 
 def pytest_configure(config):
     """Each worker (and a plain run) gets its own PREFECT_HOME: `ring-pipeline run`'s embedded
     server keeps its database there: two workers' servers would otherwise share one sqlite
-    file, by default the user's own ~/.prefect/prefect.db. Set before any test imports Prefect; children inherit it."""
+    file, by default the user's own ~/.prefect/prefect.db. Set before any test imports Prefect; children inherit it.
+
+    One intra-op thread per process unless OMP_NUM_THREADS says otherwise (set before any test
+    imports torch; stage jobs inherit it, and pipeline.launch keeps a value that is set): the
+    suite's processes share 2 cores (two workers, each often running a stage's ranks), and a
+    second OpenMP thread on a busy core spins instead of helping the tiny models (the in-process
+    torch tests took ~25% longer beside a 2-rank stage with torch's default of one thread per core)."""
     home = tempfile.mkdtemp(prefix=f"ring-prefect-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-")
     config.stash[_PREFECT_HOME] = (home, os.environ.get("PREFECT_HOME"))
     os.environ["PREFECT_HOME"] = home
+    config.stash[_OMP_THREADS] = os.environ.get("OMP_NUM_THREADS")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_unconfigure(config):
     home, old = config.stash[_PREFECT_HOME]
     shutil.rmtree(home, ignore_errors=True)
-    if old is None:
-        os.environ.pop("PREFECT_HOME", None)
-    else:
-        os.environ["PREFECT_HOME"] = old
+    for name, value in (("PREFECT_HOME", old), ("OMP_NUM_THREADS", config.stash[_OMP_THREADS])):
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def pytest_collection_modifyitems(items):
-    """Tests marked long_pole first: xdist hands out files in collection order, and the
-    longest file started last would run on one worker after the other has gone idle."""
-    items.sort(key=lambda item: item.get_closest_marker("long_pole") is None)  # stable: the rest keep their order
+    """Long files first: the file marked long_pole, then the files with slow tests, then the
+    rest, each file's tests together and in their order (a stable sort by file). xdist hands
+    out files in this order (pyproject: --no-loadscope-reorder; by default it orders files by
+    their number of tests, which put the hundreds of quick tests first and the minutes-long
+    files last), so the last files to run are short ones, and neither worker waits long for
+    the other at the end."""
+    long_pole = {item.path for item in items if item.get_closest_marker("long_pole")}
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: (item.path not in long_pole, item.path not in slow))
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ import torch
 def ds_config(zero_stage: int, grad_clip: float, precision: str, *, micro_batch: int = 1, grad_accum: int = 1,
               world: int | None = None) -> dict[str, Any]:
     """The DeepSpeed config. `precision` is resolved ("bf16", "bf16-mixed" or "fp32",
-    distributed.PRECISION_HELP): "bf16-mixed" keeps the weights in fp32 (load them so) and
+    precision.PRECISION_HELP): "bf16-mixed" keeps the weights in fp32 (load them so) and
     runs the engine's forward under torch.autocast, so the torch AdamW steps the weights
     themselves; DeepSpeed's bf16 mode instead wraps the optimizer with fp32 master copies it
     keeps in step with per-parameter copies and checks (benchmarks/RESULTS.md, round 7's SFT

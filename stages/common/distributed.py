@@ -119,18 +119,6 @@ def make_group(ranks: Ranks, name: str, members: Sequence[int]) -> Group | None:
 _standalone_groups = itertools.count()  # this process's make_group calls on a split launch
 
 
-PRECISION_HELP = ("auto = bf16 on GPU, fp32 on CPU; bf16 = DeepSpeed's bf16 mode (bf16 weights, fp32 "
-                  "master copies kept by its optimizer wrapper); bf16-mixed = fp32 weights and optimizer, "
-                  "bf16 compute under torch.autocast (DeepSpeed's torch_autocast mode); fp32")
-
-
-def resolve_precision(precision: str, on_gpu: bool) -> str:
-    """The configured precision with `auto` decided: bf16 on a GPU, fp32 otherwise."""
-    if precision == "auto":
-        return "bf16" if on_gpu else "fp32"
-    return precision
-
-
 def resolve_device(setting: str, key: str, own: torch.device) -> str:
     """A config's device (`key` = its name, e.g. "rollout.device") for this rank: auto = the
     rank's own device, cuda = cuda:0; a CUDA device on a machine without one is the user's error."""

@@ -1,12 +1,13 @@
 """A training stage's optional torch.profiler window (the `profile` setting): rank 0's optimizer
 steps start_step .. start_step + steps - 1 run under torch.profiler, and their operator table
 (key_averages, sorted by device time; CPU time without CUDA) and a chrome trace are written to
-a local directory. Cosmetic: it changes how fast a step runs, never what it computes."""
+a local directory. Cosmetic: it changes how fast a step runs, never what it computes.
+torch is imported where it is used: ProfileSettings is part of the SFT config, which every
+recipe validation imports."""
 from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 from pydantic import Field
 
 from pipeline.stage_api import Strict
@@ -40,6 +41,7 @@ class StepProfiler:
     def before(self, step: int) -> None:
         if self.settings is None or step != self.settings.start_step:
             return
+        import torch
         from torch.profiler import ProfilerActivity, profile
 
         activities = [ProfilerActivity.CPU]
@@ -53,6 +55,8 @@ class StepProfiler:
         run ends inside the window), else None."""
         if self._prof is None or (step != self.settings.start_step + self.settings.steps - 1 and not last):
             return None
+        import torch
+
         cuda = torch.cuda.is_available()
         if cuda:
             torch.cuda.synchronize()  # the window's kernels belong to it

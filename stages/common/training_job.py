@@ -13,15 +13,16 @@ from pipeline.stage_api import StageError, StageJob
 from pipeline.tracking import StageLogger
 from stages.common.chat import require_chat_template
 from stages.common.deepspeed_setup import ds_config, hf_zero3_context, initialize, lr_factor, param_groups
-from stages.common.distributed import Ranks, init_distributed, resolve_precision, seed_all
+from stages.common.distributed import Ranks, init_distributed, seed_all
 from stages.common.hf_io import load_tokenizer
 from stages.common.packed_attention import choose_attention
+from stages.common.precision import resolve_precision
 
 
 @dataclass(frozen=True)
 class TrainingJob:
     ranks: Ranks
-    precision: str    # resolved: "bf16", "bf16-mixed" or "fp32" (distributed.PRECISION_HELP)
+    precision: str    # resolved: "bf16", "bf16-mixed" or "fp32" (precision.PRECISION_HELP)
     log: StageLogger
     model_dir: Path   # the input model, a local Hugging Face directory
     tokenizer: Any    # its tokenizer (it has a chat template)

@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 from data_curation.io import DataInput
 from pipeline.stage_api import StageConfig, Strict, cosmetic
 from stages.common.compile_layers import check_zero_stage, compile_layers_field
-from stages.common.distributed import PRECISION_HELP
+from stages.common.precision import PRECISION_HELP
 from stages.common.step_profile import ProfileSettings
 from stages.common.hf_io import trust_remote_code_field
 from stages.registry import StageKind, register

@@ -7,12 +7,20 @@ from it:
     tiny_policy     the base briefly SFT'd (in process) to answer and stop: the RL tests' policy
     rlhf_data       preference pairs with bad rows mixed in, math prompts (general RL's mix)
     tiny_rm         a reward model trained by the reward_model stage (2 ranks) on rlhf_data
+
+On pytest-xdist workers these are built once per run, not once per worker: `stage_env` is one
+directory for all the workers of the run, and each fixture is built by the first worker that
+asks for it while the others wait (`_once`) and then read what it built.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
-from dataclasses import dataclass
+import os
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -26,9 +34,42 @@ TWO = Resources(cpu_ranks=2)
 
 @pytest.fixture(scope="session")
 def stage_env(tmp_path_factory) -> dict:
-    root = tmp_path_factory.mktemp("stages")
+    """The stage tests' store, work dirs and MLflow DB. Under pytest-xdist: beside the workers'
+    own tmp dirs (their parent is this run's basetemp, made new by the controller), so every
+    worker of the run shares them; the tests' own stages have recipe or stage names of their own."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "stages"
+    root.mkdir(exist_ok=True)
     return {"root": root, "storage": f"file://{root}/store", "work_root": root / "work", "recipe": "stagetests",
             "tracking_uri": f"sqlite:///{root}/mlflow.db"}
+
+
+@contextlib.contextmanager
+def _exclusive(lock: Path) -> Iterator[None]:
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file is closed
+        yield
+
+
+def _once(stage_env: dict, name: str, build: Callable[[], Any], save: Callable[[Any], Any] = lambda v: v,
+          load: Callable[[Any], Any] = lambda v: v) -> Any:
+    """`build()` once per run of the suite: the first worker to get here builds and records
+    `save(value)` (JSON); a worker that comes later, or waited meanwhile, returns `load(record)`.
+    A build that raises records nothing (the next one to ask tries again)."""
+    record = stage_env["root"] / f"{name}.built.json"
+    with _exclusive(stage_env["root"] / f"{name}.lock"):
+        if record.exists():
+            return load(json.loads(record.read_text()))
+        value = build()
+        record.write_text(json.dumps(save(value)))
+        return value
+
+
+def _stage_once(stage_env: dict, name: str, build: Callable[[], Any]) -> Any:
+    """`_once` for a `run_stage`: every worker gets the StageRun of the one run."""
+    from pipeline.execute import StageRun
+
+    return _once(stage_env, name, build, StageRun.as_dict, lambda d: StageRun(**d))
 
 
 @pytest.fixture(scope="session")
@@ -41,8 +82,9 @@ def data_artifact(stage_env):
         "rl.jsonl": {"generator": "arithmetic_rl", "n": 40, "seed": 2},
         "prefs.jsonl": {"generator": "preference_pairs", "n": 40, "seed": 3},
     }}
-    return run_stage("synthetic_data", config, stage="data", storage=stage_env["storage"],
-                     recipe=stage_env["recipe"], work_root=stage_env["work_root"])
+    return _stage_once(stage_env, "data", lambda: run_stage(
+        "synthetic_data", config, stage="data", storage=stage_env["storage"], recipe=stage_env["recipe"],
+        work_root=stage_env["work_root"]))
 
 
 @pytest.fixture(scope="session")
@@ -54,9 +96,9 @@ def base_artifact(stage_env, data_artifact):
                                "intermediate_size": 128, "max_position_embeddings": 1024},
               "tokenizer": {"corpus": ["${stages.data.output}/sft.jsonl"], "vocab_size": 512},
               "seed": 0}
-    return run_stage("init_model", config, stage="base", storage=stage_env["storage"],
-                     recipe=stage_env["recipe"], work_root=stage_env["work_root"],
-                     upstream={"data": data_artifact.url})
+    return _stage_once(stage_env, "base", lambda: run_stage(
+        "init_model", config, stage="base", storage=stage_env["storage"], recipe=stage_env["recipe"],
+        work_root=stage_env["work_root"], upstream={"data": data_artifact.url}))
 
 
 @pytest.fixture(scope="session")
@@ -80,17 +122,22 @@ def _short_answer(row: dict) -> str:
 
 
 @pytest.fixture(scope="session")
-def tiny_policy(tmp_path_factory, base_dir) -> dict[str, Path]:
+def tiny_policy(stage_env, base_dir) -> dict[str, Path]:
     """The tiny base SFT'd briefly (in process) on one-step sums with short answers: it learns
     the chat format and, above all, to end answers with <|im_end|>, so rollouts finish at
     different lengths (EOS) as a real policy's do. Returns its dir and 48 RL rows."""
+    return _once(stage_env, "tiny_policy", lambda: _train_tiny_policy(stage_env["root"] / "rl_policy", base_dir),
+                 lambda d: {k: str(v) for k, v in d.items()}, lambda d: {k: Path(v) for k, v in d.items()})
+
+
+def _train_tiny_policy(out: Path, base_dir: Path) -> dict[str, Path]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from stages.common.chat import encode_text, render_chat
     from verifiers.math_gen import generate_arithmetic
 
-    out = tmp_path_factory.mktemp("rl_policy")
+    out.mkdir(exist_ok=True)  # a worker whose build failed may have left it
     rl_rows = generate_arithmetic(48, seed=1, max_operand=9)
     sft_rows = generate_arithmetic(256, seed=2, max_operand=9)
     (out / "rl.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rl_rows))
@@ -142,10 +189,15 @@ class RLHFData:
 
 @pytest.fixture(scope="session")
 def rlhf_data(stage_env) -> RLHFData:
+    return _once(stage_env, "rlhf_data", lambda: _write_rlhf_data(stage_env["root"] / "rlhf"),
+                 lambda d: {k: str(v) for k, v in asdict(d).items()},
+                 lambda d: RLHFData(**{k: Path(v) for k, v in d.items()}))
+
+
+def _write_rlhf_data(root: Path) -> RLHFData:
     from stages.synthetic_data.generators import get_generator
 
-    root = stage_env["root"] / "rlhf"
-    root.mkdir()
+    root.mkdir(exist_ok=True)  # a worker whose build failed may have left it
 
     def write(name: str, rows: list) -> Path:
         (root / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -166,7 +218,7 @@ def tiny_rm(stage_env, base_artifact, rlhf_data):
     """A reward model trained by the stage (2 ranks) on the preference pairs plus bad rows."""
     from pipeline.execute import run_stage
 
-    return run_stage("reward_model", {**RM_CONFIG, "data": str(rlhf_data.prefs_with_bad)}, stage="rm",
-                     storage=stage_env["storage"], recipe=stage_env["recipe"],
-                     upstream={"base": base_artifact.url}, resources=TWO, work_root=stage_env["work_root"],
-                     launcher="torchrun", tracking_uri=stage_env["tracking_uri"])
+    return _stage_once(stage_env, "rm", lambda: run_stage(
+        "reward_model", {**RM_CONFIG, "data": str(rlhf_data.prefs_with_bad)}, stage="rm",
+        storage=stage_env["storage"], recipe=stage_env["recipe"], upstream={"base": base_artifact.url},
+        resources=TWO, work_root=stage_env["work_root"], launcher="torchrun", tracking_uri=stage_env["tracking_uri"]))

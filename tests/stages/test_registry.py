@@ -32,8 +32,10 @@ def test_lookup_imports_only_the_kind_asked_for_in_any_order():
         ["stages.general_rl.config"]
     assert _imported_after("import stages.general_rl.config, stages.reasoning_rl.config") == \
         ["stages.general_rl.config", "stages.reasoning_rl.config"]
-    # a recipe's union of kinds needs them all: iterating finds every package with a config.py
-    kinds = _imported_after("from stages.registry import STAGE_KINDS\nlist(STAGE_KINDS)")
+    # a recipe's union of kinds needs them all: iterating finds every package with a config.py,
+    # and none of them imports torch (every recipe validation, so every CLI command, imports them)
+    kinds = _imported_after("from stages.registry import STAGE_KINDS\nimport sys\nlist(STAGE_KINDS)\n"
+                            "assert 'torch' not in sys.modules, 'a stage config imports torch'")
     assert {k.split(".")[1] for k in kinds} == set(STAGE_KINDS)
 
 

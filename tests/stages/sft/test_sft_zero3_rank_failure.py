@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -57,19 +58,25 @@ def test_killing_one_rank_fails_the_stage_without_hanging(stage_env, data_artifa
         except BaseException as e:  # noqa: BLE001 - the test inspects it
             outcome["error"] = e
 
+    def training() -> bool:
+        """Rank 0 logged a step: both ranks are in the training loop (each step all-reduces)."""
+        return any("[metrics] " in log.read_text()
+                   for log in Path(stage_env["work_root"]).glob("rankkill/sft-*/*/stage.log"))
+
     worker = threading.Thread(target=run, daemon=True)
     worker.start()
     victim = None
     deadline = time.time() + 240
     while victim is None and time.time() < deadline and worker.is_alive():
-        for p in psutil.Process().children(recursive=True):
-            try:
-                cmd = " ".join(p.cmdline())
-            except psutil.Error:
-                continue
-            if "stages.sft.job" in cmd and "--local_rank=1" in cmd and p.cpu_times().user > 8:
-                victim = p  # rank 1, well into training
-        time.sleep(0.5)
+        if training():
+            for p in psutil.Process().children(recursive=True):
+                try:
+                    cmd = " ".join(p.cmdline())
+                except psutil.Error:
+                    continue
+                if "stages.sft.job" in cmd and "--local_rank=1" in cmd:
+                    victim = p  # rank 1, mid-run (of its 400 steps)
+        time.sleep(0.2)
     assert victim is not None, outcome
     victim.kill()
     killed_at = time.time()
