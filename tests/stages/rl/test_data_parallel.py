@@ -16,6 +16,8 @@ from stages.rl.prompt_sampler import PromptSampler
 from tests.stages.rl import dp_workers
 from tests.stages.rl.tiny_model import build_model, save_model
 
+pytestmark = pytest.mark.slow  # it starts gloo ranks (CONTRIBUTING: tests that launch processes)
+
 C3PO = {"rollouts_per_prompt": 3, "max_new_tokens": 24, "pool_capacity": 12, "token_budget": 40,
         "retention_limit": 100, "prompts_per_step": 3}
 
