@@ -269,6 +269,14 @@ def icepop_overhead(a, policy, device, samples, reps: int) -> dict:
     }
 
 
+def print_table(modes: dict, columns: list) -> None:
+    """A markdown table, a row per mode: `columns` = (header, formatter of the mode's summary)."""
+    print("\n| mode | " + " | ".join(h for h, _ in columns) + " |")
+    print("|---" * (len(columns) + 1) + "|")
+    for mode, r in modes.items():
+        print(f"| {mode} | " + " | ".join(f(r["summary"]) for _, f in columns) + " |")
+
+
 def main() -> None:
     a = parse()
     if a.no_cudnn_sdpa:
@@ -317,23 +325,21 @@ def main() -> None:
         }
     results["icepop_overhead"] = icepop_overhead(a, policy, device, last, a.overhead_reps)
 
-    print("\n| mode | rollout s/step | e2e s/step | gen tok/s | slot idle | engine time idle | trained tok/step "
-          "| e2e s / 1k trained tok | purged/step | reward (first -> after N) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for mode, r in m.items():
-        s = r["summary"]
-        print(f"| {mode} | {s['rollout_s']:.2f} | {s['e2e_s']:.2f} | {s['tokens_per_s']:.0f} | "
-              f"{s['slot_idle_fraction']:.2f} | {s['engine_time_idle_fraction']:.2f} | {s['train_tokens']:.0f} | "
-              f"{s['e2e_s_per_1k_trained_tokens']:.3f} | {s['purged']:.1f} | "
-              f"{s['reward_curve'][0]:.3f} -> {s['reward_after_n']:.3f} |")
-    print("\n| mode | engine prefills/step | prefill s/step | prefill tokens (padded) | decode steps/step "
-          "| decode ms/step (incl. host) |")
-    print("|---|---|---|---|---|---|")
-    for mode, r in m.items():
-        s = r["summary"]
-        print(f"| {mode} | {s['engine_prefills']:.1f} | {s['engine_prefill_s']:.2f} | {s['engine_prefill_tokens']:.0f} "
-              f"({s['engine_prefill_padded_tokens']:.0f}) | {s['engine_decode_steps']:.0f} | "
-              f"{s['engine_decode_ms_per_step']:.2f} |")
+    print_table(m, [
+        ("rollout s/step", lambda s: f"{s['rollout_s']:.2f}"), ("e2e s/step", lambda s: f"{s['e2e_s']:.2f}"),
+        ("gen tok/s", lambda s: f"{s['tokens_per_s']:.0f}"), ("slot idle", lambda s: f"{s['slot_idle_fraction']:.2f}"),
+        ("engine time idle", lambda s: f"{s['engine_time_idle_fraction']:.2f}"),
+        ("trained tok/step", lambda s: f"{s['train_tokens']:.0f}"),
+        ("e2e s / 1k trained tok", lambda s: f"{s['e2e_s_per_1k_trained_tokens']:.3f}"),
+        ("purged/step", lambda s: f"{s['purged']:.1f}"),
+        ("reward (first -> after N)", lambda s: f"{s['reward_curve'][0]:.3f} -> {s['reward_after_n']:.3f}")])
+    print_table(m, [  # where the engine's time goes
+        ("engine prefills/step", lambda s: f"{s['engine_prefills']:.1f}"),
+        ("prefill s/step", lambda s: f"{s['engine_prefill_s']:.2f}"),
+        ("prefill tokens (padded)",
+         lambda s: f"{s['engine_prefill_tokens']:.0f} ({s['engine_prefill_padded_tokens']:.0f})"),
+        ("decode steps/step", lambda s: f"{s['engine_decode_steps']:.0f}"),
+        ("decode ms/step (incl. host)", lambda s: f"{s['engine_decode_ms_per_step']:.2f}")])
     if "speedup" in results:
         sp = results["speedup"]
         print(f"\nspeedup C3PO++ over sync: rollout phase {sp['rollout_phase']:.2f}x, end-to-end "

@@ -294,7 +294,10 @@ def run_stage_variant(variant: str, path: Path, rows_file: Path, shape: str, tok
                         work_root=work / "runs", launcher="deepspeed" if gpu else "local", resources=res)
     finally:
         for k, v in saved.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+            if v is None:
+                os.environ.pop(k)
+            else:
+                os.environ[k] = v
     out_dir = local_path(run.url)
     steps = [json.loads(line.split("[metrics] ", 1)[1])  # the stage's per-step metrics lines
              for line in (out_dir / "logs" / "stage.log").read_text().splitlines() if "[metrics] " in line]
