@@ -44,6 +44,10 @@ def main() -> None:
     stats = Learner(DeepSpeedBackend(eng, torch.device("cpu")), lc).train(samples, 0)
     print(json.dumps({"rank": int(os.environ["RANK"]), "loss": stats["loss"], "grad_norm": stats["grad_norm"],
                       "abs_log_k_mean": stats["abs_log_k_mean"]}), flush=True)
+    # leave as a stage rank does (stages/common/entry.py): both ranks done, then the group goes;
+    # exiting with the group up let a rank abort at exit ("terminate called", SIGABRT) in CI
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
