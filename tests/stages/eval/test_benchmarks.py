@@ -15,9 +15,7 @@ from stages.eval.benchmarks import GSM8K_EXTRACTION, benchmark_rows, gsm8k_gold
 from stages.eval.config import BenchmarkSet, EvalConfig, EvalSet, LmEvalSet
 from verifiers import verify
 
-BENCH = Path(__file__).resolve().parents[4] / "shared" / "benchmarks"
-if not BENCH.is_dir():  # a worktree beside the main checkout: /work/wt/<name>
-    BENCH = Path("/work/shared/benchmarks")
+BENCH = Path(__file__).resolve().parents[3].parent / "shared" / "benchmarks"  # ../shared/benchmarks
 GSM8K_PROMPT = "{question}\nPut your final answer after '####'."
 # file -> (mapping, rows, the first row's gold)
 SETS = {
