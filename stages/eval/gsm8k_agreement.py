@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from stages.common.rows import DataError, input_rows
 from stages.eval.benchmarks import GSM8K_EXTRACTION, gsm8k_gold
 
 
@@ -55,34 +56,29 @@ def agreement(rows: list[dict[str, Any]], num_workers: int = 0,
 
 
 def read_generations(path: Path, gold: Path | None, id_field: str, set_name: str | None) -> list[dict[str, Any]]:
-    """The generations with their gold answers; ValueError naming file:line for a bad line."""
+    """The generations with their gold answers; DataError naming file:line for a bad line."""
+    def rows_of(p: Path, what: str):
+        return input_rows(Path, str(p), what)
+
     answers: dict[str, Any] = {}
-    if gold is not None:
-        for line_no, line in enumerate(gold.read_text(encoding="utf-8").splitlines(), 1):
-            if line.strip():
-                row = json.loads(line)
-                if id_field not in row or "answer" not in row:
-                    raise ValueError(f"{gold}:{line_no}: needs fields {id_field!r} and 'answer'")
-                answers[str(row[id_field])] = row["answer"]
+    for row in rows_of(gold, "GSM8K gold rows") if gold is not None else ():
+        if not isinstance(row.data, dict) or id_field not in row.data or "answer" not in row.data:
+            raise DataError(f"GSM8K gold rows {row.where}: needs fields {id_field!r} and 'answer'")
+        answers[str(row.data[id_field])] = row.data["answer"]
     rows = []
-    for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
+    for row in rows_of(path, "generations"):
+        data = row.data if isinstance(row.data, dict) else {}
+        if set_name is not None and data.get("set") != set_name:
             continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{line_no}: invalid JSON: {e}") from None
-        if set_name is not None and row.get("set") != set_name:
-            continue
-        if not isinstance(row.get("response"), str):
-            raise ValueError(f"{path}:{line_no}: field 'response' must be a string")
-        answer = row.get("answer", answers.get(str(row.get("id"))))
+        if not isinstance(data.get("response"), str):
+            raise DataError(f"generations {row.where}: field 'response' must be a string")
+        answer = data.get("answer", answers.get(str(data.get("id"))))
         if answer is None:
-            raise ValueError(f"{path}:{line_no}: no 'answer' field and id {row.get('id')!r} is not in "
-                             f"{gold or '--gold (not given)'}")
-        rows.append({"id": row.get("id", f"{path.name}:{line_no}"), "response": row["response"], "answer": answer})
+            raise DataError(f"generations {row.where}: no 'answer' field and id {data.get('id')!r} is not in "
+                            f"{gold or '--gold (not given)'}")
+        rows.append({"id": data.get("id", row.where), "response": data["response"], "answer": answer})
     if not rows:
-        raise ValueError(f"{path}: no generations" + (f" of set {set_name!r}" if set_name else ""))
+        raise DataError(f"generations {path}: no rows" + (f" of set {set_name!r}" if set_name else ""))
     return rows
 
 
@@ -99,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         rows = read_generations(args.generations, args.gold, args.id_field, args.set_name)
-    except (OSError, ValueError) as e:
+    except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     report = agreement(rows, num_workers=2, extraction=args.extraction)

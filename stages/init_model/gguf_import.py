@@ -182,18 +182,17 @@ def check_written(out: Path, gguf_tokenizer, source: str) -> list[str]:
     """The written tokenizer, loaded as later stages load it, tokenises like the GGUF one;
     returns warnings (no chat template)."""
     from stages.common.hf_io import load_tokenizer
+    from stages.init_model.tokenizer import first_difference
 
     loaded = load_tokenizer(out, trust_remote_code=False, what=f"GGUF import of {source}:")
     probe = [PROBE_TEXT]
     if gguf_tokenizer.chat_template:
         probe.append(gguf_tokenizer.apply_chat_template([{"role": "user", "content": PROBE_TEXT}], tokenize=False,
                                                         add_generation_prompt=True))
-    for text in probe:
-        a = gguf_tokenizer(text, add_special_tokens=False)["input_ids"]
-        b = loaded(text, add_special_tokens=False)["input_ids"]
-        if a != b:
-            raise RuntimeError(f"the tokenizer written to {out} tokenises {text[:60]!r} differently from the "
-                               f"GGUF one of {source}")
+    differs = first_difference(gguf_tokenizer, loaded, probe)
+    if differs is not None:
+        raise RuntimeError(f"the tokenizer written to {out} tokenises {differs[:60]!r} differently from the "
+                           f"GGUF one of {source}")
     if loaded.chat_template:
         return []
     return ["the GGUF file has no chat template (tokenizer.chat_template): the sft stage needs one"]
