@@ -47,7 +47,8 @@ def _task_config(spec, name: str, fetch: Callable[[str], Path]) -> dict[str, Any
     if spec.data is not None:
         config.update(dataset_path="json", dataset_kwargs={"data_files": {spec.split: str(fetch(spec.data))}},
                       test_split=spec.split)
-        config.pop("dataset_name", None)
+        for key in ("dataset_name", "training_split", "validation_split", "fewshot_split"):
+            config.pop(key, None)  # the one file is the one split
     if spec.max_new_tokens is not None:
         config["generation_kwargs"] = {**config.get("generation_kwargs", {}), "max_gen_toks": spec.max_new_tokens}
     for key in ("task", "output_type", "doc_to_text"):

@@ -83,3 +83,23 @@ def test_task_without_its_required_keys_is_named(tmp_path):
     assert ok["dataset_path"] == "json" and ok["test_split"] == "dev" and ok["task"] == "local_sums"
     assert ok["dataset_kwargs"] == {"data_files": {"dev": str(tmp_path / "d.jsonl")}}
     assert ok["generation_kwargs"]["max_gen_toks"] == 5 and ok["generation_kwargs"]["until"] == ["\n"]
+
+
+def test_shipped_gsm8k_task_is_lm_evals_own_scoring_over_local_data():
+    """recipes/lm_eval/gsm8k_local.yaml scores as lm-eval's gsm8k task does (the filters and
+    metric the agreement check applies), over the shared GSM8K file."""
+    import yaml
+
+    from stages.eval.config import LmEvalSet
+    from stages.eval.harness import _task_config, gsm8k_scorer
+
+    repo = Path(__file__).resolve().parents[3]
+    ours = _task_config(LmEvalSet(lm_eval=str(repo / "recipes/lm_eval/gsm8k_local.yaml"),
+                                  data=str(BENCH / "gsm8k.jsonl")), "g", lambda p: Path(p))
+    pytest.importorskip("lm_eval")
+    _, theirs = gsm8k_scorer()
+    for key in ("filter_list", "metric_list", "doc_to_text", "doc_to_target", "output_type"):
+        assert ours[key] == theirs[key], key
+    assert ours["generation_kwargs"]["until"] == theirs["generation_kwargs"]["until"]
+    assert ours["num_fewshot"] == 0 and "fewshot_split" not in ours and "training_split" not in ours
+    assert yaml.safe_load(yaml.safe_dump(ours)) == ours  # what the stage writes for lm-eval reads back
