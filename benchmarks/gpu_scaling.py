@@ -226,7 +226,7 @@ class Runner:
 
 def stage_worker(payload: dict[str, Any]) -> None:
     from pipeline.execute import run_stage
-    from pipeline.stage_api import Resources
+    from stages.common.contract import Resources
 
     kind, config = payload.pop("kind"), payload.pop("config")
     payload["work_root"] = Path(payload["work_root"])
@@ -439,7 +439,7 @@ class Bench:
     def faults(self) -> None:
         import psutil
 
-        from pipeline.artifacts import CheckpointStore
+        from stages.common.checkpoint_store import CheckpointStore
         from pipeline.execute import adhoc_target
         from stages.common.checkpoint import read_state, rank_state_file
 
@@ -681,7 +681,7 @@ def _param_count(cfg) -> int:
 
 
 def _free_port() -> int:
-    from pipeline.launch import free_port
+    from stages.common.ports import free_port
 
     return free_port()
 

@@ -168,7 +168,7 @@ def mfu(flops_per_s: float, peak: float | None) -> float | None:
 # -- set-up: data, tokenizer, model dirs -----------------------------------------------------------
 def prepare(args, work: Path) -> tuple[Path, Path]:
     """(sft rows file, tokenizer dir), made by the project's own stages."""
-    from pipeline.artifacts import local_path
+    from data_curation.urls import local_path
     from pipeline.execute import run_stage
 
     kw = dict(storage=f"file://{work}/store", work_root=work / "runs", launcher="local")
@@ -181,7 +181,7 @@ def prepare(args, work: Path) -> tuple[Path, Path]:
                          "max_position_embeddings": 1024},
         "tokenizer": {"corpus": ["${stages.data.output}/sft.jsonl"], "vocab_size": 512}},
         stage="tokenizer", upstream={"data": data.url}, **kw)
-    return local_path(data.url) / "sft.jsonl", local_path(base.url)
+    return Path(local_path(data.url)) / "sft.jsonl", Path(local_path(base.url))
 
 
 def model_dir(shape: str, tokenizer_dir: Path | None, root: Path, device: str) -> Path:
@@ -273,9 +273,9 @@ def run_plain(path: Path, shape: str, pack_ids: list[list[int]], tokens: int, ck
 
 def run_stage_variant(variant: str, path: Path, rows_file: Path, shape: str, tokens: int, ckpt: bool,
                       pack_lengths: list[list[int]], args, work: Path, gpu: bool, peak: float | None) -> dict:
-    from pipeline.artifacts import local_path
+    from data_curation.urls import local_path
     from pipeline.execute import run_stage
-    from pipeline.stage_api import Resources
+    from stages.common.contract import Resources
 
     overrides = {k: tokens if v is TOKENS else v for k, v in VARIANTS[variant].items()}
     env = overrides.pop("_env", {})  # for the stage's processes (they inherit ours)
@@ -298,7 +298,7 @@ def run_stage_variant(variant: str, path: Path, rows_file: Path, shape: str, tok
                 os.environ.pop(k)
             else:
                 os.environ[k] = v
-    out_dir = local_path(run.url)
+    out_dir = Path(local_path(run.url))
     steps = [json.loads(line.split("[metrics] ", 1)[1])  # the stage's per-step metrics lines
              for line in (out_dir / "logs" / "stage.log").read_text().splitlines() if "[metrics] " in line]
     timed = [m for m in steps if args.skip < m["step"] <= args.skip + args.steps]

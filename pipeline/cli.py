@@ -52,7 +52,7 @@ def _load(recipe: Path, overrides: list[str]):
 
 
 def _plan(recipe):
-    from pipeline.artifacts import ArtifactError
+    from stages.common.artifact_inputs import ArtifactError
     from pipeline.plan import make_plan
 
     try:
@@ -71,7 +71,7 @@ def validate(recipe: Path = RecipeArg, set_: list[str] = SetOpt) -> None:
 @app.command()
 def plan(recipe: Path = RecipeArg, set_: list[str] = SetOpt) -> None:
     """Stages in order with their hashes, what is done / to run and why, and each launch command."""
-    from pipeline.artifacts import ArtifactError
+    from stages.common.artifact_inputs import ArtifactError
     from pipeline.changes import code_drift, previous_manifest, why_rerun
     from pipeline.launch import build_command
     from pipeline.plan import make_plan
@@ -141,10 +141,10 @@ def run(recipe: Path = RecipeArg, set_: list[str] = SetOpt,
     Per stage: a start line, a progress line, a finish line; a failed stage is reported once,
     and every failed stage is listed at the end (exit 1). Stage output is in each stage's
     log. Ctrl-C or SIGTERM stops every running stage job (exit 130 / 143); nothing is published."""
-    from pipeline.artifacts import ArtifactError
+    from stages.common.artifact_inputs import ArtifactError
     from pipeline.console import RunConsole, Verbosity, installed
     from pipeline.flow import PipelineFailed
-    from pipeline.launch import StageFailed
+    from stages.common.contract import StageFailed
     from pipeline.orchestrate import run_recipe
 
     if quiet and verbose:
@@ -216,7 +216,7 @@ def gc(recipe: Path = RecipeArg, set_: list[str] = SetOpt,
        older_than: float = typer.Option(7.0, "--older-than", min=0, help="days unchanged before an "
                                         "unreferenced artifact or unfinished attempt is removed")) -> None:
     """List (or with --delete remove) work dirs, checkpoints and artifacts nothing needs."""
-    from pipeline.artifacts import ArtifactError
+    from stages.common.artifact_inputs import ArtifactError
     from pipeline.gc import GcPolicy, find_leftovers, remove
 
     r = _load(recipe, set_)
@@ -294,9 +294,9 @@ def _curate_recipe_stage(recipe: Path, overrides: list[str], stage: str | None, 
     """Run one `curate` stage of a recipe with `--only` / `--benchmarks` applied. The stage
     hash follows the (possibly new) benchmark list, so the result is the artifact a recipe
     with that list would use; earlier steps come from the stage's step cache."""
-    from pipeline.artifacts import ArtifactError
+    from stages.common.artifact_inputs import ArtifactError
     from pipeline.execute import ExecutionPolicy, StageTarget, execute
-    from pipeline.launch import StageFailed
+    from stages.common.contract import StageFailed
     from pipeline.plan import hash_payload, input_fingerprints, resolve_references, stage_hash
     from pipeline.tracking import PipelineTracker, timestamped
     from stages.curate.config import CurateConfig, rerun_config

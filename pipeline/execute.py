@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from pipeline import console, interrupt
-from pipeline.artifacts import (CHECKPOINTS, ArtifactError, ArtifactStore, StorageError, join,
-                                normalise_url, read_manifest)
+from data_curation.urls import join, normalise_url
+from pipeline.artifacts import ArtifactStore
+from stages.common.artifact_inputs import ArtifactError, CHECKPOINTS, StorageError, read_manifest
 from pipeline.changes import code_record
 from pipeline.failures import StageFailure
 from pipeline.fingerprints import Fingerprint
@@ -30,7 +31,7 @@ from pipeline.launch import build_command, run_job
 from pipeline.lease import Lease, LeaseHeld, describe_holder, try_acquire
 from pipeline.plan import Plan, PlannedStage, hash_payload, input_fingerprints, resolve_references, stage_hash
 from pipeline.recipe import Defaults, StorageConfig
-from pipeline.stage_api import Launcher, Resources, StageJob
+from stages.common.contract import Launcher, Resources, StageJob
 from pipeline.stage_metrics import describe, headline
 from pipeline.tracking import InputRef, PipelineTracker, timestamped
 from stages.curate.gate import check_eval_suite

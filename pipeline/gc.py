@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from pipeline.artifacts import ArtifactError, ArtifactStore, filesystem, storage_errors
+from data_curation.urls import filesystem
+from pipeline.artifacts import ArtifactStore
+from stages.common.artifact_inputs import ArtifactError, storage_errors
 from pipeline.lease import is_live, read_lease
 from pipeline.plan import Plan
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from pipeline.artifacts import ArtifactError, ArtifactStore
+from pipeline.artifacts import ArtifactStore
+from stages.common.artifact_inputs import ArtifactError
 from pipeline.changes import code_drift
 from pipeline.execute import read_failure
 from pipeline.failures import StageFailure

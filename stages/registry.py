@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from pipeline.stage_api import StageConfig
+from stages.common.contract import StageConfig
 
 _KIND_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 

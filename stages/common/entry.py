@@ -27,8 +27,8 @@ import threading
 import traceback
 from typing import Any, Callable
 
-from pipeline.stage_api import StageError, StageJob
-from pipeline.tracking import StageLogger
+from stages.common.contract import StageError, StageJob
+from stages.common.stage_log import StageLogger
 
 
 STACKS_SIGNAL = signal.SIGUSR2  # SIGUSR1 is the job guard's parent-death signal

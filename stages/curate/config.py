@@ -7,7 +7,7 @@ from pydantic import Field, field_validator, model_validator
 
 from data_curation.row_schema import FieldMap, RowPolicy
 from data_curation.step_kinds import CurationStep, check_labels, default_steps
-from pipeline.stage_api import StageConfig, cosmetic
+from stages.common.contract import StageConfig, cosmetic
 from stages.registry import StageKind, register
 
 

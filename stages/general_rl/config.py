@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pipeline.stage_api import Strict
+from stages.common.contract import Strict
 from stages.registry import StageKind, register
 from stages.rl.settings import Device, RLConfig
 

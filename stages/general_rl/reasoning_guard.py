@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from pipeline.stage_api import StageError
-from pipeline.tracking import info
+from stages.common.contract import StageError
+from stages.common.stage_log import info
 from stages.general_rl.config import GeneralRLConfig
 from stages.general_rl.prompts import reasoning_rows
 from stages.rl.prompts import render_prompts

@@ -10,8 +10,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from data_curation.io import DataInput
-from pipeline.stage_api import Strict
+from data_curation.discovery import DataInput
+from stages.common.contract import Strict
 from stages.registry import StageKind, register
 from stages.rl.settings import RLConfig
 

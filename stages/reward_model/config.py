@@ -5,7 +5,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from pipeline.stage_api import StageConfig, cosmetic
+from stages.common.contract import StageConfig, cosmetic
 from stages.common.precision import PRECISION_HELP
 from stages.common.hf_io import trust_remote_code_field
 from stages.registry import StageKind, register

@@ -34,8 +34,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipeline.stage_api import StageError, StageJob
-from pipeline.tracking import info
+from stages.common.contract import StageError, StageJob
+from stages.common.stage_log import info
 from stages.common.checkpoint import Checkpointer, StatefulDataclass
 from stages.common.data_plan import DataPlan
 from stages.common.distributed import local_first

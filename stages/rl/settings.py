@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from pipeline.stage_api import StageConfig, Strict, cosmetic
+from stages.common.contract import StageConfig, Strict, cosmetic
 from stages.common.compile_layers import check_zero_stage, compile_layers_field
 from stages.common.hf_io import trust_remote_code_field
 

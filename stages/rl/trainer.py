@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.stage_api import StageJob
-from pipeline.tracking import info
+from stages.common.contract import StageJob
+from stages.common.stage_log import info
 from stages.common.checkpoint import Checkpointer, StatefulDataclass
 from stages.common.distributed import run_on
 from stages.common.hf_io import eos_token_ids_of, save_hf_model

@@ -5,8 +5,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from data_curation.io import DataInput
-from pipeline.stage_api import StageConfig, Strict, cosmetic
+from data_curation.discovery import DataInput
+from stages.common.contract import StageConfig, Strict, cosmetic
 from stages.common.compile_layers import check_zero_stage, compile_layers_field
 from stages.common.precision import PRECISION_HELP
 from stages.common.step_profile import ProfileSettings

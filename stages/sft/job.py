@@ -37,8 +37,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from pipeline.stage_api import StageError, StageJob
-from pipeline.tracking import info
+from stages.common.contract import StageError, StageJob
+from stages.common.stage_log import info
 from stages.common.checkpoint import Checkpointer, StatefulDataclass
 from stages.common.compile_layers import compile_decoder_layers
 from stages.common.data_plan import DataPlan

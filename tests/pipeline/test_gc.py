@@ -10,7 +10,8 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from pipeline.artifacts import CheckpointStore, verify_artifact
+from stages.common.artifact_inputs import verify_artifact
+from stages.common.checkpoint_store import CheckpointStore
 from pipeline.cli import app
 from pipeline.lease import try_acquire
 from pipeline.loader import load_recipe

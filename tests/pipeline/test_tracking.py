@@ -12,7 +12,8 @@ from pipeline.execute import StageTarget, input_refs
 from pipeline.loader import load_recipe
 from pipeline.plan import make_plan
 from pipeline.stage_metrics import KIND_METRICS, describe, headline
-from pipeline.tracking import PipelineTracker, StageLogger
+from pipeline.tracking import PipelineTracker
+from stages.common.stage_log import StageLogger
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from pipeline.stage_api import StageJob
+from stages.common.contract import StageJob
 from stages.common.checkpoint import CheckpointError, Checkpointer, StatefulDataclass, read_state
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.stage_api import StageError
+from stages.common.contract import StageError
 from stages.common.packed_attention import (FLEX_BLOCK, choose_attention, flattens_micro_batch, pad_packed_batch,
                                             static_width)
 

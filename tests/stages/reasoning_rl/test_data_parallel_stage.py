@@ -33,10 +33,10 @@ def _rank_process(root: psutil.Process, rank: int) -> psutil.Process:
 
 
 def test_split_placement_survives_a_killed_engine_rank_and_resumes_its_pool(tiny_policy, tmp_path):
-    from pipeline.artifacts import CheckpointStore
+    from stages.common.checkpoint_store import CheckpointStore
     from pipeline.execute import adhoc_target, run_stage
     from pipeline.launch import build_command
-    from pipeline.stage_api import Resources, StageJob
+    from stages.common.contract import Resources, StageJob
     from stages.common.checkpoint import rank_state_file, read_state
     from stages.registry import STAGE_KINDS
 
