@@ -213,7 +213,8 @@ class Runner:
         with self.cond:
             self.cond.wait_for(lambda: len(self.free) >= spec.gpus)
             ids, self.free = self.free[:spec.gpus], self.free[spec.gpus:]
-        self.report.log(f"start {spec.name} ({spec.kind}) on {'GPUs ' + str(ids) if not self.args.smoke else f'{spec.gpus} CPU rank(s)'}")
+        where = f"GPUs {ids}" if not self.args.smoke else f"{spec.gpus} CPU rank(s)"
+        self.report.log(f"start {spec.name} ({spec.kind}) on {where}")
         t0 = time.time()
         try:
             return self.result(spec, self.start(spec, ids))
@@ -304,7 +305,7 @@ class Bench:
         policy_body, fault_body = (TINY_BODY, TINY_BODY) if a.smoke else (BODY_05B, SMALL_BODY)
         vocab = 512 if a.smoke else 8192
         runs = self.parallel([base("base", policy_body, vocab), base("small", fault_body, vocab)])
-        for name, run in runs.items():
+        for run in runs.values():
             if isinstance(run, Exception):
                 raise run
         self.base_url, self.small_url = runs["base"]["url"], runs["small"]["url"]
@@ -439,9 +440,9 @@ class Bench:
     def faults(self) -> None:
         import psutil
 
-        from stages.common.checkpoint_store import CheckpointStore
         from pipeline.execute import adhoc_target
-        from stages.common.checkpoint import read_state, rank_state_file
+        from stages.common.checkpoint import rank_state_file, read_state
+        from stages.common.checkpoint_store import CheckpointStore
 
         cfg = self.rl_config("c3po", small=True, steps=4, checkpoint_every=1)
         spec = StageSpec("faults", "reasoning_rl", cfg, self.n, self.upstream(small=True))

@@ -100,9 +100,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from benchmarks._record import SAFE_ENV, ResultFile, device_name, log, versions  # noqa: E402 - needs ROOT on sys.path
 from stages.common.compile_layers import BACKEND_ENV  # noqa: E402
 from stages.common.step_profile import StepProfiler  # noqa: E402
-from benchmarks._record import SAFE_ENV, ResultFile, device_name, log, versions  # noqa: E402 - needs ROOT on sys.path
 
 os.environ.update(SAFE_ENV)  # this process and every one it starts
 
@@ -281,7 +281,8 @@ def run_stage_variant(variant: str, path: Path, rows_file: Path, shape: str, tok
     env = overrides.pop("_env", {})  # for the stage's processes (they inherit ours)
     packs_per_micro = overrides.get("micro_batch_size", 1)  # tokens per optimizer step held equal
     config = {"model": str(path), "data": str(rows_file), "max_seq_len": tokens, "micro_batch_size": 1,
-              "grad_accum": max(1, args.grad_accum // packs_per_micro), "max_steps": args.total_steps, "warmup_steps": 1, "lr": 1e-5,
+              "grad_accum": max(1, args.grad_accum // packs_per_micro), "max_steps": args.total_steps,
+              "warmup_steps": 1, "lr": 1e-5,
               "zero_stage": 0, "gradient_checkpointing": ckpt, "checkpoint_every": 10 ** 6, "log_every": 1,
               **overrides}
     if args.profile:
@@ -422,7 +423,7 @@ def run_learner(path: Path, shape: str, args, device: str, peak: float | None) -
             if device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
             times = []
-            for step in range(1 + args.learner_steps):  # the first: warm-up (and compiles)
+            for _ in range(1 + args.learner_steps):  # the first: warm-up (and compiles)
                 sync(device)
                 t0 = time.perf_counter()
                 learner.train(samples, version=0)

@@ -104,7 +104,7 @@ def discover(inputs: "list[str | DataInput]", storage_options: dict | None = Non
         fs, path = filesystem(url, storage_options)
         proto = url.split("://", 1)[0]
 
-        def to_url(p: str) -> str:
+        def to_url(p: str, proto: str = proto) -> str:
             return f"{proto}://{p}" if proto != "file" else "file://" + p
 
         if any(c in path for c in "*?["):

@@ -37,8 +37,7 @@ def hub_snapshot(repo_id: str, repo_type: str, revision: str | None) -> tuple[st
     """(local directory, commit) of a hub repo's snapshot: from the local cache with
     HF_HUB_OFFLINE=1, else downloaded into it as needed. CurationError says what is missing."""
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import (HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError,
-                                        RevisionNotFoundError)
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 
     cache, offline = hub_cache_dir(), _hub_offline()
     what = f"hub {repo_type} {repo_id} (revision {revision or 'main'})"

@@ -84,7 +84,7 @@ def write_outputs(sources, step_cfgs, read_loc: StepDir, locs: list[StepDir],
                 cols = {c: t.column(c).to_pylist() for c in
                         ("_row", "_src", "_line", "_id", "_raw", "_reason", "_detail")}
                 lines = []
-                for row, src, line, rid, raw, reason, detail in zip(*cols.values()):
+                for row, _src, line, rid, raw, reason, detail in zip(*cols.values()):
                     lines.append('{"row": %d, "source": %s, "line": %d, "id": %s, "step": %s, '
                                  '"reason": %s, "detail": %s, "data": %s}' % (
                                      row, json.dumps(row_reading.row_label(sources, row), ensure_ascii=False), line,
@@ -105,7 +105,7 @@ def write_outputs(sources, step_cfgs, read_loc: StepDir, locs: list[StepDir],
         for u in read_loc.quarantine_urls():
             t = io.read_table(u, so)
             account(t.column("_row").to_numpy())
-            for row, src, line, reason, raw in zip(*(t.column(c).to_pylist() for c in
+            for row, _src, line, reason, raw in zip(*(t.column(c).to_pylist() for c in
                                                      ("_row", "_src", "_line", "_reason", "_rawtext"))):
                 rec = {"row": row, "source": row_reading.row_label(sources, row), "line": line,
                        "reason": reason, "raw": raw}

@@ -12,8 +12,8 @@ columns of the kept rows were rewritten (cleaning, tagging) and carries mergeabl
 """
 from __future__ import annotations
 
-import importlib.util
 import hashlib
+import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator

@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from data_curation.urls import filesystem, join, normalise_url
-from stages.common.artifact_inputs import (CHECKPOINTS, MANIFEST, SUCCESS, read_manifest, sha256_file,
-                                           storage_errors)
+from stages.common.artifact_inputs import CHECKPOINTS, MANIFEST, SUCCESS, read_manifest, sha256_file, storage_errors
 from stages.common.checkpoint_store import CheckpointStore
 
 

@@ -12,8 +12,8 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from stages.common.artifact_inputs import ArtifactError
 from pipeline.interrupt import StageInterrupted
+from stages.common.artifact_inputs import ArtifactError
 from stages.common.contract import StageFailed
 
 # what happened, by exception type (most specific first); anything else is a bug of ours

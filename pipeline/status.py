@@ -14,12 +14,12 @@ import time
 from dataclasses import dataclass, field
 
 from pipeline.artifacts import ArtifactStore
-from stages.common.artifact_inputs import ArtifactError
 from pipeline.changes import code_drift
 from pipeline.execute import read_failure
 from pipeline.failures import StageFailure
 from pipeline.lease import describe_holder, is_live, read_lease
 from pipeline.plan import PlannedStage
+from stages.common.artifact_inputs import ArtifactError
 
 
 @dataclass

@@ -106,7 +106,7 @@ class StageConfig(Strict):
     log_every: int = cosmetic(1, ge=1, description="metrics logging interval (steps)")
     eval_suite: EvalSuite | None = cosmetic(None, description="the evaluation suite this stage is "
                                             "judged on: the pipeline does not start the stage while "
-                                            "its `data` overlaps the suite (stages/curate/gate.py)")
+                                            "its `data` overlaps the suite (stages/common/eval_suite_gate.py)")
 
 
 class StageJob(BaseModel):

@@ -30,7 +30,6 @@ from typing import Any, Callable
 from stages.common.contract import StageError, StageJob
 from stages.common.stage_log import StageLogger
 
-
 STACKS_SIGNAL = signal.SIGUSR2  # SIGUSR1 is the job guard's parent-death signal
 LEAVE_GROUP_S = 20.0  # a failed rank's wait to leave the process group (see the module docstring)
 

@@ -13,8 +13,8 @@ from data_curation import discovery, io, urls
 from data_curation._base import CurationError
 from data_curation.engine import run_curation
 from stages.common.contract import StageError, StageJob
-from stages.common.stage_log import StageLogger, info
 from stages.common.entry import run_job
+from stages.common.stage_log import StageLogger, info
 from stages.curate.config import CurateConfig
 
 

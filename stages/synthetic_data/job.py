@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from stages.common.contract import StageJob
-from stages.common.stage_log import StageLogger, info
 from stages.common.entry import run_job
+from stages.common.stage_log import StageLogger, info
 from stages.synthetic_data.config import SyntheticDataConfig
 from stages.synthetic_data.generators import get_generator
 

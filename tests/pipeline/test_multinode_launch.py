@@ -11,9 +11,8 @@ import pytest
 from pydantic import ValidationError
 
 from pipeline.launch import build_command, run_job
-from stages.common.contract import StageFailed
-from stages.common.contract import Resources
 from pipeline.torchrun_hosts import HostfileError, choose_nodes, read_hostfile
+from stages.common.contract import Resources, StageFailed
 
 pytestmark = pytest.mark.slow
 

@@ -2,16 +2,13 @@
 from __future__ import annotations
 
 import sys
-import textwrap
 
 import pytest
 
 from pipeline.launch import build_command, run_job
-from stages.common.contract import StageFailed
 from pipeline.loader import load_recipe
 from pipeline.plan import make_plan
-from stages.common.contract import Resources
-
+from stages.common.contract import Resources, StageFailed
 from tests.pipeline.test_recipe import GOOD
 
 

@@ -231,9 +231,9 @@ def test_general_rl_killed_after_checkpoint_resumes(tiny_rm, rlhf_data, base_art
     from mlflow.tracking import MlflowClient
 
     from data_curation.urls import local_path
+    from pipeline.execute import run_stage
     from stages.common.artifact_inputs import read_manifest
     from stages.common.checkpoint_store import CheckpointStore
-    from pipeline.execute import run_stage
 
     root = rlhf_data.prefs.parent
     chat, ifeval = root / "chat.jsonl", root / "ifeval.jsonl"

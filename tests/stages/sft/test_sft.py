@@ -211,8 +211,8 @@ def test_sft_two_ranks_zero2_killed_after_checkpoint_resumes_and_learns(stage_en
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from data_curation.urls import local_path
-    from stages.common.checkpoint_store import CheckpointStore
     from pipeline.execute import run_stage
+    from stages.common.checkpoint_store import CheckpointStore
     from stages.common.contract import Resources
 
     recipe = "sftresume"

@@ -7,7 +7,8 @@ start while its input data overlaps that suite above `max_overlap`.
         data: ${stages.curate.output}/curated.jsonl
         eval_suite: {benchmarks: recipes/benchmarks.yaml, max_overlap: 0}
 
-`pipeline.execute` calls `check_eval_suite` right before it launches a stage. The input
+Every kind's `StageKind.pre_launch` runs `check_eval_suite` (unless the kind says otherwise):
+the pipeline calls it right before it launches a stage. The input
 data is every path under the stage config's `data` (a path, a list of them, or a mapping
 of sources with `path`), read like curation input (files, dirs, globs, fsspec URLs; rows
 that cannot be read are skipped and counted) and matched against the suite with the
