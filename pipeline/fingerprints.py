@@ -15,7 +15,7 @@ the upstream hashes instead) contributes a fingerprint of its content:
   Hugging Face cache's `refs/` files (a 40-hex revision is its own commit). A branch that is
   not in the cache cannot be resolved offline: the fingerprint then says so, and `plan` asks
   for a pinned commit;
-- file inside an installed Python package (`pkg://<package>/<file>`, pipeline/package_files.py):
+- file inside an installed Python package (`pkg://<package>/<file>`, data_curation/package_files.py):
   the installing distribution's name and version and the sha256 its RECORD declares for the
   file (nothing is hashed); a file no RECORD lists is fingerprinted as a local file.
 """
@@ -31,7 +31,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from pipeline.artifacts import StorageError, filesystem, normalise_url, sha256_file, storage_errors
+from data_curation.urls import filesystem, normalise_url
+from stages.common.artifact_inputs import StorageError, sha256_file, storage_errors
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -164,7 +165,7 @@ def hub_fingerprint(value: str) -> Fingerprint:
 
 # -- files inside installed packages ------------------------------------------------------
 def package_fingerprint(value: str, hash_max_bytes: int) -> Fingerprint:
-    from pipeline.package_files import PackageFileError, resolve
+    from data_curation.package_files import PackageFileError, resolve
 
     try:
         f = resolve(value)

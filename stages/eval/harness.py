@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline.stage_api import StageError
+from stages.common.contract import StageError
 
 
 def require_lm_eval(what: str):

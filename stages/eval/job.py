@@ -27,10 +27,10 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from pipeline.stage_api import StageError, StageJob
-from pipeline.tracking import StageLogger, info
+from stages.common.contract import StageError, StageJob
 from stages.common.entry import run_job
 from stages.common.rows import DataError
+from stages.common.stage_log import StageLogger, info
 from stages.eval.benchmarks import benchmark_rows
 from stages.eval.config import BenchmarkSet, Decoding, EvalConfig, EvalSet, LmEvalSet
 from stages.eval.harness import require_lm_eval

@@ -1,7 +1,7 @@
 """`init_model` from a GGUF file (llama.cpp's format): a standard Hugging Face model directory.
 
 1. Find the file: `pkg://<package>/<file>` inside an installed Python package
-   (pipeline/package_files.py; its content must match the sha256 the package's RECORD
+   (data_curation/package_files.py; its content must match the sha256 the package's RECORD
    declares), else a local path, URL or upstream artifact through the job's `fetch`.
 2. Read its header (`gguf.GGUFReader`): a file that is not a readable GGUF, an architecture
    transformers cannot load from GGUF, or a tensor type `gguf` cannot dequantize is a
@@ -26,9 +26,11 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Callable
 
-from pipeline.artifacts import sha256_file
-from pipeline.package_files import SCHEME as PKG_SCHEME, PackageFileError, resolve as resolve_package_file
-from pipeline.stage_api import StageError
+from data_curation.package_files import SCHEME as PKG_SCHEME
+from data_curation.package_files import PackageFileError
+from data_curation.package_files import resolve as resolve_package_file
+from stages.common.artifact_inputs import sha256_file
+from stages.common.contract import StageError
 from stages.init_model.config import GGUFImport
 
 FLOAT_TYPES = ("F32", "F16", "BF16", "F64")

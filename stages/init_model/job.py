@@ -21,11 +21,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipeline.stage_api import StageJob
-from pipeline.tracking import StageLogger, info
+from stages.common.contract import StageJob
 from stages.common.entry import run_job
 from stages.common.hf_io import custom_code
 from stages.common.rows import input_rows
+from stages.common.stage_log import StageLogger, info
 from stages.init_model.config import GGUFImport, InitModelConfig
 from stages.init_model.gguf_import import import_gguf
 from stages.init_model.model import build_model, save_model

@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from pipeline.plan import result_config
-from pipeline.stage_api import StageError
+from stages.common.contract import StageError
 from stages.eval.benchmarks import GSM8K_EXTRACTION, benchmark_rows, gsm8k_gold
 from stages.eval.config import BenchmarkSet, EvalConfig, EvalSet, LmEvalSet
 from verifiers import verify

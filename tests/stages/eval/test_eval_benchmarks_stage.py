@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.stage_api import StageError
+from stages.common.contract import StageError
 from stages.eval.benchmarks import GSM8K_EXTRACTION
 from stages.eval.harness import require_lm_eval
 

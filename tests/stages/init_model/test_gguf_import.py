@@ -15,7 +15,7 @@ import torch
 
 from pipeline.execute import run_stage
 from pipeline.fingerprints import fingerprint
-from pipeline.stage_api import StageJob
+from stages.common.contract import StageJob
 from stages.common.entry import run_job
 from stages.init_model import job as init_model_job
 from stages.init_model.config import GGUFImport, InitModelConfig
