@@ -28,7 +28,7 @@ def test_eval_stage_scores_gsm8k_as_it_is_and_a_local_lm_eval_task(stage_env, ba
     pytest.importorskip("lm_eval")
     from mlflow.tracking import MlflowClient
 
-    from pipeline.artifacts import local_path
+    from data_curation.urls import local_path
     from pipeline.execute import run_stage
 
     data = tmp_path / "local.jsonl"
@@ -44,7 +44,7 @@ def test_eval_stage_scores_gsm8k_as_it_is_and_a_local_lm_eval_task(stage_env, ba
     run = run_stage("eval", config, stage="eval_bench", storage=stage_env["storage"], recipe=stage_env["recipe"],
                     upstream={"base": base_artifact.url}, work_root=stage_env["work_root"], tracking_uri=uri)
     summary = run.summary
-    responses = [json.loads(line) for line in (local_path(run.url) / "responses.jsonl").read_text().splitlines()]
+    responses = [json.loads(line) for line in (Path(local_path(run.url)) / "responses.jsonl").read_text().splitlines()]
     assert [r["id"] for r in responses] == [0, 1, 2] and {r["set"] for r in responses} == {"gsm8k"}
     gsm8k = {(r["set"], r["domain"]): r for r in summary["results"] if r["decoding"] == "greedy"}
     assert gsm8k[("gsm8k", "all")]["rows"] == 3
