@@ -1,4 +1,5 @@
-"""Verifiable rewards: math, code (sandboxed), logic games, instruction following.
+"""Verifiable rewards: math, code (sandboxed), logic games, instruction following,
+reasoning-gym tasks (scored by each family's own grader).
 
     from verifiers import Reward, verify, verify_batch, get_verifier, register_verifier, VERIFIERS
 
@@ -12,6 +13,7 @@ from .schema import Reward, TaskRow
 from . import math_answer  # noqa: E402,F401
 from . import code_exec  # noqa: E402,F401
 from . import ifeval  # noqa: E402,F401
+from . import rgym  # noqa: E402,F401
 from .logic import arc, countdown, knights_knaves, maze, sudoku  # noqa: E402,F401
 
 __all__ = [
