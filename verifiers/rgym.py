@@ -20,17 +20,21 @@ in a tag better than in ``\\boxed{}``). ``extract`` reads, from the text after t
 ("answer_tag"), else the last ``\\boxed{}`` ("boxed"), else the last "Answer:" / "final
 answer is" line ("answer_is"), else the whole final text when it is short ("whole_text").
 Every scan is linear in the text: hostile responses (megabytes, thousands of nested
-braces) get an answer or a reason, never a timeout.
+braces) get an answer or a reason, never a timeout. Answers that a family's scorer would
+execute (eval / sympy.parse_expr) are screened first (`rgym_safety.py`).
 """
 from __future__ import annotations
 
 import json
+import math
 import re
+from collections.abc import Callable
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Any
 
 from .extract import NoAnswer
 from .registry import register_verifier
+from .rgym_safety import unsafe_answer
 from .schema import Reward, TaskRow
 
 DOMAIN = "reasoning_gym"
@@ -155,12 +159,15 @@ def verify_reasoning_gym(row: TaskRow, text: str) -> Reward:
     answer, source = extract(text)
     if len(answer) > MAX_ANSWER_CHARS:
         return Reward.zero(f"answer of {len(answer)} chars (limit {MAX_ANSWER_CHARS})", source=source)
+    family = ref["family"]
+    unsafe = unsafe_answer(family, answer)
+    if unsafe:
+        return Reward.zero(unsafe, extracted=answer[:200], source=source)
     try:
         raw = family_score(ref, answer)
     except KeyError as e:
         return Reward.zero(str(e.args[0]), source="invalid_row")
-    family = ref["family"]
-    if not raw == raw or not 0.0 <= raw <= 1.0:  # NaN or out of range: a scorer bug, not a reward
+    if math.isnan(raw) or not 0.0 <= raw <= 1.0:  # NaN or out of range: a scorer bug, not a reward
         return Reward.zero(f"{family}.score_answer returned {raw!r}", extracted=answer, source="verifier_error")
     details = {"family": family, "family_score": raw}
     if raw >= 1.0:

@@ -27,8 +27,8 @@ whatever their seeds, families or configs; within a file, questions are unique. 
 are drawn at indices 0, 1, 2, ... of the family's dataset until enough fall in the split.
 
 Each row with a reference answer is scored by the verifier before it is written (the
-family's answer in `<answer>` tags, after a JSON round trip): a family whose gold answer
-does not get full marks from its own scorer is an error, not silently bad data.
+family's answer in `<answer>` tags, after a JSON round trip, through `verifiers.verify`): a
+family whose gold answer does not get full marks is an error, not silently bad data.
 """
 from __future__ import annotations
 
@@ -54,7 +54,9 @@ class FamilySpec(BaseModel):
 
 
 def _families() -> dict[str, Any]:
-    from reasoning_gym.factory import DATASETS  # ~1.5 s: imported only by this generator
+    from reasoning_gym.factory import (
+        DATASETS,  # ~1.5 s: imported only by this generator
+    )
 
     from verifiers.rgym import EXCLUDED_FAMILIES
     return {name: cfg for name, (_, cfg) in DATASETS.items() if name not in EXCLUDED_FAMILIES}
@@ -78,7 +80,7 @@ def _check_tasks(tasks: dict[str, FamilySpec]) -> dict[str, FamilySpec]:
                 raise ValueError(f"tasks.{family}.config.{key} {why}; fields of {family}: {', '.join(fields)}")
         try:
             reasoning_gym.create_dataset(family, **spec.config, size=1, seed=0)
-        except Exception as e:  # the family's validate() asserts, or a bad value type
+        except (AssertionError, TypeError, ValueError) as e:  # its validate() asserts; a bad value type
             raise ValueError(f"tasks.{family}.config rejected by {family}: {type(e).__name__}: {e}") from None
     return tasks
 
@@ -109,7 +111,8 @@ def _family_rows(family: str, spec: FamilySpec, count: int, seed: int, split: st
                  partial_credit: bool) -> list[dict]:
     import reasoning_gym
 
-    from verifiers.rgym import ANSWER_FORMAT, family_score
+    from verifiers import verify
+    from verifiers.rgym import ANSWER_FORMAT
 
     fseed = family_seed(seed, family)
     limit = MAX_DRAWS_PER_ROW * count + 100
@@ -128,11 +131,14 @@ def _family_rows(family: str, spec: FamilySpec, count: int, seed: int, split: st
         seen.add(key)
         reference = {"family": family, "answer": entry["answer"], "metadata": entry["metadata"],
                      "config": spec.config, "partial_credit": partial_credit}
-        if entry["answer"] is not None and family_score(reference, entry["answer"]) < 1.0:
-            raise ValueError(f"reasoning_gym: {family}'s own answer to entry {idx - 1} does not get full "
-                             f"marks from its score_answer after a JSON round trip; this family cannot be used")
-        rows.append({"id": f"reasoning_gym-{family}-{seed}-{idx - 1}", "domain": "reasoning_gym", "task": family,
-                     "prompt": f"{entry['question'].rstrip()}\n\n{ANSWER_FORMAT}", "reference": reference})
+        row = {"id": f"reasoning_gym-{family}-{seed}-{idx - 1}", "domain": "reasoning_gym", "task": family,
+               "prompt": f"{entry['question'].rstrip()}\n\n{ANSWER_FORMAT}", "reference": reference}
+        if entry["answer"] is not None:
+            gold = verify(row, f"<think>\n</think>\n<answer>{entry['answer']}</answer>")
+            if gold.score < 1.0:
+                raise ValueError(f"reasoning_gym: {family}'s own answer to entry {idx - 1}, in the format the "
+                                 f"prompt asks for, scores {gold.score} ({gold.reason}); this family cannot be used")
+        rows.append(row)
     return rows
 
 
