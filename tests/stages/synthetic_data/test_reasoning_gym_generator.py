@@ -69,7 +69,7 @@ def test_train_and_heldout_share_no_normalised_question(seeds):
     seeds too; the split is a function of the normalised question, so none crosses."""
     small = {"basic_arithmetic": MIX["basic_arithmetic"]}
     train, heldout = GEN(150, seeds[0], tasks=small, split="train"), GEN(15, seeds[1], tasks=small, split="heldout")
-    norm = lambda rows: [normalise_question(r["prompt"].split("\n\n")[0]) for r in rows]  # noqa: E731
+    norm = lambda rows: [normalise_question(r["prompt"].split("\n\n")[0]) for r in rows]
     tq, hq = norm(train), norm(heldout)
     assert len(set(tq)) == len(tq) and len(set(hq)) == len(hq)  # no duplicate within a file
     assert not set(tq) & set(hq)
