@@ -157,7 +157,7 @@ def test_rg_graders_and_our_logic_verifiers_agree_except_where_explained():
     for fam, name, a, b in results:
         if name in ("right/gold", "right/boxed") and fam != "mini_sudoku":
             assert a and b, (fam, name)
-        if name.startswith("wrong/") or name.startswith("malformed/"):
+        if name.startswith(("wrong/", "malformed/")):
             assert not a and not b, (fam, name)
 
 
