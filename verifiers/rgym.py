@@ -25,9 +25,12 @@ execute (eval / sympy.parse_expr) are screened first (`rgym_safety.py`).
 """
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import re
+import signal
+import threading
 from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
@@ -121,9 +124,23 @@ def restore_metadata(family: str, metadata: dict[str, Any]) -> dict[str, Any]:
     return {k: (_tuples(v) if k in fields else v) for k, v in metadata.items()} if fields else metadata
 
 
+def _import_reasoning_gym():
+    """reasoning_gym, imported on first use (it loads every family: 1.5-3 s) with the
+    verifier's SIGALRM timer held off meanwhile: a timeout that fired inside the import would
+    leave the package half-imported for every later row. A timer that expires during the
+    import fires right after it (that row times out; the next ones find the package whole)."""
+    hold = threading.current_thread() is threading.main_thread() and hasattr(signal, "pthread_sigmask")
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM}) if hold else None
+    try:
+        return importlib.import_module("reasoning_gym")
+    finally:
+        if hold:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 @lru_cache(maxsize=64)
 def _scorer(family: str, config_json: str) -> Callable[..., float]:
-    import reasoning_gym  # imported on first use: it loads every family (~1.5 s)
+    reasoning_gym = _import_reasoning_gym()
     from reasoning_gym.factory import DATASETS
 
     if family not in DATASETS or family in EXCLUDED_FAMILIES:

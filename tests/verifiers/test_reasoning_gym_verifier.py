@@ -126,3 +126,18 @@ def test_every_family_whose_scorer_executes_the_answer_is_screened():
              if executes.search(inspect.getsource(inspect.getmodule(cls)))}
     assert found <= EVAL_FAMILIES | SYMPY_FAMILIES, found - (EVAL_FAMILIES | SYMPY_FAMILIES)
     assert "composite" in EXCLUDED_FAMILIES
+
+
+def test_a_timeout_during_the_first_import_leaves_reasoning_gym_whole():
+    """The first row of a fresh worker imports reasoning_gym (seconds); a timer that expires
+    meanwhile times that row out after the import, not inside it, so later rows score."""
+    import subprocess
+    import sys
+
+    code = ("from verifiers import verify\n"
+            "row = {'domain': 'reasoning_gym', 'reference': {'family': 'leg_counting', 'answer': '4', 'metadata': {}}}\n"
+            "first = verify(row, '<answer>4</answer>', timeout_s=0.01)\n"
+            "second = verify(row, '<answer>4</answer>', timeout_s=30)\n"
+            "print(first.source, second.score)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["timeout", "1.0"], out.stdout + out.stderr
