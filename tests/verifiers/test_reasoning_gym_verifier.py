@@ -109,6 +109,7 @@ def test_hostile_responses_end_fast_without_an_exception(legs, response):
     ("simple_integration", "open('{marker}', 'w')"),
     ("spiral_matrix", "[__import__('os').system('touch {marker}')]"),
     ("n_queens", "exit()"),
+    ("intermediate_integration", "+".join(["sin(sin(sin(x)))"] * 100)),
 ])
 def test_answers_the_scorer_would_execute_are_refused(tmp_path, family, answer):
     """reasoning-gym's scorers eval() / sympy.parse_expr() these families' answers: without the
