@@ -123,7 +123,11 @@ def _family_rows(family: str, spec: FamilySpec, count: int, seed: int, split: st
         if idx >= limit:
             raise ValueError(f"reasoning_gym: {family} gave {len(rows)} distinct {split!r} questions in {limit} "
                              f"draws, {count} wanted: its config allows too few different questions")
-        entry = json.loads(json.dumps(dataset[idx]))  # JSON-safe, as the verifier will see it
+        try:
+            entry = json.loads(json.dumps(dataset[idx]))  # JSON-safe, as the verifier will see it
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"reasoning_gym: {family} entry {idx} is not JSON-safe ({e}); "
+                             "this family cannot be written as rows") from None
         idx += 1
         key = normalise_question(entry["question"])
         if key in seen or (split != "all" and split_of(key) != split):

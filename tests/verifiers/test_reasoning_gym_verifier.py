@@ -140,5 +140,5 @@ def test_a_timeout_during_the_first_import_leaves_reasoning_gym_whole():
             "first = verify(row, '<answer>4</answer>', timeout_s=0.01)\n"
             "second = verify(row, '<answer>4</answer>', timeout_s=30)\n"
             "print(first.source, second.score)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["timeout", "1.0"], out.stdout + out.stderr
