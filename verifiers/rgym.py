@@ -167,6 +167,38 @@ def _check_reference(ref: Any) -> str | None:
     return None
 
 
+_WRAPPERS = ("**", "__", "`", "$")
+
+
+def readings(answer: str) -> list[str]:
+    """The answer, then (when different) the answer without what a sentence puts around it:
+    markdown emphasis, `$...$`, a final period ("So, the answer is 8." -> "8"). Both are
+    scored and the better counts: a family whose gold itself ends in "." still matches."""
+    bare = answer.strip()
+    for _ in range(3):
+        for w in _WRAPPERS:
+            if len(bare) > 2 * len(w) and bare.startswith(w) and bare.endswith(w):
+                bare = bare[len(w): -len(w)].strip()
+        bare = bare.removesuffix(".").strip() if not bare.endswith("..") else bare
+    return [answer] if bare == answer or not bare else [answer, bare]
+
+
+def _score(ref: dict[str, Any], family: str, answer: str) -> tuple[float, str, str | None]:
+    """(the family's best score over the answer's readings, that reading, why none could be
+    scored or None)."""
+    best, best_reading, refused = -1.0, answer, None
+    for reading in readings(answer):
+        refused = unsafe_answer(family, reading)
+        if refused:
+            return 0.0, reading, refused
+        raw = family_score(ref, reading)
+        if math.isnan(raw) or not 0.0 <= raw <= 1.0:  # a scorer bug, not a reward
+            raise ValueError(f"{family}.score_answer returned {raw!r}")
+        if raw > best:
+            best, best_reading = raw, reading
+    return best, best_reading, None
+
+
 @register_verifier(DOMAIN)
 def verify_reasoning_gym(row: TaskRow, text: str) -> Reward:
     problem = _check_reference(row.reference)
@@ -177,15 +209,14 @@ def verify_reasoning_gym(row: TaskRow, text: str) -> Reward:
     if len(answer) > MAX_ANSWER_CHARS:
         return Reward.zero(f"answer of {len(answer)} chars (limit {MAX_ANSWER_CHARS})", source=source)
     family = ref["family"]
-    unsafe = unsafe_answer(family, answer)
-    if unsafe:
-        return Reward.zero(unsafe, extracted=answer[:200], source=source)
     try:
-        raw = family_score(ref, answer)
+        raw, answer, refused = _score(ref, family, answer)
     except KeyError as e:
         return Reward.zero(str(e.args[0]), source="invalid_row")
-    if math.isnan(raw) or not 0.0 <= raw <= 1.0:  # NaN or out of range: a scorer bug, not a reward
-        return Reward.zero(f"{family}.score_answer returned {raw!r}", extracted=answer, source="verifier_error")
+    except ValueError as e:
+        return Reward.zero(str(e), extracted=answer[:200], source="verifier_error")
+    if refused:
+        return Reward.zero(refused, extracted=answer[:200], source=source)
     details = {"family": family, "family_score": raw}
     if raw >= 1.0:
         return Reward.one(f"{family}: full marks", extracted=answer, source=source, **details)

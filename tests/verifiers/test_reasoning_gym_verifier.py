@@ -35,6 +35,8 @@ def legs() -> dict:
     ("The total is \\boxed{{{a}}}.", "boxed"),
     ("so many legs\nFinal answer: {a}", "answer_is"),
     ("<think>\n</think>\n{a}", "whole_text"),
+    ("1. Count the legs.\n\nSo, the final answer is {a}.", "answer_is"),  # SmolLM2-135M's own habit
+    ("<answer>**{a}**</answer>", "answer_tag"),
 ])
 def test_the_answer_is_read_from_the_format_asked_and_common_others(legs, template, source):
     r = verify(legs, template.format(a=legs["reference"]["answer"]))
