@@ -36,7 +36,7 @@ from functools import lru_cache
 from typing import Any
 
 from .extract import NoAnswer
-from .registry import register_verifier
+from .registry import WORKER_PRELOAD, register_verifier
 from .rgym_safety import unsafe_answer
 from .schema import Reward, TaskRow
 
@@ -51,6 +51,8 @@ MAX_WHOLE_TEXT_CHARS = 2_000  # an unmarked final text is taken whole only up to
 TUPLE_GRID_FIELDS = {"arc_agi": ("output",), "rearc": ("output",)}
 # meta-families that mix other families (the generator's own weights do that)
 EXCLUDED_FAMILIES = {"composite"}
+
+WORKER_PRELOAD.append("reasoning_gym")  # the pool's workers start with it imported
 
 _OPEN, _CLOSE = "<answer>", "</answer>"
 _ANSWER_LINE_RE = re.compile(r"(?:final\s+answer|answer)\s*(?:is|:)\s*:?[ \t]*([^\n]*)", re.IGNORECASE)

@@ -144,3 +144,14 @@ def test_a_timeout_during_the_first_import_leaves_reasoning_gym_whole():
             "print(first.source, second.score)\n")
     out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["timeout", "1.0"], out.stdout + out.stderr
+
+
+def test_the_worker_pool_scores_rows_without_paying_the_import_in_a_row():
+    """reasoning_gym takes over a second to import; the pool's forkserver preloads it
+    (registry.WORKER_PRELOAD), so a 1 s row timeout is enough even for each worker's first row."""
+    from verifiers import verify_batch
+
+    rows = [row("leg_counting", i) for i in range(4)]
+    answers = [f"<answer>{r['reference']['answer']}</answer>" for r in rows]
+    rewards = verify_batch(rows, answers, num_workers=2, timeout_s=1.0)
+    assert [r.score for r in rewards] == [1.0] * 4, [r.reason for r in rewards]
