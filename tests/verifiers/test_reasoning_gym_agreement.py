@@ -43,82 +43,138 @@ def rg_row(family: str, entry: dict, config: dict) -> dict:
             "reference": {"family": family, "answer": e["answer"], "metadata": e["metadata"], "config": config}}
 
 
-def kk_claim(st):
-    op = st[0]
-    if op == "telling-truth": return {"is": st[1], "knight": True}
-    if op == "lying": return {"is": st[1], "knight": False}
-    if op == "not": return {"not": kk_claim(st[1])}
-    if op in ("and", "or"): return {op: [kk_claim(s) for s in st[1:]]}
-    if op == "->": return {"or": [{"not": kk_claim(st[1])}, kk_claim(st[2])]}
-    if op == "<=>": return {"iff": [kk_claim(st[1]), kk_claim(st[2])]}
-    raise ValueError(op)
+def role(knight: bool) -> str:
+    return "knight" if knight else "knave"
 
-def kk_cases(e):
-    m = e["metadata"]; names = m["names"]; sol = m["solution"]
-    role = lambda b: "knight" if b else "knave"
-    ours = {"domain": "knights_knaves", "reference": {"names": names, "statements": [[i, kk_claim(s)] for i, s in enumerate(m["statements"])]}}
-    gold = e["answer"]
-    flip0 = ", ".join(f"{n} is a {role(s if i else not s)}" for i, (n, s) in enumerate(zip(names, sol)))
-    allflip = ", ".join(f"{n} is a {role(not s)}" for n, s in zip(names, sol))
-    rev = ", ".join(f"{n} is a {role(s)}" for n, s in reversed(list(zip(names, sol))))
+
+def grid_text(grid: list[list[int]]) -> str:
+    return "\n".join(" ".join(map(str, r)) for r in grid)
+
+
+KK_LEAVES = {"telling-truth": True, "lying": False}
+
+
+def kk_claim(statement: list) -> dict:
+    """reasoning-gym's statement tree -> our claim (verifiers/logic/knights_knaves.py)."""
+    op, args = statement[0], statement[1:]
+    if op in KK_LEAVES:
+        return {"is": args[0], "knight": KK_LEAVES[op]}
+    if op == "not":
+        return {"not": kk_claim(args[0])}
+    if op in ("and", "or"):
+        return {op: [kk_claim(a) for a in args]}
+    if op == "->":
+        return {"or": [{"not": kk_claim(args[0])}, kk_claim(args[1])]}
+    if op == "<=>":
+        return {"iff": [kk_claim(args[0]), kk_claim(args[1])]}
+    raise ValueError(f"unknown reasoning-gym operator {op!r}")
+
+
+def kk_cases(entry: dict) -> tuple[dict, dict[str, str]]:
+    m, gold = entry["metadata"], entry["answer"]
+    names, sol = m["names"], m["solution"]
+    ours = {"domain": "knights_knaves",
+            "reference": {"names": names, "statements": [[i, kk_claim(s)] for i, s in enumerate(m["statements"])]}}
+    all_flipped = ", ".join(f"{n} is a {role(not s)}" for n, s in zip(names, sol))
     cases = {
-        "right/gold": gold, "right/reordered": rev, "right/boxed": f"\\boxed{{{gold}}}",
+        "right/gold": gold,
+        "right/reordered": ", ".join(f"{n} is a {role(s)}" for n, s in reversed(list(zip(names, sol)))),
+        "right/boxed": f"\\boxed{{{gold}}}",
         "right/colon": "\n".join(f"{n}: {role(s)}" for n, s in zip(names, sol)),
-        "wrong/one_flipped": flip0, "wrong/all_flipped": allflip,
-        "malformed/empty": "", "malformed/roles_only": "knight/knave", "malformed/missing_person": f"{names[0]} is a {role(sol[0])}",
+        "wrong/one_flipped": ", ".join(f"{n} is a {role(s != (i == 0))}" for i, (n, s) in enumerate(zip(names, sol))),
+        "wrong/all_flipped": all_flipped,
+        "malformed/empty": "",
+        "malformed/roles_only": "knight/knave",
+        "malformed/missing_person": f"{names[0]} is a {role(sol[0])}",
         "malformed/unclosed_think": "<think> still thinking",
         "adv/both_roles": ", ".join(f"{n} is a knight and a knave" for n in names),
         "adv/negation": ", ".join(f"{n} is not a {role(not s)}" for n, s in zip(names, sol)),
-        "adv/stuffing": gold + " " + allflip,
-        "adv/huge": gold + " x" * 200000,
+        "adv/stuffing": f"{gold} {all_flipped}",
+        "adv/huge": gold + " x" * 200_000,
     }
     return ours, cases
 
-def countdown_cases(e):
-    m = e["metadata"]
+
+def countdown_cases(entry: dict) -> tuple[dict, dict[str, str]]:
+    m, gold = entry["metadata"], entry["answer"]
     ours = {"domain": "countdown", "reference": {"numbers": m["numbers"], "target": m["target"], "use_all": True}}
-    gold = e["answer"]
-    nums = re.findall(r"\d+", gold)
-    changed = gold.replace(nums[0], str(int(nums[0]) + 1), 1)
-    flipped = gold.replace("+", "#").replace("-", "+").replace("#", "-") if ("+" in gold or "-" in gold) else gold.replace("*", "/", 1)
+    first = re.findall(r"\d+", gold)[0]
+    if "+" in gold or "-" in gold:
+        flipped = gold.replace("+", "#").replace("-", "+").replace("#", "-")
+    else:
+        flipped = gold.replace("*", "/", 1)
     cases = {
-        "right/gold": gold, "right/parens": f"({gold})", "right/boxed": f"\\boxed{{{gold}}}", "right/equals_target": f"{gold} = {m['target']}",
+        "right/gold": gold,
+        "right/parens": f"({gold})",
+        "right/boxed": f"\\boxed{{{gold}}}",
+        "right/equals_target": f"{gold} = {m['target']}",
         "right/latex_times": gold.replace("*", "\\times"),
-        "wrong/number_changed": changed, "wrong/op_flipped": flipped, "wrong/extra_number": f"{gold} + 1",
-        "malformed/empty": "", "malformed/words": "I cannot find it", "malformed/target_only": str(m["target"]),
-        "adv/code": "__import__('os').system('ls')", "adv/two_lines": f"{gold}\n{flipped}", "adv/power": f"{gold} + 0**2",
-        "adv/nested_parens": "(" * 500 + gold + ")" * 500, "adv/huge": gold + " " * 100 + "1" * 100000,
+        "wrong/number_changed": gold.replace(first, str(int(first) + 1), 1),
+        "wrong/op_flipped": flipped,
+        "wrong/extra_number": f"{gold} + 1",
+        "malformed/empty": "",
+        "malformed/words": "I cannot find it",
+        "malformed/target_only": str(m["target"]),
+        "adv/code": "__import__('os').getpid()",
+        "adv/two_lines": f"{gold}\n{flipped}",
+        "adv/power": f"{gold} + 0**2",
+        "adv/nested_parens": "(" * 500 + gold + ")" * 500,
+        "adv/huge": gold + " " * 100 + "1" * 100_000,
     }
     return ours, cases
 
-def sudoku_solutions(puzzle, limit=3):
-    g = [row[:] for row in puzzle]; out = []
-    def ok(r, c, v):
-        if v in g[r] or any(g[i][c] == v for i in range(4)): return False
-        br, bc = r // 2 * 2, c // 2 * 2
-        return all(g[i][j] != v for i in range(br, br + 2) for j in range(bc, bc + 2))
-    def rec(k):
-        if len(out) >= limit: return
-        if k == 16: out.append([row[:] for row in g]); return
-        r, c = divmod(k, 4)
-        if g[r][c]: return rec(k + 1)
-        for v in range(1, 5):
-            if ok(r, c, v): g[r][c] = v; rec(k + 1); g[r][c] = 0
-    rec(0); return out
 
-def sudoku_cases(e):
-    m = e["metadata"]
+def sudoku_solutions(puzzle: list[list[int]], limit: int = 3) -> list[list[list[int]]]:
+    """Up to `limit` solutions of a 4x4 puzzle (0 = empty), by backtracking."""
+    grid, out = [r[:] for r in puzzle], []
+
+    def fits(r: int, c: int, v: int) -> bool:
+        br, bc = r // 2 * 2, c // 2 * 2
+        return (v not in grid[r] and all(grid[i][c] != v for i in range(4))
+                and all(grid[i][j] != v for i in range(br, br + 2) for j in range(bc, bc + 2)))
+
+    def fill(k: int) -> None:
+        if len(out) >= limit:
+            return
+        if k == 16:
+            out.append([r[:] for r in grid])
+            return
+        r, c = divmod(k, 4)
+        if grid[r][c]:
+            fill(k + 1)
+            return
+        for v in range(1, 5):
+            if fits(r, c, v):
+                grid[r][c] = v
+                fill(k + 1)
+                grid[r][c] = 0
+
+    fill(0)
+    return out
+
+
+def sudoku_cases(entry: dict) -> tuple[dict, dict[str, str]]:
+    m = entry["metadata"]
     ours = {"domain": "sudoku", "reference": {"size": 4, "box": [2, 2], "puzzle": m["puzzle"]}}
-    sol = m["solution"]; txt = lambda g: "\n".join(" ".join(map(str, r)) for r in g)
-    sols = sudoku_solutions(m["puzzle"])
-    swapped = [r[:] for r in sol]; swapped[0][0], swapped[0][1] = swapped[0][1], swapped[0][0]
-    cases = {"right/gold": txt(sol), "right/boxed": "\\boxed{" + txt(sol).replace("\n", "\\\\") + "}" ,
-             "right/json": json.dumps(sol), "right/bars": "\n".join("|".join(map(str, r)) for r in sol),
-             "wrong/swapped": txt(swapped), "wrong/givens_broken": txt([[(v % 4) + 1 for v in r] for r in sol]),
-             "malformed/three_rows": txt(sol[:3]), "malformed/empty": "", "malformed/words": "it is solved",
-             "adv/two_grids": txt(sol) + "\n\nor\n\n" + txt(swapped), "adv/huge": txt(sol) + "\n" + "9 " * 100000}
-    if len(sols) > 1:
-        alt = next(s for s in sols if s != sol); cases["right/other_solution"] = txt(alt)
+    sol = m["solution"]
+    swapped = [r[:] for r in sol]
+    swapped[0][0], swapped[0][1] = swapped[0][1], swapped[0][0]
+    cases = {
+        "right/gold": grid_text(sol),
+        "right/boxed": "\\boxed{" + grid_text(sol).replace("\n", "\\\\") + "}",
+        "right/json": json.dumps(sol),
+        "right/bars": "\n".join("|".join(map(str, r)) for r in sol),
+        "wrong/swapped": grid_text(swapped),
+        "wrong/givens_broken": grid_text([[(v % 4) + 1 for v in r] for r in sol]),
+        "malformed/three_rows": grid_text(sol[:3]),
+        "malformed/empty": "",
+        "malformed/words": "it is solved",
+        "adv/two_grids": grid_text(sol) + "\n\nor\n\n" + grid_text(swapped),
+        "adv/huge": grid_text(sol) + "\n" + "9 " * 100_000,
+    }
+    others = [s for s in sudoku_solutions(m["puzzle"]) if s != sol]
+    if others:  # rg compares with its stored solution, ours accepts any valid one
+        cases["right/other_solution"] = grid_text(others[0])
     return ours, cases
 
 

@@ -63,14 +63,17 @@ def test_adding_a_family_leaves_the_others_rows_unchanged():
     assert sorted(r["id"] for r in alone) == sorted(r["id"] for r in mixed)
 
 
+def questions(rows: list[dict]) -> list[str]:
+    return [normalise_question(r["prompt"].split("\n\n")[0]) for r in rows]
+
+
 @pytest.mark.parametrize("seeds", [(1, 1), (1, 2)])
 def test_train_and_heldout_share_no_normalised_question(seeds):
     """A small question space (one-digit sums of two terms): many draws collide, across
     seeds too; the split is a function of the normalised question, so none crosses."""
     small = {"basic_arithmetic": MIX["basic_arithmetic"]}
     train, heldout = GEN(150, seeds[0], tasks=small, split="train"), GEN(15, seeds[1], tasks=small, split="heldout")
-    norm = lambda rows: [normalise_question(r["prompt"].split("\n\n")[0]) for r in rows]
-    tq, hq = norm(train), norm(heldout)
+    tq, hq = questions(train), questions(heldout)
     assert len(set(tq)) == len(tq) and len(set(hq)) == len(hq)  # no duplicate within a file
     assert not set(tq) & set(hq)
     assert {split_of(q) for q in tq} == {"train"} and {split_of(q) for q in hq} == {"heldout"}
@@ -97,7 +100,7 @@ def test_apportion_follows_weights_and_sums_to_n():
 
 @pytest.mark.slow
 def test_a_synthetic_data_stage_writes_reasoning_gym_files(stage_env):
-    from pipeline.artifacts import local_path
+    from data_curation.urls import local_path
     from pipeline.execute import run_stage
 
     files = {f"{split}.jsonl": {"generator": "reasoning_gym", "n": n, "seed": 4,
@@ -105,7 +108,7 @@ def test_a_synthetic_data_stage_writes_reasoning_gym_files(stage_env):
              for split, n in (("train", 20), ("heldout", 6))}
     run = run_stage("synthetic_data", {"files": files}, stage="rg_data", storage=stage_env["storage"],
                     recipe="rgym", work_root=stage_env["work_root"])
-    out = local_path(run.url)
+    out = Path(local_path(run.url))
     rows = {name: [json.loads(line) for line in (out / name).read_text().splitlines()] for name in files}
     assert {k: len(v) for k, v in rows.items()} == {"train.jsonl": 20, "heldout.jsonl": 6}
     assert not {r["prompt"] for r in rows["train.jsonl"]} & {r["prompt"] for r in rows["heldout.jsonl"]}
