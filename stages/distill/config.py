@@ -74,7 +74,7 @@ class DistillConfig(StageConfig):
         return v
 
     @model_validator(mode="after")
-    def _consistent(self) -> "DistillConfig":
+    def _consistent(self) -> DistillConfig:
         if self.temperature == 0 and self.samples_per_prompt > 1:
             raise ValueError(f"samples_per_prompt={self.samples_per_prompt} with temperature 0: greedy "
                              "responses are all the same; set a temperature > 0 or samples_per_prompt: 1")

@@ -17,7 +17,8 @@ acceptance rate (accepted / samples), kept chats, prompts with a kept chat, and 
 from __future__ import annotations
 
 import unicodedata
-from typing import Any, Iterable, Protocol
+from collections.abc import Iterable
+from typing import Any, Protocol
 
 VERDICTS = ("kept", "rejected", "truncated", "too_short", "too_long", "duplicate", "over_limit")
 ALL = "all"

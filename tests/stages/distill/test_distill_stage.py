@@ -71,7 +71,7 @@ def distilled(stage_env, tiny_policy, tmp_path_factory):
     run = run_stage("distill", config, stage="distill", storage=stage_env["storage"], recipe="distilltests",
                     work_root=stage_env["work_root"])
     out = local_path(run.url)
-    read = lambda name: [json.loads(line) for line in (out / name).read_text().splitlines()]  # noqa: E731
+    read = lambda name: [json.loads(line) for line in (out / name).read_text().splitlines()]
     return {"run": run, "config": config, "rows": rows, "samples": read("samples.jsonl"),
             "chats": read("sft.jsonl"), "out": out}
 
@@ -165,7 +165,7 @@ def test_a_killed_run_resumes_to_the_same_output(stage_env, distilled, tmp_path)
     out = local_path(run.url)
     for name in ("samples.jsonl", "sft.jsonl"):
         assert (out / name).read_text() == (distilled["out"] / name).read_text()
-    strip = lambda s: {k: v for k, v in s.items() if k != "resumed_from_batch"}  # noqa: E731
+    strip = lambda s: {k: v for k, v in s.items() if k != "resumed_from_batch"}
     assert strip(run.summary) == strip(distilled["run"].summary)
 
 

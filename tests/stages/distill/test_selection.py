@@ -9,7 +9,7 @@ from stages.distill.selection import VERDICTS, normalise, report, verdicts
 
 
 def rules(**over):
-    base = dict(min_score=1.0, require_eos=True, min_tokens=3, longest=10, max_per_prompt=2)
+    base = {"min_score": 1.0, "require_eos": True, "min_tokens": 3, "longest": 10, "max_per_prompt": 2}
     return SimpleNamespace(**{**base, **over})
 
 
