@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.stages.eval.test_eval_stage import hf_greedy
 from tests.stages.stage_kill import kill_after_first_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -25,26 +26,6 @@ CONFIG = {"samples_per_prompt": K, "temperature": 0.1, "max_new_tokens": 24, "mi
           "rollout": {"device": "cpu", "max_batch": 16}, "verifier_workers": 0, "seed": 3}
 
 
-def greedy_answers(model_dir: Path, rows: list[dict]) -> list[str]:
-    """The policy's greedy final answers by transformers' generate (not the rollout engine)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from stages.common.chat import encode_prompt
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    answers = []
-    for row in rows:
-        ids = encode_prompt(tok, [{"role": "user", "content": row["prompt"]}])
-        with torch.no_grad():
-            out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                 do_sample=False, max_new_tokens=24, eos_token_id=tok.eos_token_id,
-                                 pad_token_id=tok.pad_token_id)
-        answers.append(tok.decode(out[0, len(ids):].tolist(), skip_special_tokens=True).rsplit("</think>", 1)[-1])
-    return answers
-
-
 def prompt_rows(tiny_policy) -> list[dict]:
     """12 sums whose reference is the tiny policy's own greedy answer on the even rows (a
     tiny model rarely solves a task: these it solves often when sampling near greedy) and
@@ -53,7 +34,7 @@ def prompt_rows(tiny_policy) -> list[dict]:
     from verifiers.logic.countdown import generate
 
     sums = [json.loads(line) for line in tiny_policy["data"].read_text().splitlines()][:12]
-    answers = greedy_answers(tiny_policy["model"], sums)
+    answers = [t.rsplit("</think>", 1)[-1] for t in hf_greedy(tiny_policy["model"], sums)]
     sums = [{**r, "reference": {"answer": a.strip()}} if i % 2 == 0 else r for i, (r, a) in enumerate(zip(sums, answers))]
     sums = [{**r, "family": "sums"} if i < 6 else r for i, r in enumerate(sums)]
     return sums + [{**r, "family": "countdown3"} for r in generate(3, seed=5)]
@@ -181,7 +162,7 @@ def test_nothing_accepted_fails_with_the_teacher_and_rates(distilled, tmp_path):
     msg = str(e.value)
     assert f"teacher {config['teacher']} gave 0 chats, fewer than min_rows=1" in msg
     assert f"0/{9 * K} samples accepted (0.0%)" in msg
-    assert f"sums 0/{6 * K} accepted (0.0%), 0 kept; math 0/{3 * K} accepted (0.0%), 0 kept" in msg
+    assert f"math 0/{3 * K} accepted (0.0%), 0 kept; sums 0/{6 * K} accepted (0.0%), 0 kept" in msg
     assert not list((tmp_path / "store").rglob("_SUCCESS"))
 
 
