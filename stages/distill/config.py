@@ -58,9 +58,9 @@ class DistillConfig(StageConfig):
     min_rows: int = Field(1, ge=0, description="fail the stage when fewer chats than this are kept")
     batch_prompts: int = Field(64, ge=1, description="prompts sampled per engine call; the unit of resume")
     checkpoint_every: int = cosmetic(1, ge=1, description="checkpoint after every N prompt batches")
-    rollout: RolloutSettings = Field(RolloutSettings(), description=(
+    rollout: RolloutSettings = Field(RolloutSettings(sleep="none"), description=(
         "the rollout engine that samples (engine, device, dtype, max_batch, options; "
-        "device auto = cuda when there is one, else cpu)"))
+        "device auto = cuda when there is one, else cpu); it never sleeps (no trainer beside it)"))
     verifier_workers: int = Field(2, ge=0, description="verifier processes (0 = in the stage)")
     verifier_timeout_s: float = Field(10.0, gt=0)
     trust_remote_code: bool = trust_remote_code_field()
@@ -72,6 +72,12 @@ class DistillConfig(StageConfig):
         if isinstance(v, list) and not v:
             raise ValueError("data: give at least one file or directory")
         return v
+
+    @field_validator("rollout", mode="before")
+    @classmethod
+    def _never_sleeps(cls, v: object) -> object:
+        # nothing trains beside the engine: a vLLM engine needs no sleep mode here
+        return {"sleep": "none", **v} if isinstance(v, dict) else v
 
     @model_validator(mode="after")
     def _consistent(self) -> DistillConfig:

@@ -19,6 +19,12 @@ def test_defaults_and_data_forms():
     assert DistillConfig.model_validate(config(max_tokens=100, max_new_tokens=200)).longest == 100
 
 
+def test_a_vllm_teacher_needs_no_sleep_mode():
+    """RL's colocated vLLM engine must be built to sleep; distill's has no trainer beside it."""
+    cfg = DistillConfig.model_validate(config(rollout={"engine": "vllm", "max_batch": 256}))
+    assert cfg.rollout.engine == "vllm" and cfg.rollout.sleep == "none" and cfg.rollout.max_batch == 256
+
+
 @pytest.mark.parametrize("over,needle", [
     ({"samples_per_prompt": 4, "temperature": 0}, "samples_per_prompt=4 with temperature 0"),
     ({"max_tokens": 300, "max_new_tokens": 200}, "max_tokens (300) > max_new_tokens (200)"),
