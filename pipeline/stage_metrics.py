@@ -46,6 +46,8 @@ def _rl(*extra_headline: Curve) -> KindMetrics:
 
 KIND_METRICS: dict[str, KindMetrics] = {
     "curate": KindMetrics(headline=(Curve("kept"), Curve("removed"), Curve("quarantined"))),
+    "distill": KindMetrics(headline=(Curve("acceptance_rate"), Curve("kept")),
+                           curves=(Curve("acceptance_rate"), Curve("kept"), Curve("response_len_mean"))),
     "sft": KindMetrics(headline=(Curve("loss"),),
                        curves=(Curve("loss"), Curve("lr"), Curve("grad_norm"), Curve("tokens_per_s"))),
     "reward_model": KindMetrics(headline=(Curve("train/loss"), Curve("eval/accuracy")),

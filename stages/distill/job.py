@@ -116,6 +116,14 @@ def prompts_digest(rows: list[dict], prompt_ids: list[list[int]]) -> str:
     return h.hexdigest()[:16]
 
 
+def running_metrics(so_far: list[dict[str, Any]], batch: list[dict[str, Any]]) -> dict[str, float]:
+    """A batch's metrics: the acceptance rate and kept chats so far (the finish line's
+    headline is the whole run's), and the batch's mean response length."""
+    return {"acceptance_rate": sum(r["verdict"] != "rejected" for r in so_far) / len(so_far),
+            "kept": float(sum(r["verdict"] == "kept" for r in so_far)),
+            "response_len_mean": sum(r["tokens"] for r in batch) / len(batch)}
+
+
 def run_batches(job: StageJob, cfg: DistillConfig, teacher, rows: list[dict], prompt_ids: list[list[int]],
                 log: StageLogger) -> tuple[Progress, int | None]:
     """Every batch not done yet (resumed from the latest checkpoint), checkpointed as it goes;
@@ -140,10 +148,7 @@ def run_batches(job: StageJob, cfg: DistillConfig, teacher, rows: list[dict], pr
         records = sample_batch(teacher, cfg, rows, prompt_ids, batches[b], b)
         progress.records.extend(records)
         progress.batches_done = b + 1
-        accepted = sum(r["verdict"] != "rejected" for r in records)
-        log.metrics(b + 1, {"acceptance_rate": accepted / len(records),
-                            "kept": float(sum(r["verdict"] == "kept" for r in records)),
-                            "response_len_mean": sum(r["tokens"] for r in records) / len(records)})
+        log.metrics(b + 1, running_metrics(progress.records, records))
         if (b + 1) % cfg.checkpoint_every == 0 or b + 1 == len(batches):
             ckpt.save(b + 1)
     return progress, resumed

@@ -77,6 +77,12 @@ def test_report_equals_a_recount_by_the_verifiers(distilled):
     overall = summary["overall"]
     assert overall["samples"] == len(samples) and overall["kept"] == summary["rows"] == len(distilled["chats"])
     assert summary["domains"]["math"]["samples"] == 12 * K
+    # one [metrics] line per batch; the last one's running numbers are the whole run's
+    logged = [json.loads(line.split(" ", 1)[1]) for line in
+              (distilled["out"] / "logs" / "stage.log").read_text().splitlines() if line.startswith("[metrics] ")]
+    assert [m["step"] for m in logged] == list(range(1, summary["batches"] + 1))
+    assert logged[-1]["acceptance_rate"] == pytest.approx(overall["acceptance_rate"])
+    assert logged[-1]["kept"] == overall["kept"]
     # the policy gives its greedy answer often, not always, and solves no countdown puzzle
     assert 0 < summary["domains"]["math"]["accepted"] < 12 * K
     assert summary["families"]["countdown3"]["accepted"] == 0
