@@ -36,9 +36,9 @@ class DistillConfig(StageConfig):
         "prompt rows with verifiable answers: data inputs (files, dirs, saved or hub datasets; see "
         "RLData for `split`, field names and a default domain) with a domain, a prompt and a reference"))
     limit: int | None = Field(None, ge=1, description="the first N rows (null = all)")
-    family_field: str = Field("family", min_length=1, description=(
-        "the row field that names a row's task family in the report; rows without it report under "
-        "their domain"))
+    family_field: str = Field("task", min_length=1, description=(
+        "the row field that names a row's task family in the report (reasoning_gym rows name their "
+        "family in `task`); rows without it report under their domain"))
     system_prompt: str | None = Field(None, min_length=1, description=(
         "a system message the teacher is prompted with (null = the user turn alone)"))
     keep_system_prompt: bool = Field(True, description="the system message stays in the written chats")

@@ -29,15 +29,15 @@ CONFIG = {"samples_per_prompt": K, "temperature": 0.1, "max_new_tokens": 24, "mi
 def prompt_rows(tiny_policy) -> list[dict]:
     """12 sums whose reference is the tiny policy's own greedy answer on the even rows (a
     tiny model rarely solves a task: these it solves often when sampling near greedy) and
-    the true sum on the odd ones (family "sums" on the first 6, the domain on the rest), and
+    the true sum on the odd ones (task family "sums" on the first 6, the domain on the rest), and
     3 countdown puzzles (another verifier domain, which it was never taught)."""
     from verifiers.logic.countdown import generate
 
     sums = [json.loads(line) for line in tiny_policy["data"].read_text().splitlines()][:12]
     answers = [t.rsplit("</think>", 1)[-1] for t in hf_greedy(tiny_policy["model"], sums)]
     sums = [{**r, "reference": {"answer": a.strip()}} if i % 2 == 0 else r for i, (r, a) in enumerate(zip(sums, answers))]
-    sums = [{**r, "family": "sums"} if i < 6 else r for i, r in enumerate(sums)]
-    return sums + [{**r, "family": "countdown3"} for r in generate(3, seed=5)]
+    sums = [{**r, "task": "sums"} if i < 6 else r for i, r in enumerate(sums)]
+    return sums + [{**r, "task": "countdown3"} for r in generate(3, seed=5)]
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,7 @@ def test_report_equals_a_recount_by_the_verifiers(distilled):
     assert [r.score for r in rewards] == [s["score"] for s in samples]
     families = {"sums": [], "math": [], "countdown3": []}
     for s, r in zip(samples, rewards):
-        families[by_id[s["id"]].get("family", "math")].append((s, r.score))
+        families[by_id[s["id"]].get("task", "math")].append((s, r.score))
     for name, items in families.items():
         got = summary["families"][name]
         accepted = sum(score >= 1.0 for _, score in items)
