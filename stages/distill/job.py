@@ -33,7 +33,6 @@ from typing import Any
 
 from pipeline.stage_api import StageError, StageJob
 from pipeline.tracking import StageLogger, info
-from stages.common.checkpoint import StatefulDataclass
 from stages.common.entry import run_job
 from stages.common.rows import DataError
 from stages.distill.config import DistillConfig
@@ -41,11 +40,19 @@ from stages.distill.selection import describe_rates, report, verdicts
 
 
 @dataclass
-class Progress(StatefulDataclass):
-    """What a resume needs: the batches done and the record of every sample they drew."""
+class Progress:
+    """What a resume needs: the batches done and the record of every sample they drew. A
+    Stateful of its own rather than a `StatefulDataclass`: that mixin's module imports torch,
+    and every verifier worker imports this module at its start (verifiers/api.py)."""
 
     batches_done: int = 0
     records: list[dict[str, Any]] = field(default_factory=list)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"batches_done": self.batches_done, "records": self.records}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.batches_done, self.records = state["batches_done"], state["records"]
 
 
 def load_prompts(job: StageJob, cfg: DistillConfig) -> list[dict[str, Any]]:

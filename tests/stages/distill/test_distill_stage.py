@@ -23,7 +23,7 @@ K, PER_PROMPT, BATCH = 6, 2, 2
 MIN_TOKENS, MAX_TOKENS = 6, 9
 CONFIG = {"samples_per_prompt": K, "temperature": 0.1, "max_new_tokens": 24, "min_tokens": MIN_TOKENS,
           "max_tokens": MAX_TOKENS, "max_per_prompt": PER_PROMPT, "batch_prompts": BATCH, "prompt_max_len": 320,
-          "rollout": {"device": "cpu", "max_batch": 16}, "verifier_workers": 0, "seed": 3}
+          "rollout": {"device": "cpu", "max_batch": 16}, "verifier_workers": 1, "seed": 3}
 
 
 def prompt_rows(tiny_policy) -> list[dict]:
