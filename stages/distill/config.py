@@ -22,8 +22,9 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pipeline.stage_api import StageConfig, cosmetic
+from stages.common.contract import StageConfig, cosmetic
 from stages.common.hf_io import trust_remote_code_field
+from stages.common.kind_metrics import Curve, KindMetrics
 from stages.reasoning_rl.config import RLData
 from stages.registry import StageKind, register
 from stages.rl.settings import RolloutSettings
@@ -110,4 +111,7 @@ KIND = register(StageKind(
     sources=("stages.distill", "stages.common", "stages.rl.engines", "stages.rl.decoding", "stages.rl.prompts",
              "stages.reasoning_rl.data", "stages.eval.job", "verifiers"),
     distributed=False,
-    description="Long-CoT SFT chats sampled from a teacher, kept where the verifiers accept them"))
+    description="Long-CoT SFT chats sampled from a teacher, kept where the verifiers accept them",
+    # per batch: the running acceptance rate and kept chats (the finish line's are the run's)
+    metrics=KindMetrics(headline=(Curve("acceptance_rate"), Curve("kept")),
+                        curves=(Curve("acceptance_rate"), Curve("kept"), Curve("response_len_mean")))))

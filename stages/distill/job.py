@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.stage_api import StageError, StageJob
-from pipeline.tracking import StageLogger, info
+from stages.common.contract import StageError, StageJob
 from stages.common.entry import run_job
 from stages.common.rows import DataError
+from stages.common.stage_log import StageLogger, info
 from stages.distill.config import DistillConfig
 from stages.distill.selection import describe_rates, report, verdicts
 
