@@ -42,7 +42,7 @@ def prompt_rows(tiny_policy) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def distilled(stage_env, tiny_policy, tmp_path_factory):
-    from pipeline.artifacts import local_path
+    from data_curation.urls import local_path
     from pipeline.execute import run_stage
 
     data = tmp_path_factory.mktemp("distill") / "rows.jsonl"
@@ -51,7 +51,7 @@ def distilled(stage_env, tiny_policy, tmp_path_factory):
     config = {**CONFIG, "teacher": str(tiny_policy["model"]), "data": str(data)}
     run = run_stage("distill", config, stage="distill", storage=stage_env["storage"], recipe="distilltests",
                     work_root=stage_env["work_root"])
-    out = local_path(run.url)
+    out = Path(local_path(run.url))
 
     def read(name: str) -> list[dict]:
         return [json.loads(line) for line in (out / name).read_text().splitlines()]
@@ -133,8 +133,9 @@ def test_the_chats_are_sft_data(distilled):
 
 
 def test_a_killed_run_resumes_to_the_same_output(stage_env, distilled, tmp_path):
-    from pipeline.artifacts import CheckpointStore, local_path
+    from data_curation.urls import local_path
     from pipeline.execute import run_stage
+    from stages.common.checkpoint_store import CheckpointStore
 
     recipe = "distillresume"
     kwargs = {"stage": "distill", "storage": stage_env["storage"], "recipe": recipe,
@@ -143,7 +144,7 @@ def test_a_killed_run_resumes_to_the_same_output(stage_env, distilled, tmp_path)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-m", "tests.stages.run_stage_process", json.dumps(args)], cwd=REPO,
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    stage_dir = kill_after_first_checkpoint(proc, local_path(stage_env["storage"]) / recipe, "distill-*", 200,
+    stage_dir = kill_after_first_checkpoint(proc, Path(local_path(stage_env["storage"])) / recipe, "distill-*", 200,
                                             "distill")
     assert not (stage_dir / "_SUCCESS").exists()
     done = CheckpointStore(f"file://{stage_dir}", {}).latest()
@@ -152,7 +153,7 @@ def test_a_killed_run_resumes_to_the_same_output(stage_env, distilled, tmp_path)
 
     run = run_stage("distill", distilled["config"], **{**kwargs, "work_root": Path(kwargs["work_root"])})
     assert run.summary["resumed_from_batch"] >= done and run.summary["batches"] == batches
-    out = local_path(run.url)
+    out = Path(local_path(run.url))
     for name in ("samples.jsonl", "sft.jsonl"):
         assert (out / name).read_text() == (distilled["out"] / name).read_text()
     resumed, whole = dict(run.summary), dict(distilled["run"].summary)
