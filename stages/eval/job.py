@@ -119,7 +119,9 @@ def evaluate(model: ModelUnderEval, cfg: EvalConfig, rows: list[dict], prompt_id
                            timeout_s=cfg.verifier_timeout_s)
     scored = []
     for i, text, reward in zip(row_of, texts, rewards):
-        scored.append(Scored(i, rows[i]["domain"], float(reward.score), text.n_tokens, text.ended_by_eos))
+        task = rows[i].get("task")
+        scored.append(Scored(i, rows[i]["domain"], float(reward.score), text.n_tokens, text.ended_by_eos,
+                             task if isinstance(task, str) and task else None))
         responses.write(json.dumps({**tag, "id": rows[i]["id"], "domain": rows[i]["domain"], "response": str(text),
                                     "score": reward.score, "reason": reward.reason, "tokens": text.n_tokens,
                                     "ended_by_eos": text.ended_by_eos}, ensure_ascii=False) + "\n")
