@@ -120,14 +120,16 @@ def _build_root(cfg):
     # the sandbox's uid, which creates the mount points below, cannot traverse
     sources = [(os.open(p, os.O_PATH | os.O_CLOEXEC), p, is_dir) for p, is_dir in cfg["expose"]]
     devices = [(os.open(p, os.O_PATH | os.O_CLOEXEC), p) for p in cfg["devices"]]
+    # the same for the host work dir, named relative to our cwd (the run's scratch dir), like
+    # the new root below: the dirs above it may be private to the verifier (a 0700 TMPDIR)
+    host_work = os.open(cfg["host_work"], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     # become the sandbox's (mapped) uid: files made in the new mounts need an owner that
     # exists in this namespace. Our host uid was not ns-root, so the capabilities stay
     # until the program's exec drops them.
     uid, gid = cfg["sandbox_id"], cfg["sandbox_id"]
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)
-    host_work = os.open(cfg["host_work"], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    new = cfg["newroot"]
+    new = cfg["newroot"]  # relative to our cwd: see host_work
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     _mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
     for fd, path, is_dir in sources:

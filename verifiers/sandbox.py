@@ -19,13 +19,19 @@ as root, or as a user where unprivileged user namespaces are enabled) guarantees
 - **Processes**: new PID namespace; the program sees no host process and cannot signal
   one. When it exits, times out or floods its output, every process it started is killed
   (the namespace's PID 1 exits; PR_SET_PDEATHSIG does the same if the verifier dies).
-- **Aggregate limits** (no cgroup needed): RLIMIT_NPROC counts processes (threads too) of
-  the sandbox's uid *in its own user namespace* (its PID 1 included), so ``nproc`` bounds
-  the whole program;
-  RLIMIT_AS bounds each process. Total memory is therefore at most
-  ``nproc * memory_mb + work_mb + tmp_mb`` (``SandboxConfig.memory_bound_mb``). Also:
-  CPU seconds per process, file size, open files, no core dumps, a wall-clock timeout and
-  stdout/stderr caps, and a scrubbed environment (PATH, LANG, HOME=/work: no host secrets).
+- **One limit for the whole program** (``sandbox_limits.py``): ``memory_mb`` and ``nproc``
+  bound the program with all its children and threads together. Where a cgroup can be made
+  (v2, else v1's memory and pids controllers) the program runs in a fresh one whose memory
+  limit covers every page it charges (its processes and its tmpfs files) and whose pids
+  limit bounds its tasks; otherwise RLIMIT_NPROC (counted in its own user namespace, its
+  PID 1 included) bounds the processes and threads and each process gets
+  ``memory_mb // nproc`` of address space. ``sandbox_info()`` and each result's
+  ``memory_mode`` say which. Also: CPU seconds per process, file size, open files, no core
+  dumps, a wall-clock timeout and stdout/stderr caps, and a scrubbed environment (PATH,
+  LANG, HOME=/work: no host secrets).
+- **Private temp dirs**: the sandbox's scratch dir may lie under dirs only the verifier can
+  traverse (a 0700 TMPDIR): the launcher reaches it through its cwd and file descriptors
+  opened before it drops to the sandbox's uid, never by a path from the host's root.
 
 Unsafe mode ("unsafe"): where no user namespace can be created, ``run_python`` raises
 ``SandboxUnavailable`` unless the user opts in with ``RING_SANDBOX_UNSAFE_NO_ISOLATION=1``.
@@ -54,6 +60,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .sandbox_limits import LAUNCHER_MB, ProgramLimit, memory_mode, program_limit
+
 LAUNCHER = str(Path(__file__).with_name("_sandbox_launcher.py"))
 UNSAFE_OPT_IN = "RING_SANDBOX_UNSAFE_NO_ISOLATION"
 SANDBOX_ID = 1000  # uid and gid of the program inside its user namespace
@@ -72,7 +80,7 @@ class SandboxUnavailable(RuntimeError):
 class SandboxConfig:
     cpu_s: int = 2
     wall_s: float = 5.0
-    memory_mb: int = 512  # address space per process
+    memory_mb: int = 512  # memory of the whole program, children and threads included
     nproc: int = 8  # processes + threads of the whole program, the sandbox's PID 1 included
     file_size_mb: int = 16
     nofile: int = 64
@@ -81,10 +89,13 @@ class SandboxConfig:
     max_output_bytes: int = 1 << 20
     expose: tuple[str, ...] = ()  # extra host paths the program may read (read-only)
 
-    @property
-    def memory_bound_mb(self) -> int:
-        """What the whole program can hold at most in namespace mode."""
-        return self.nproc * self.memory_mb + self.work_mb + self.tmp_mb
+    def memory_bound_mb(self, memory_mode: str) -> int:
+        """What the whole program can hold at most in namespace mode: under a cgroup its
+        memory_mb (tmpfs files included) plus the launcher's headroom; else nproc processes
+        of memory_mb // nproc address space each, plus the files in /work and /tmp."""
+        if memory_mode == "rlimit":
+            return self.nproc * max(1, self.memory_mb // self.nproc) + self.work_mb + self.tmp_mb
+        return self.memory_mb + LAUNCHER_MB
 
 
 @dataclass
@@ -97,10 +108,12 @@ class SandboxResult:
     elapsed_s: float
     mode: str
     files: dict[str, bytes] = field(default_factory=dict)
+    memory_mode: str = "rlimit"  # how memory_mb bounded the whole program (sandbox_limits.py)
+    memory_exceeded: bool = False  # the kernel killed part of the program at its memory limit
 
     @property
     def ok(self) -> bool:
-        return self.returncode == 0 and not self.timed_out and not self.output_capped
+        return self.returncode == 0 and not self.timed_out and not self.output_capped and not self.memory_exceeded
 
 
 # ---- what the program may see ------------------------------------------------------------
@@ -157,11 +170,21 @@ def isolation_mode() -> str:
         f"namespaces or run as root, or set {UNSAFE_OPT_IN}=1 to run programs WITHOUT isolation")
 
 
+def sandbox_info() -> dict[str, str]:
+    """How programs are isolated and limited here: {"isolation", "memory", "memory_why"}
+    (memory_why: why no better whole-program limit is in force). Raises SandboxUnavailable
+    as ``isolation_mode`` does."""
+    isolation = isolation_mode()
+    memory, why = memory_mode()
+    return {"isolation": isolation, "memory": memory, "memory_why": why}
+
+
 # ---- running -----------------------------------------------------------------------------
-def _preexec() -> None:
+def _preexec(limit: ProgramLimit) -> None:
     # if the verifying process dies, the kernel SIGKILLs the launcher, whose child (the
     # namespace's PID 1) gets the same from its own PR_SET_PDEATHSIG: the namespace dies
     ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    limit.join()  # before exec: everything the launcher starts is inside the program's cgroup
 
 
 @functools.lru_cache(maxsize=1)
@@ -227,45 +250,72 @@ def run_python(
     return _run(files, main, stdin, config or SandboxConfig(), collect, mode or isolation_mode())
 
 
-def _run(files, main, stdin, cfg: SandboxConfig, collect, mode) -> SandboxResult:
-    for name in (*files, *collect):
+def _launch_config(files, main, cfg: SandboxConfig, collect, mode, root: str, limit: ProgramLimit) -> dict:
+    """What the launcher needs. Its cwd is the run's scratch dir `root`: in namespace mode it
+    names the work dir and the new root relative to it, so that no dir above `root` (a private
+    TMPDIR) has to be traversable by the sandbox's uid."""
+    expose, mask = _allow_list()
+    expose += tuple((os.path.realpath(p), os.path.isdir(p)) for p in cfg.expose)
+    mb = 1 << 20
+    host_work = os.path.join(root, "work")
+    return {
+        "mode": mode, "host_work": "work" if mode == "ns" else host_work, "newroot": "root",
+        "inputs": sorted(files), "collect": list(collect), "collect_cap": cfg.max_output_bytes, "expose": expose,
+        "mask": mask, "devices": DEVICES, "tmp_mb": cfg.tmp_mb, "work_mb": cfg.work_mb,
+        "sandbox_id": SANDBOX_ID, "workdir": "/work" if mode == "ns" else host_work,
+        "rlimits": {
+            "RLIMIT_CPU": [cfg.cpu_s, cfg.cpu_s + 1],
+            "RLIMIT_AS": [limit.per_process_mb * mb] * 2,
+            "RLIMIT_FSIZE": [cfg.file_size_mb * mb] * 2,
+            "RLIMIT_NPROC": [cfg.nproc] * 2,
+            "RLIMIT_NOFILE": [cfg.nofile] * 2,
+            "RLIMIT_CORE": [0, 0],
+        },
+        "argv": [_interpreter(), "-E", "-s", "-B", main],
+        "env": {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/work" if mode == "ns" else host_work,
+                "PYTHONIOENCODING": "utf-8", "PYTHONDONTWRITEBYTECODE": "1"},
+    }
+
+
+def _prepare(files, mode) -> tuple[str, int, int]:
+    """A fresh scratch dir holding the input files in work/ (owned by the sandbox's host
+    uid when we are root); returns (dir, host uid, host gid)."""
+    for name in files:
         if not name or os.path.basename(name) != name or name in (".", ".."):
             raise ValueError(f"sandbox file name must be a plain name: {name!r}")
     root = tempfile.mkdtemp(prefix="ring-sbx-")
-    host_work, newroot = os.path.join(root, "work"), os.path.join(root, "root")
+    host_work = os.path.join(root, "work")
     os.mkdir(host_work)
-    os.mkdir(newroot)
+    os.mkdir(os.path.join(root, "root"))
+    for name, content in files.items():
+        with open(os.path.join(host_work, name), "wb") as f:
+            f.write(content.encode() if isinstance(content, str) else content)
+    host_uid, host_gid = _host_ids()
+    if mode == "ns" and _host_root():  # the namespace's PID 1 reads inputs and writes results as it
+        for path in (root, host_work, *(os.path.join(host_work, n) for n in files)):
+            os.chown(path, host_uid, host_gid)
+    return root, host_uid, host_gid
+
+
+def _program_limit(cfg: SandboxConfig) -> ProgramLimit:
+    try:
+        return program_limit(cfg.memory_mb, cfg.nproc)
+    except OSError as e:  # fail closed: never run a program without its whole-program limit
+        raise SandboxUnavailable(f"cannot set up the program's whole-program memory limit: {e}") from e
+
+
+def _run(files, main, stdin, cfg: SandboxConfig, collect, mode) -> SandboxResult:
+    for name in collect:
+        if not name or os.path.basename(name) != name or name in (".", ".."):
+            raise ValueError(f"sandbox file name must be a plain name: {name!r}")
+    root, host_uid, host_gid = _prepare(files, mode)
     t0 = time.perf_counter()
     proc: subprocess.Popen | None = None
+    limit: ProgramLimit | None = None
     sync = ()
     try:
-        for name, content in files.items():
-            with open(os.path.join(host_work, name), "wb") as f:
-                f.write(content.encode() if isinstance(content, str) else content)
-        host_uid, host_gid = _host_ids()
-        if mode == "ns" and _host_root():  # the namespace's PID 1 reads inputs and writes results as it
-            for path in (root, host_work, *(os.path.join(host_work, n) for n in files)):
-                os.chown(path, host_uid, host_gid)
-        expose, mask = _allow_list()
-        expose += tuple((os.path.realpath(p), os.path.isdir(p)) for p in cfg.expose)
-        mb = 1 << 20
-        launch = {
-            "mode": mode, "host_work": host_work, "newroot": newroot, "inputs": sorted(files),
-            "collect": list(collect), "collect_cap": cfg.max_output_bytes, "expose": expose,
-            "mask": mask, "devices": DEVICES, "tmp_mb": cfg.tmp_mb, "work_mb": cfg.work_mb,
-            "sandbox_id": SANDBOX_ID, "workdir": "/work" if mode == "ns" else host_work,
-            "rlimits": {
-                "RLIMIT_CPU": [cfg.cpu_s, cfg.cpu_s + 1],
-                "RLIMIT_AS": [cfg.memory_mb * mb] * 2,
-                "RLIMIT_FSIZE": [cfg.file_size_mb * mb] * 2,
-                "RLIMIT_NPROC": [cfg.nproc] * 2,
-                "RLIMIT_NOFILE": [cfg.nofile] * 2,
-                "RLIMIT_CORE": [0, 0],
-            },
-            "argv": [_interpreter(), "-E", "-s", "-B", main],
-            "env": {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/work" if mode == "ns" else host_work,
-                    "PYTHONIOENCODING": "utf-8", "PYTHONDONTWRITEBYTECODE": "1"},
-        }
+        limit = _program_limit(cfg)
+        launch = _launch_config(files, main, cfg, collect, mode, root, limit)
         if mode == "ns":
             ready_r, ready_w = os.pipe()
             maps_r, maps_w = os.pipe()
@@ -277,7 +327,7 @@ def _run(files, main, stdin, cfg: SandboxConfig, collect, mode) -> SandboxResult
         proc = subprocess.Popen(
             [_interpreter(), "-I", "-S", LAUNCHER, json.dumps(launch)], stdin=stdin_file,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, env={"PATH": "/usr/bin:/bin"},
-            cwd=root, preexec_fn=_preexec, pass_fds=launch.get("sync_fds", ()),
+            cwd=root, preexec_fn=functools.partial(_preexec, limit), pass_fds=launch.get("sync_fds", ()),
             extra_groups=[] if _host_root() else None,
         )
         stdin_file.close()
@@ -293,19 +343,27 @@ def _run(files, main, stdin, cfg: SandboxConfig, collect, mode) -> SandboxResult
             sync = ()
         out, err, timed_out, capped = _communicate(proc, t0 + cfg.wall_s, cfg.max_output_bytes)
         _stop(proc, mode)
-        collected = {}
-        for name in collect:
-            p = os.path.join(host_work, name)
-            if os.path.isfile(p) and not os.path.islink(p):
-                with open(p, "rb") as f:
-                    collected[name] = f.read(cfg.max_output_bytes)
-        return SandboxResult(proc.returncode, out, err, timed_out, capped, time.perf_counter() - t0, mode, collected)
+        collected = _collected(os.path.join(root, "work"), collect, cfg.max_output_bytes)
+        return SandboxResult(proc.returncode, out, err, timed_out, capped, time.perf_counter() - t0, mode, collected,
+                             memory_mode=limit.mode, memory_exceeded=limit.oom_kills() > 0)
     finally:
         for fd in sync:  # only fds still open: an fd number closed twice may be someone else's by then
             os.close(fd)
         if proc is not None and proc.returncode is None:
             _stop(proc, mode)
+        if limit is not None:
+            limit.close()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _collected(host_work: str, collect, cap: int) -> dict[str, bytes]:
+    out = {}
+    for name in collect:
+        p = os.path.join(host_work, name)
+        if os.path.isfile(p) and not os.path.islink(p):
+            with open(p, "rb") as f:
+                out[name] = f.read(cap)
+    return out
 
 
 def _communicate(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[bytes, bytes, bool, bool]:
