@@ -4,7 +4,7 @@ Stdlib only, no ``verifiers`` import (it runs with ``-S`` and must start fast).
 
 Namespace mode (``sandbox.py`` says what it guarantees), three processes:
 
-- this process (C) leaves the caller's user, mount, PID, network, IPC and UTS namespaces
+- this process (C) joins the program's cgroups (if any), leaves the caller's user, mount, PID, network, IPC and UTS namespaces
   with one ``unshare``, tells the caller (who writes its uid/gid maps from outside) and
   waits for the maps, then forks G and exits with G's status;
 - G is PID 1 of the new PID namespace. It builds the sandbox's root from nothing: an
@@ -258,8 +258,21 @@ def _enter_namespaces(cfg):
     os._exit(_exit_status(status))
 
 
+def _join_cgroups(paths):
+    """First thing, while we are the only process of the program: join its cgroups, so that
+    everything started from here on is counted against its one limit (sandbox_limits.py)."""
+    try:
+        for path in paths:
+            with open(path, "w") as f:
+                f.write(str(os.getpid()))
+    except OSError as e:
+        os.write(2, ("sandbox setup failed: cannot join the program's cgroup: %s\n" % e).encode())
+        os._exit(SETUP_FAILED)
+
+
 def main():
     cfg = json.loads(sys.argv[1])
+    _join_cgroups(cfg["cgroup_procs"])
     if cfg["mode"] == "ns":
         _enter_namespaces(cfg)
     boot = UNSAFE_BOOT % {"readable": [p.rstrip("/") + "/" for p, _ in cfg["expose"]],

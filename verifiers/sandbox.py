@@ -180,11 +180,10 @@ def sandbox_info() -> dict[str, str]:
 
 
 # ---- running -----------------------------------------------------------------------------
-def _preexec(limit: ProgramLimit) -> None:
+def _preexec() -> None:
     # if the verifying process dies, the kernel SIGKILLs the launcher, whose child (the
     # namespace's PID 1) gets the same from its own PR_SET_PDEATHSIG: the namespace dies
     ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    limit.join()  # before exec: everything the launcher starts is inside the program's cgroup
 
 
 @functools.lru_cache(maxsize=1)
@@ -263,6 +262,7 @@ def _launch_config(files, main, cfg: SandboxConfig, collect, mode, root: str, li
         "inputs": sorted(files), "collect": list(collect), "collect_cap": cfg.max_output_bytes, "expose": expose,
         "mask": mask, "devices": DEVICES, "tmp_mb": cfg.tmp_mb, "work_mb": cfg.work_mb,
         "sandbox_id": SANDBOX_ID, "workdir": "/work" if mode == "ns" else host_work,
+        "cgroup_procs": limit.procs_files,  # the launcher joins them before it starts anything
         "rlimits": {
             "RLIMIT_CPU": [cfg.cpu_s, cfg.cpu_s + 1],
             "RLIMIT_AS": [limit.per_process_mb * mb] * 2,
@@ -327,7 +327,7 @@ def _run(files, main, stdin, cfg: SandboxConfig, collect, mode) -> SandboxResult
         proc = subprocess.Popen(
             [_interpreter(), "-I", "-S", LAUNCHER, json.dumps(launch)], stdin=stdin_file,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, env={"PATH": "/usr/bin:/bin"},
-            cwd=root, preexec_fn=functools.partial(_preexec, limit), pass_fds=launch.get("sync_fds", ()),
+            cwd=root, preexec_fn=_preexec, pass_fds=launch.get("sync_fds", ()),
             extra_groups=[] if _host_root() else None,
         )
         stdin_file.close()

@@ -16,9 +16,9 @@ Modes, best first (``memory_mode()`` picks the first this machine allows, once p
 
 In the cgroup modes the limit covers every page the program charges: its processes'
 memory, its files in the sandbox's tmpfs ``/work`` and ``/tmp``, and the launcher's two small
-processes (``LAUNCHER_MB`` of headroom is added for them). The launcher process joins the
-cgroup before it execs (``ProgramLimit.join``, run between fork and exec), so nothing the
-program starts can be outside it. When it ends, whatever is left in the cgroup is killed and
+processes (``LAUNCHER_MB`` of headroom is added for them). The launcher joins the cgroup
+first thing, while it is the program's only process (``ProgramLimit.procs_files``), so
+nothing the program starts can be outside it. When it ends, whatever is left in the cgroup is killed and
 the cgroup removed. ``ProgramLimit.oom_kills`` tells the verifier that the program hit its
 limit (the kernel killed part of it), which fails the test whatever the program printed.
 
@@ -217,10 +217,10 @@ class ProgramLimit:
         """RLIMIT_AS of each process: the whole limit under a cgroup, else its nproc-th share."""
         return self.memory_mb if self.dirs else max(1, self.memory_mb // self.nproc)
 
-    def join(self) -> None:
-        """Put the calling process in the cgroups (between fork and exec of the launcher)."""
-        for d in self.dirs:
-            _write(os.path.join(d, "cgroup.procs"), str(os.getpid()))
+    @property
+    def procs_files(self) -> list[str]:
+        """The cgroup.procs files the launcher writes its pid to, first thing."""
+        return [os.path.join(d, "cgroup.procs") for d in self.dirs]
 
     def oom_kills(self) -> int:
         if not self.dirs:
@@ -245,7 +245,7 @@ def _probe(mode: str) -> None:
         _remove(dirs)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _pick(requested: str) -> tuple[str, str]:
     """(mode, why the better modes are not used) for a requested mode ("auto" or one of MODES)."""
     if requested not in ("auto", *MODES):
