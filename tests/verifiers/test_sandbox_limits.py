@@ -21,7 +21,13 @@ from pathlib import Path
 import pytest
 
 from verifiers import sandbox_limits, verify
-from verifiers.sandbox import SandboxConfig, SandboxUnavailable, isolation_mode, run_python, sandbox_info
+from verifiers.sandbox import (
+    SandboxConfig,
+    SandboxUnavailable,
+    isolation_mode,
+    run_python,
+    sandbox_info,
+)
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.xdist_group("sandbox")]
 PROJECT = Path(__file__).resolve().parents[2]
@@ -206,7 +212,7 @@ def test_without_cgroups_the_fallback_is_chosen_and_holds(tmp_path):
         print(json.dumps([sandbox_info()["memory"], r.returncode, r.stdout.decode()]))
     ''')
     out = subprocess.run(["unshare", "--mount", "sh", "-c", 'mount -t tmpfs none /sys/fs/cgroup && exec "$@"', "sh",
-                          sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False,
                          env={**os.environ, "PYTHONPATH": str(PROJECT)})
     mode, rc, stdout = json.loads(out.stdout.strip().splitlines()[-1])
     assert mode == "rlimit" and rc == 0, out.stderr[-1000:]
@@ -241,7 +247,7 @@ def test_a_private_tmpdir_from_the_environment_reaches_pool_workers(tmp_path):
         r = verify_batch([row], ["```python\\na, b = map(int, input().split())\\nprint(a + b)\\n```"], num_workers=1)
         print(r[0].score, r[0].reason)
     ''')
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90,
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90, check=False,
                          env={**os.environ, "PYTHONPATH": str(PROJECT), "TMPDIR": str(private)})
     assert out.stdout.startswith("1.0 "), out.stdout + out.stderr[-1000:]
     assert stat.S_IMODE(private.stat().st_mode) == 0o700
