@@ -123,7 +123,7 @@ def words_treebank(text: str) -> list[str]:
     return re.findall(r"[\w'][\w'.\-]*[\w']|[\w']|[^\w\s]", t)
 
 
-def _detect_language(text: str) -> str | None:
+def detect_language(text: str) -> str | None:
     """ISO code, or None where langdetect has nothing to go on."""
     import langdetect
 
@@ -157,7 +157,7 @@ def _letters(text, letter, let_frequency, let_relation):
 
 @instruction("language:response_language", "language")
 def _language(text, language):
-    got = _detect_language(text)
+    got = detect_language(text)
     return got is None or got == language
 
 
@@ -283,7 +283,7 @@ def _capital_words(text, capital_frequency, capital_relation):
 def _english_in_case(text: str, in_case: bool) -> bool:
     if not in_case:
         return False
-    lang = _detect_language(text)
+    lang = detect_language(text)
     return lang is None or lang == "en"
 
 

@@ -38,6 +38,7 @@ from .ifeval import (
     CONSTRAINED_RESPONSES,
     INSTRUCTIONS,
     RELATIONS,
+    detect_language,
     split_sentences,
     words_treebank,
 )
@@ -47,31 +48,44 @@ _WORD = re.compile(r"\w+")
 _PS_ANY = r"(?:p\.\s?p\.\s?s|p\.\s?s)\b\.?"
 
 
+_LATIN_NAME = re.compile(r"LATIN (?:(SMALL|CAPITAL) LETTER|LETTER SMALL CAPITAL) ([A-Z])(?: WITH .*)?")
+
+
 @functools.cache
 def _fold_table() -> dict[int, str | None]:
+    """Non-ASCII character -> what it imitates: an ASCII character it is confusable with
+    (Unicode's confusables data), a Latin letter by its name (small capitals, letters with
+    hooks or strokes), a comma (every punctuation mark named COMMA), or nothing (format
+    characters: zero-width spaces and joiners, soft hyphen, bidi controls, tags)."""
     from confusable_homoglyphs.confusables import confusables_data
 
     table: dict[int, str | None] = {}
+    for cp in (*range(0x80, 0x20000), *range(0xE0000, 0xE1000)):  # the planes with format characters and commas
+        ch = chr(cp)
+        cat, name = unicodedata.category(ch), unicodedata.name(ch, "")
+        if cat == "Cf":
+            table[cp] = None
+        elif cat.startswith("P") and "COMMA" in name:
+            table[cp] = ","
+        elif m := _LATIN_NAME.fullmatch(name):
+            table[cp] = m.group(2) if m.group(1) == "CAPITAL" else m.group(2).lower()
     for ch, glyphs in confusables_data.items():
-        if len(ch) == 1 and not ch.isascii():
+        if len(ch) == 1 and not ch.isascii() and ord(ch) not in table:
             targets = [g["c"] for g in glyphs if len(g["c"]) == 1 and g["c"].isascii() and g["c"].isprintable()
                        and not g["c"].isspace()]
             if targets:
                 table[ord(ch)] = ([t for t in targets if t.isalnum()] or targets)[0]
-    for cp in (*range(0x80, 0x20000), *range(0xE0000, 0xE1000)):  # the planes with format characters and commas
-        cat = unicodedata.category(chr(cp))
-        if cat == "Cf":
-            table[cp] = None  # invisible: zero-width, soft hyphen, bidi, tags
-        elif cat.startswith("P") and "COMMA" in unicodedata.name(chr(cp), ""):
-            table[cp] = ","
     return table
 
 
 def fold(text: str) -> str:
-    """The text as a reader sees it: lookalikes and invisible characters folded away."""
+    """The text as a reader sees it: lookalikes folded to what they imitate, invisible
+    characters and combining marks (accents, underlines, joiners) removed."""
     if text.isascii():
         return text
-    return unicodedata.normalize("NFKC", text.translate(_fold_table())).translate(_fold_table())
+    table = _fold_table()
+    text = unicodedata.normalize("NFKD", unicodedata.normalize("NFKC", text.translate(table)))
+    return unicodedata.normalize("NFC", "".join(c for c in text if unicodedata.category(c) != "Mn")).translate(table)
 
 
 def _key(unit: str) -> str:
@@ -83,7 +97,7 @@ def _padding(units: list[str]) -> tuple[int, int]:
     seen, honest = set(), 0
     for u in units:
         k = _key(u)
-        if _CONTENT.search(u) and k not in seen:
+        if _meaningful(u) and k not in seen:
             honest += 1
             seen.add(k)
     return honest, len(units) - honest
@@ -99,18 +113,30 @@ def _count_problem(what: str, units: list[str], relation: str, n: int) -> str | 
 
 
 def _filler(tokens: list[str]) -> list[bool]:
-    out, prev = [], None
-    for t in tokens:
-        low = t.casefold()
-        out.append(not _CONTENT.search(t) or (len(t) == 1 and low not in "ai0123456789")
-                   or (len(t) >= 3 and len(set(low)) == 1) or low == prev)
-        prev = low
+    """Per token, whether it is filler: no letter or digit, a single letter other than
+    "a"/"I", one character repeated ("zzz"), or part of a run of up to 8 tokens that repeats
+    the run just before it ("river river", "the river the river")."""
+    low = [t.casefold() for t in tokens]
+    out = [not _CONTENT.search(t) or (len(t) == 1 and t not in "ai0123456789") or (len(t) >= 3 and len(set(t)) == 1)
+           for t in low]
+    i = 1
+    while i < len(low):
+        k = next((k for k in range(1, min(8, i) + 1) if low[i:i + k] == low[i - k:i]), 0)
+        for j in range(i, i + k):
+            out[j] = True
+        i += k or 1
     return out
 
 
 def _words(text: str) -> list[str]:
     tokens = _WORD.findall(_honest_sentences(text))
     return [t for t, junk in zip(tokens, _filler(tokens)) if not junk]
+
+
+def _meaningful(unit: str) -> bool:
+    """A unit (sentence, bullet, placeholder, ...) with at least one word that is not filler."""
+    tokens = _WORD.findall(unit)
+    return any(not junk for junk in _filler(tokens))
 
 
 def _honest_sentences(text: str) -> str:
@@ -280,21 +306,29 @@ def _two_responses(text):
     return None if honest == 2 and not padding else "the two responses are not two different answers with content"
 
 
+def _phrase_problem(rest: str, phrase: str, where: str) -> str | None:
+    """`rest`: the text after a required opening phrase (or before a closing one, reversed)."""
+    if phrase[-1:].isalnum() and rest[:1].isalnum():  # "Dear" in "Dearest": another word
+        return f"the {where} phrase {phrase!r} runs on into another word"
+    return None if _meaningful(rest) else f"nothing but the {where} phrase"
+
+
 @strict("combination:repeat_prompt")
 def _repeat_prompt(text, prompt_to_repeat):
-    rest = text.strip()[len(prompt_to_repeat.strip()):]
-    return None if _has_content(rest) else "repeats the prompt but gives no answer"
+    p = prompt_to_repeat.strip()
+    why = _phrase_problem(text.strip()[len(p):], p, "repeated prompt")
+    return why.replace("nothing but the repeated prompt phrase", "repeats the prompt but gives no answer") if why else None
 
 
 @strict("startend:end_checker")
 def _end(text, end_phrase):
-    body = text.strip().strip('"')[:-len(end_phrase.strip())]
-    return None if _has_content(body) else "nothing but the end phrase"
+    p = end_phrase.strip()
+    return _phrase_problem(text.strip().strip('"')[:-len(p)][::-1], p[::-1], "end")
 
 
 @strict("startend:start_with")
 def _start(text, phrase):
-    return None if _has_content(text.strip()[len(phrase.strip()):]) else "nothing but the start phrase"
+    return _phrase_problem(text.strip()[len(phrase.strip()):], phrase.strip(), "start")
 
 
 @strict("startend:quotation")
@@ -310,14 +344,20 @@ def _capital_words(text, capital_frequency, capital_relation):
         f"{n} capitalized words without filler: not {capital_relation} {capital_frequency}"
 
 
+@strict("change_case:english_capital", "change_case:english_lowercase", "language:response_language")
+def _language_known(text, language="en"):
+    # the reference counts a text langdetect cannot classify (digits, symbols) as followed
+    return None if detect_language(text) is not None else "no language can be detected in the response"
+
+
 UNFOLDED = {"language:response_language"}  # folding another script into Latin lookalikes changes its language
 
 
 def problem(text: str, iid: str, kwargs: dict[str, Any]) -> str | None:
     """Why strict grading rejects a response the reference check accepted (None: it doesn't)."""
-    if iid in UNFOLDED:
-        return None
-    folded = fold(text)
+    folded = text if iid in UNFOLDED else fold(text)
+    if not _meaningful(folded):
+        return "no word with content in the response"
     if folded != text and not INSTRUCTIONS[iid].check(folded, **kwargs):
         return "fails once lookalike or invisible characters are folded"
     check = STRICT.get(iid)

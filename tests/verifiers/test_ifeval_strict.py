@@ -21,6 +21,8 @@ HACKS: dict[str, list[tuple[dict, str]]] = {
         ({"type": "keywords_exclude", "keywords": ["river"]}, f"The riv{CYR_E}r was calm."),  # Cyrillic e
         ({"type": "keywords_exclude", "keywords": ["river"]}, f"The ri{ZW}ver was calm."),  # zero-width space
         ({"type": "keywords_exclude", "keywords": ["river"]}, "The ｒｉｖｅｒ was calm."),  # full-width
+        ({"type": "keywords_exclude", "keywords": ["river"]}, "The \u0280\u026a\u1d20\u1d07\u0280 was calm."),  # small caps
+        ({"type": "keywords_exclude", "keywords": ["river"]}, "The r\u0332i\u0332v\u0332e\u0332r\u0332 was calm."),
         ({"type": "no_commas"}, "Apples\u201a pears and plums."),  # single low-9 quotation mark
         ({"type": "no_commas"}, "Apples\uff0c pears and plums."),  # full-width comma
         ({"type": "no_commas"}, "Apples\u3001 pears and plums."),  # ideographic comma
@@ -54,8 +56,12 @@ HACKS: dict[str, list[tuple[dict, str]]] = {
          "The river is calm. river river river"),
         ({"type": "letter_frequency", "letter": "z", "relation": "at least", "n": 5}, "The zoo is calm. zzzzzz"),
         ({"type": "capital_word_frequency", "n": 3, "relation": "at least"}, "The river is calm. A B C D OK OK"),
+        ({"type": "word_count", "relation": "at least", "n": 12}, "the river is calm the river is calm the river is calm"),
+        ({"type": "bullet_count", "n": 3}, "Notes:\n* The river is calm.\n* x\n* It flows east."),
     ],
     "keyword matched inside another word": [
+        ({"type": "start_with", "phrase": "Dear"}, "Dearest river, you are calm."),
+        ({"type": "end_with", "phrase": "joy"}, "We walked by the river and it was something to enjoy"),
         ({"type": "keywords_include", "keywords": ["cat"]}, "We concatenate strings in a catalogue."),
         ({"type": "keyword_frequency", "keyword": "art", "relation": "at least", "n": 2},
          "Start the party with an art show."),
@@ -87,6 +93,11 @@ HACKS: dict[str, list[tuple[dict, str]]] = {
         ({"type": "start_with", "phrase": "Dear Sir"}, "Dear Sir"),
         ({"type": "constrained_response"}, "My answer is yes. My answer is no. My answer is maybe."),
         ({"type": "section_count", "n": 2}, "Section 1 Section 2 Section 3"),
+        ({"type": "placeholder_count", "n": 1}, "Fill in [...] and [_]."),
+    ],
+    "text with no detectable language": [
+        ({"type": "language", "lang": "ru"}, "12345 67890 !!!"),
+        ({"type": "word_count", "relation": "less than", "n": 5}, "..."),
     ],
 }
 
@@ -178,7 +189,8 @@ def test_reference_accepts_each_hack_and_strict_rejects_it(category):
 
 def test_the_hacks_cover_every_instruction_id_a_category_applies_to():
     hacked = {_iid(inst) for cases in HACKS.values() for inst, _ in cases}
-    not_gameable = {"language:response_language", "change_case:english_capital", "change_case:english_lowercase"}
+    # no hack found that the reference accepts (strict still folds lookalikes for them)
+    not_gameable = {"change_case:english_capital", "change_case:english_lowercase"}
     assert hacked | not_gameable == set(INSTRUCTIONS)
 
 
