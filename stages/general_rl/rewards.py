@@ -13,7 +13,8 @@ in a step makes two groups, normalised apart):
 z_g(x) = (x - mean_g) / (std_g + eps) (population std); a group of one, or whose RM scores
 are all equal, gets 0 (the RM then says nothing about it). With rm_normalization "none",
 the raw score is used. The RM score comes from `stages.reward_model.scoring.RewardScorer`
-(batched on its own device), the rule score from `verifiers.verify_batch`; a row with no
+(batched on its own device), the rule score from `verifiers.verify_batch` (IFEval rows graded
+with the stage's `ifeval_grading`, strict by default); a row with no
 `reference` gets no rule term (general chat prompts are judged by the RM alone), and a row a
 verifier scored gets no RM term unless `rm_on_verified`: a z-scored RM term has unit spread in
 every group while a 0/1 verifier's is at most 0.5, so on checkable rows (math, instruction
