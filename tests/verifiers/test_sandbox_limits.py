@@ -167,6 +167,19 @@ def test_an_unknown_forced_mode_refuses_to_run(monkeypatch):
         run_python({"main.py": "print(1)"}, "main.py")
 
 
+def test_a_forced_cgroup_mode_this_machine_lacks_refuses_to_run(monkeypatch):
+    for mode in ("cgroup2", "cgroup1"):
+        try:
+            sandbox_limits._probe(mode)
+        except OSError:
+            break
+    else:
+        pytest.skip("both cgroup versions work here")
+    monkeypatch.setenv(sandbox_limits.MODE_ENV, mode)
+    with pytest.raises(SandboxUnavailable, match=mode):
+        run_python({"main.py": "print(1)"}, "main.py")
+
+
 def test_a_cgroup_that_cannot_be_made_refuses_to_run(monkeypatch):
     mode = sandbox_info()["memory"]
     if mode == "rlimit":
