@@ -280,20 +280,21 @@ def _launch_config(files, main, cfg: SandboxConfig, collect, mode, root: str, li
 def _prepare(files, mode) -> tuple[str, int, int]:
     """A fresh scratch dir holding the input files in work/ (owned by the sandbox's host
     uid when we are root); returns (dir, host uid, host gid)."""
-    for name in files:
-        if not name or os.path.basename(name) != name or name in (".", ".."):
-            raise ValueError(f"sandbox file name must be a plain name: {name!r}")
     root = tempfile.mkdtemp(prefix="ring-sbx-")
-    host_work = os.path.join(root, "work")
-    os.mkdir(host_work)
-    os.mkdir(os.path.join(root, "root"))
-    for name, content in files.items():
-        with open(os.path.join(host_work, name), "wb") as f:
-            f.write(content.encode() if isinstance(content, str) else content)
-    host_uid, host_gid = _host_ids()
-    if mode == "ns" and _host_root():  # the namespace's PID 1 reads inputs and writes results as it
-        for path in (root, host_work, *(os.path.join(host_work, n) for n in files)):
-            os.chown(path, host_uid, host_gid)
+    try:
+        host_work = os.path.join(root, "work")
+        os.mkdir(host_work)
+        os.mkdir(os.path.join(root, "root"))
+        for name, content in files.items():
+            with open(os.path.join(host_work, name), "wb") as f:
+                f.write(content.encode() if isinstance(content, str) else content)
+        host_uid, host_gid = _host_ids()
+        if mode == "ns" and _host_root():  # the namespace's PID 1 reads inputs and writes results as it
+            for path in (root, host_work, *(os.path.join(host_work, n) for n in files)):
+                os.chown(path, host_uid, host_gid)
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
     return root, host_uid, host_gid
 
 
@@ -305,7 +306,7 @@ def _program_limit(cfg: SandboxConfig) -> ProgramLimit:
 
 
 def _run(files, main, stdin, cfg: SandboxConfig, collect, mode) -> SandboxResult:
-    for name in collect:
+    for name in (*files, *collect):
         if not name or os.path.basename(name) != name or name in (".", ".."):
             raise ValueError(f"sandbox file name must be a plain name: {name!r}")
     root, host_uid, host_gid = _prepare(files, mode)
