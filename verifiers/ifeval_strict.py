@@ -9,7 +9,8 @@ the instruction (``problem`` returns the first that does, as the reason):
   Unicode's confusables (``confusable_homoglyphs``: Cyrillic ``с`` -> ``c``), NFKC (full-width
   forms), every punctuation mark named COMMA -> ``,``, and format characters (zero-width
   spaces and joiners, soft hyphens, bidi controls) removed: a forbidden word or comma must be
-  absent however it is written, a required one present as itself;
+  absent however it is written (also attached to digits/underscores or spelled out letter
+  by letter), a required one present as itself; small capitals read as capitals;
 - **padding**: a counted unit (sentence, paragraph, section, bullet, highlight, placeholder,
   response) counts only if it has content (a letter or digit) and is not a repeat of another
   (case, spacing and punctuation aside); word and letter counts skip filler tokens (single
@@ -44,18 +45,19 @@ from .ifeval import (
 )
 
 _CONTENT = re.compile(r"[^\W_]")
-_WORD = re.compile(r"\w+")
+_WORD = re.compile(r"[^\W_]+")  # runs of letters and digits: "a_b" is two words, as a reader sees it
+_LETTER = re.compile(r"[^\W\d_]")
 _PS_ANY = r"(?:p\.\s?p\.\s?s|p\.\s?s)\b\.?"
 
 
-_LATIN_NAME = re.compile(r"LATIN (?:(SMALL|CAPITAL) LETTER|LETTER SMALL CAPITAL) ([A-Z])(?: WITH .*)?")
+_LATIN_NAME = re.compile(r"LATIN (SMALL LETTER|CAPITAL LETTER|LETTER SMALL CAPITAL) ([A-Z])(?: WITH .*)?")
 
 
 @functools.cache
 def _fold_table() -> dict[int, str | None]:
     """Non-ASCII character -> what it imitates: an ASCII character it is confusable with
-    (Unicode's confusables data), a Latin letter by its name (small capitals, letters with
-    hooks or strokes), a comma (every punctuation mark named COMMA), or nothing (format
+    (Unicode's confusables data), a Latin letter by its name (small capitals as capitals,
+    letters with hooks or strokes), a comma (every punctuation mark named COMMA), or nothing (format
     characters: zero-width spaces and joiners, soft hyphen, bidi controls, tags)."""
     from confusable_homoglyphs.confusables import confusables_data
 
@@ -68,7 +70,7 @@ def _fold_table() -> dict[int, str | None]:
         elif cat.startswith("P") and "COMMA" in name:
             table[cp] = ","
         elif m := _LATIN_NAME.fullmatch(name):
-            table[cp] = m.group(2) if m.group(1) == "CAPITAL" else m.group(2).lower()
+            table[cp] = m.group(2).lower() if m.group(1) == "SMALL LETTER" else m.group(2)  # small capitals look capital
     for ch, glyphs in confusables_data.items():
         if len(ch) == 1 and not ch.isascii() and ord(ch) not in table:
             targets = [g["c"] for g in glyphs if len(g["c"]) == 1 and g["c"].isascii() and g["c"].isprintable()
@@ -103,8 +105,9 @@ def _padding(units: list[str]) -> tuple[int, int]:
     return honest, len(units) - honest
 
 
-def _count_problem(what: str, units: list[str], relation: str, n: int) -> str | None:
-    honest, padding = _padding(units)
+def _count_problem(what: str, units: list[str], relation: str, n: int, letters: bool = False) -> str | None:
+    """`letters`: a unit needs a letter ("*3*" in "2*3*4" is no highlight, "[1]" no placeholder)."""
+    honest, padding = _padding([u if _LETTER.search(u) else "" for u in units] if letters else units)
     if relation == "exactly" and padding:
         return f"{padding} empty or repeated {what}"
     if not RELATIONS[relation](honest, n):
@@ -189,6 +192,21 @@ def _frequency(text, keyword, frequency, relation):
         f"{n} whole-word uses of {keyword!r} without filler: not {relation} {frequency}"
 
 
+_SPELLED = re.compile(r"(?<![^\W\d_])(?:[^\W\d_][\W_]{1,2}){2,}[^\W\d_](?![^\W\d_])")
+
+
+@strict("keywords:forbidden_words")
+def _forbidden(text, forbidden_words):
+    # "river_bank", "river2" and a word spelled out letter by letter ("r-i-v-e-r", "r i v e r")
+    # are the word to a reader; the reference's \b misses the first two, nothing sees the last
+    spelled = " ".join(re.sub(r"[\W_]", "", m.group(0)) for m in _SPELLED.finditer(text))
+    for w in forbidden_words:
+        pattern = r"(?<![^\W\d_])(?:" + re.escape(w.strip()) + r")(?![^\W\d_])"
+        if re.search(pattern, text + "\n" + spelled, flags=re.IGNORECASE):
+            return f"the forbidden word {w!r} is there, attached to digits/underscores or spelled out"
+    return None
+
+
 @strict("keywords:letter_frequency")
 def _letters(text, letter, let_frequency, let_relation):
     n = Counter("".join(_words(text)).lower())[letter.strip().lower()]
@@ -215,14 +233,16 @@ def _nth_first_word(text, num_paragraphs, nth_paragraph, first_word):
 
 @strict("length_constraints:number_words")
 def _words_count(text, num_words, relation):
-    n = len(_words(text))
+    every, n = len(_WORD.findall(text)), len(_words(text))
+    if not RELATIONS[relation](every, num_words):  # "the_river_is_calm" is 4 words, not 1
+        return f"{every} words (letters and digits apart from underscores): not {relation} {num_words}"
     return None if RELATIONS[relation](n, num_words) else f"{n} words without filler: not {relation} {num_words}"
 
 
 @strict("detectable_content:number_placeholders")
 def _placeholders(text, num_placeholders):
     found = [m.group(1) for m in re.finditer(r"\[(.*?)\](?!\()", text)]
-    return _count_problem("placeholders", found, "at least", num_placeholders)
+    return _count_problem("placeholders", found, "at least", num_placeholders, letters=True)
 
 
 @strict("detectable_content:postscript")
@@ -260,7 +280,8 @@ def _constrained(text):
 def _highlights(text, num_highlights):
     double = [h[2:-2] for h in re.findall(r"\*\*[^\n\*]*\*\*", text)]
     single = [h[1:-1] for h in re.findall(r"\*[^\n\*]*\*", re.sub(r"\*\*[^\n\*]*\*\*", " ", text))]
-    return _count_problem("highlighted sections", [h for h in double + single if h.strip()], "at least", num_highlights)
+    return _count_problem("highlighted sections", [h for h in double + single if h.strip()], "at least", num_highlights,
+                          letters=True)
 
 
 @strict("detectable_format:multiple_sections")
@@ -295,7 +316,7 @@ def _json(text):
 
 @strict("detectable_format:title")
 def _title(text):
-    ok = any(_has_content(t) for t in re.findall(r"<<([^\n]+)>>", text))
+    ok = any(_LETTER.search(t) and _meaningful(t) for t in re.findall(r"<<([^\n]+)>>", text))
     return None if ok else "no title with content"
 
 

@@ -23,6 +23,11 @@ HACKS: dict[str, list[tuple[dict, str]]] = {
         ({"type": "keywords_exclude", "keywords": ["river"]}, "The ｒｉｖｅｒ was calm."),  # full-width
         ({"type": "keywords_exclude", "keywords": ["river"]}, "The \u0280\u026a\u1d20\u1d07\u0280 was calm."),  # small caps
         ({"type": "keywords_exclude", "keywords": ["river"]}, "The r\u0332i\u0332v\u0332e\u0332r\u0332 was calm."),
+        ({"type": "keywords_exclude", "keywords": ["river"]}, "The r-i-v-e-r was calm."),  # spelled out
+        ({"type": "keywords_exclude", "keywords": ["river"]}, "The r i v e r was calm."),
+        ({"type": "keywords_exclude", "keywords": ["river"]}, "The river_ was calm, and river2 too."),
+        ({"type": "lowercase"}, "\u1d1b\u029c\u1d07 \u0280\u026a\u1d20\u1d07\u0280 \u026a\ua731 \u1d04\u1d00\u029f\u1d0d "
+                                "\u1d00\u0274\u1d05 \u1d21\u1d00\u0280\u1d0d \u1d1b\u1d0f\u1d05\u1d00\u028f"),  # small caps
         ({"type": "no_commas"}, "Apples\u201a pears and plums."),  # single low-9 quotation mark
         ({"type": "no_commas"}, "Apples\uff0c pears and plums."),  # full-width comma
         ({"type": "no_commas"}, "Apples\u3001 pears and plums."),  # ideographic comma
@@ -58,6 +63,9 @@ HACKS: dict[str, list[tuple[dict, str]]] = {
         ({"type": "capital_word_frequency", "n": 3, "relation": "at least"}, "The river is calm. A B C D OK OK"),
         ({"type": "word_count", "relation": "at least", "n": 12}, "the river is calm the river is calm the river is calm"),
         ({"type": "bullet_count", "n": 3}, "Notes:\n* The river is calm.\n* x\n* It flows east."),
+        ({"type": "word_count", "relation": "less than", "n": 5}, "The_river_is_calm_and_the_mill_is_old."),
+        ({"type": "highlight_count", "n": 2}, "The product is 2*3*4*5*6 = 720."),
+        ({"type": "placeholder_count", "n": 2}, "See the notes [1] and [2]."),
     ],
     "keyword matched inside another word": [
         ({"type": "start_with", "phrase": "Dear"}, "Dearest river, you are calm."),
@@ -189,8 +197,8 @@ def test_reference_accepts_each_hack_and_strict_rejects_it(category):
 
 def test_the_hacks_cover_every_instruction_id_a_category_applies_to():
     hacked = {_iid(inst) for cases in HACKS.values() for inst, _ in cases}
-    # no hack found that the reference accepts (strict still folds lookalikes for them)
-    not_gameable = {"change_case:english_capital", "change_case:english_lowercase"}
+    # no hack found that the reference accepts (strict still folds lookalikes for it)
+    not_gameable = {"change_case:english_capital"}
     assert hacked | not_gameable == set(INSTRUCTIONS)
 
 
