@@ -342,11 +342,14 @@ def _run(files, main, stdin, cfg: SandboxConfig, collect, mode) -> SandboxResult
             for fd in sync:
                 os.close(fd)
             sync = ()
-        out, err, timed_out, capped = _communicate(proc, t0 + cfg.wall_s, cfg.max_output_bytes)
+        out, err, timed_out, capped, at_limit = _communicate(proc, t0 + cfg.wall_s, cfg.max_output_bytes,
+                                                             limit.alarm_fd)
+        if at_limit:  # the program reached its memory limit: all of it ends now, none goes on
+            limit.kill_all()
         _stop(proc, mode)
         collected = _collected(os.path.join(root, "work"), collect, cfg.max_output_bytes)
         return SandboxResult(proc.returncode, out, err, timed_out, capped, time.perf_counter() - t0, mode, collected,
-                             memory_mode=limit.mode, memory_exceeded=limit.oom_kills() > 0)
+                             memory_mode=limit.mode, memory_exceeded=at_limit or limit.exceeded())
     finally:
         for fd in sync:  # only fds still open: an fd number closed twice may be someone else's by then
             os.close(fd)
@@ -367,20 +370,28 @@ def _collected(host_work: str, collect, cap: int) -> dict[str, bytes]:
     return out
 
 
-def _communicate(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[bytes, bytes, bool, bool]:
+def _communicate(proc: subprocess.Popen, deadline: float, cap: int,
+                 alarm_fd: int | None) -> tuple[bytes, bytes, bool, bool, bool]:
+    """(stdout, stderr, timed out, output capped, memory limit reached): reads until the
+    program closes its pipes, times out, floods them, or `alarm_fd` becomes readable."""
     bufs = {proc.stdout: bytearray(), proc.stderr: bytearray()}
     sel = selectors.DefaultSelector()
     for f in bufs:
         os.set_blocking(f.fileno(), False)
         sel.register(f, selectors.EVENT_READ)
-    timed_out = capped = False
+    if alarm_fd is not None:
+        sel.register(alarm_fd, selectors.EVENT_READ)
+    timed_out = capped = at_limit = False
     try:
-        while sel.get_map():
+        while len(sel.get_map()) > (alarm_fd is not None):
             left = deadline - time.perf_counter()
             if left <= 0:
                 timed_out = True
                 break
             for key, _ in sel.select(timeout=min(left, 0.5)):
+                if key.fileobj == alarm_fd:
+                    at_limit = True
+                    break
                 chunk = os.read(key.fileobj.fileno(), 65536)
                 if not chunk:
                     sel.unregister(key.fileobj)
@@ -390,9 +401,9 @@ def _communicate(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[byt
                 if len(buf) > cap:
                     del buf[cap:]
                     capped = True
-            if capped:
+            if capped or at_limit:
                 break
-        if not timed_out and not capped:
+        if not timed_out and not capped and not at_limit:
             # pipes closed: wait for exit within the deadline
             try:
                 proc.wait(timeout=max(0.01, deadline - time.perf_counter()))
@@ -402,4 +413,4 @@ def _communicate(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[byt
         sel.close()
         for f in bufs:
             f.close()
-    return bytes(bufs[proc.stdout]), bytes(bufs[proc.stderr]), timed_out, capped
+    return bytes(bufs[proc.stdout]), bytes(bufs[proc.stderr]), timed_out, capped, at_limit

@@ -18,9 +18,13 @@ In the cgroup modes the limit covers every page the program charges: its process
 memory, its files in the sandbox's tmpfs ``/work`` and ``/tmp``, and the launcher's two small
 processes (``LAUNCHER_MB`` of headroom is added for them). The launcher joins the cgroup
 first thing, while it is the program's only process (``ProgramLimit.procs_files``), so
-nothing the program starts can be outside it. When it ends, whatever is left in the cgroup is killed and
-the cgroup removed. ``ProgramLimit.oom_kills`` tells the verifier that the program hit its
-limit (the kernel killed part of it), which fails the test whatever the program printed.
+nothing the program starts can be outside it. A program that reaches its limit is ended
+whole, not just the process that asked for the last page (so no other process of it goes on
+with its output): in v2 by ``memory.oom.group``; in v1 the kernel pauses it instead of
+killing (``memory.oom_control = 1``), signals an eventfd (``ProgramLimit.alarm_fd``) and the
+sandbox kills every process in the cgroup. ``ProgramLimit.exceeded`` then tells the verifier,
+which fails the test whatever the program printed. When the run ends, whatever is left in
+the cgroup is killed and the cgroup removed.
 
 ``RING_SANDBOX_MEMORY`` = ``auto`` (default) | ``cgroup2`` | ``cgroup1`` | ``rlimit`` forces a
 mode; a forced cgroup mode the machine cannot give raises (fail closed), it never falls back.
@@ -156,6 +160,10 @@ def _create_v1(name: str, limit_bytes: int, pids: int) -> tuple[str, ...]:
         _write(os.path.join(mem, "memory.limit_in_bytes"), str(limit_bytes))
         if os.path.exists(os.path.join(mem, "memory.memsw.limit_in_bytes")):  # swap counts too
             _write(os.path.join(mem, "memory.memsw.limit_in_bytes"), str(limit_bytes))
+        # v1 has no memory.oom.group: instead of killing one process and letting the others
+        # go on, the kernel pauses a program at its limit and tells us (ProgramLimit.alarm_fd),
+        # and the whole program is killed (kill_all)
+        _write(os.path.join(mem, "memory.oom_control"), "1")
         made.append(_make(parents["pids"], name))
         _write(os.path.join(made[-1], "pids.max"), str(pids))
     except OSError:
@@ -164,8 +172,25 @@ def _create_v1(name: str, limit_bytes: int, pids: int) -> tuple[str, ...]:
     return tuple(made)
 
 
+def _alarm_v1(dirs: tuple[str, ...]) -> int:
+    """An eventfd the kernel signals when the memory cgroup (dirs[0]) reaches its limit."""
+    efd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+    try:
+        ofd = os.open(os.path.join(dirs[0], "memory.oom_control"), os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            _write(os.path.join(dirs[0], "cgroup.event_control"), f"{efd} {ofd}")
+        finally:
+            os.close(ofd)
+    except OSError:
+        os.close(efd)
+        raise
+    return efd
+
+
 CREATE = {"cgroup2": _create_v2, "cgroup1": _create_v1}
-OOM_EVENTS = {"cgroup2": ("memory.events", "oom_kill"), "cgroup1": ("memory.oom_control", "oom_kill")}
+ALARM = {"cgroup1": _alarm_v1}  # cgroup2: memory.oom.group kills the whole program itself
+# a key of the memory cgroup's file that counts the times the program hit its limit
+OOM_EVENTS = {"cgroup2": ("memory.events", ("oom", "oom_kill")), "cgroup1": ("memory.oom_control", ("under_oom", "oom_kill"))}
 
 
 def _members(dirs: tuple[str, ...]) -> set[int]:
@@ -179,15 +204,32 @@ def _members(dirs: tuple[str, ...]) -> set[int]:
     return pids
 
 
+def _kill(dirs: tuple[str, ...]) -> None:
+    """SIGKILL every process in the cgroups; v2's cgroup.kill does it in one step."""
+    for d in dirs:
+        kill = os.path.join(d, "cgroup.kill")
+        if os.path.exists(kill):
+            try:
+                _write(kill, "1")
+                continue
+            except OSError:
+                pass
+        for _ in range(10):  # a task forking while we read is caught on the next pass
+            pids = _members((d,))
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
 def _remove(dirs: tuple[str, ...]) -> None:
     """Kill what is left in the cgroups (a sandbox that ended normally leaves nothing), then
     remove them; the kernel needs a moment to release a cgroup whose last task just died."""
     for attempt in range(50):
-        for pid in _members(dirs):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _kill(dirs)
         left = []
         for d in dirs:
             try:
@@ -211,6 +253,7 @@ class ProgramLimit:
     memory_mb: int
     nproc: int
     dirs: tuple[str, ...] = ()
+    alarm_fd: int | None = None  # readable once the program reached its memory limit (cgroup1)
 
     @property
     def per_process_mb(self) -> int:
@@ -222,27 +265,51 @@ class ProgramLimit:
         """The cgroup.procs files the launcher writes its pid to, first thing."""
         return [os.path.join(d, "cgroup.procs") for d in self.dirs]
 
-    def oom_kills(self) -> int:
+    def exceeded(self) -> bool:
+        """Whether the program reached its memory limit (and was stopped there)."""
         if not self.dirs:
-            return 0
-        name, key = OOM_EVENTS[self.mode]
-        return _read_key(os.path.join(self.dirs[0], name), key)
+            return False
+        if self.alarm_fd is not None:
+            try:
+                if os.eventfd_read(self.alarm_fd):
+                    return True
+            except BlockingIOError:
+                pass
+        name, keys = OOM_EVENTS[self.mode]
+        return any(_read_key(os.path.join(self.dirs[0], name), k) for k in keys)
+
+    def kill_all(self) -> None:
+        """SIGKILL every process of the program (the launcher's included)."""
+        if self.dirs:
+            _kill(self.dirs)
 
     def close(self) -> None:
+        if self.alarm_fd is not None:
+            os.close(self.alarm_fd)
+            self.alarm_fd = None
         if self.dirs:
             _remove(self.dirs)
             self.dirs = ()
 
 
 def _probe(mode: str) -> None:
-    """Raise LimitUnavailable/OSError unless a cgroup of `mode` can be made and joined here."""
-    dirs = CREATE[mode](PREFIX + "probe-" + uuid.uuid4().hex[:8], 64 << 20, 4)
+    """Raise LimitUnavailable/OSError unless a cgroup of `mode` can be made, watched and
+    joined here."""
+    limit = ProgramLimit(mode, 64, 4)
     try:
-        for d in dirs:  # joining needs write access to cgroup.procs; an empty write checks it
+        _setup(limit)
+        for d in limit.dirs:  # joining needs write access to cgroup.procs
             if not os.access(os.path.join(d, "cgroup.procs"), os.W_OK):
                 raise LimitUnavailable(f"cannot move processes into {d}")
     finally:
-        _remove(dirs)
+        limit.close()
+
+
+def _setup(limit: ProgramLimit) -> None:
+    total = (limit.memory_mb + LAUNCHER_MB) << 20
+    limit.dirs = CREATE[limit.mode](PREFIX + uuid.uuid4().hex, total, limit.nproc + LAUNCHER_PIDS)
+    if limit.mode in ALARM:
+        limit.alarm_fd = ALARM[limit.mode](limit.dirs)
 
 
 @functools.cache
@@ -271,9 +338,11 @@ def memory_mode() -> tuple[str, str]:
 
 def program_limit(memory_mb: int, nproc: int) -> ProgramLimit:
     """Set up the limit for one run (a fresh cgroup in the cgroup modes)."""
-    mode, _ = memory_mode()
-    limit = ProgramLimit(mode, memory_mb, nproc)
-    if mode != "rlimit":
-        total = (memory_mb + LAUNCHER_MB) << 20
-        limit.dirs = CREATE[mode](PREFIX + uuid.uuid4().hex, total, nproc + LAUNCHER_PIDS)
+    limit = ProgramLimit(memory_mode()[0], memory_mb, nproc)
+    if limit.mode != "rlimit":
+        try:
+            _setup(limit)
+        except BaseException:
+            limit.close()
+            raise
     return limit

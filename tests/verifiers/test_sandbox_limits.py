@@ -117,6 +117,31 @@ def test_pieces_held_at_once_stay_within_the_programs_limit(memory_mode, how):
         assert r.memory_exceeded
 
 
+def test_no_part_of_the_program_goes_on_past_its_limit(memory_mode):
+    # children report each piece once it is held and keep it: when one more piece is over
+    # the limit, no process may go on (killing one and letting the rest run on would let
+    # the sum of their reports exceed the limit)
+    r = run_python({"main.py": textwrap.dedent(f'''
+        import os, time
+        for k in range({PIECES}):
+            if os.fork() == 0:
+                try:
+                    b = bytearray({CHUNK} << 20)
+                    b[::4096] = b"x" * len(b[::4096])
+                    os.write(1, b"held\\n")
+                    time.sleep(20)
+                except MemoryError:
+                    pass
+                os._exit(0)
+            time.sleep(0.4)
+        print("parent went on")
+    ''')}, "main.py", config=SandboxConfig(**{**CFG, "wall_s": 8}))
+    held = r.stdout.count(b"held\n")
+    assert held * CHUNK <= SandboxConfig(**CFG).memory_bound_mb(memory_mode)
+    if memory_mode != "rlimit":
+        assert r.memory_exceeded and b"parent went on" not in r.stdout and not r.timed_out
+
+
 def test_a_cheat_that_needs_more_than_its_limit_scores_zero(memory_mode):
     # prints the right answer only if every child got its memory: the output must not count
     program = spread("fork_children").replace('print(json.dumps({"held": held}))',
