@@ -403,12 +403,13 @@ def _communicate(proc: subprocess.Popen, deadline: float, cap: int,
                     capped = True
             if capped or at_limit:
                 break
-        if not timed_out and not capped and not at_limit:
-            # pipes closed: wait for exit within the deadline
+        while not (timed_out or capped or at_limit):  # pipes closed: wait for exit, the deadline or the limit
             try:
-                proc.wait(timeout=max(0.01, deadline - time.perf_counter()))
+                proc.wait(timeout=max(0.01, min(0.1, deadline - time.perf_counter())))
+                break
             except subprocess.TimeoutExpired:
-                timed_out = True
+                timed_out = time.perf_counter() >= deadline
+                at_limit = bool(alarm_fd is not None and sel.select(timeout=0))
     finally:
         sel.close()
         for f in bufs:

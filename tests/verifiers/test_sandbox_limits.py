@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -140,6 +141,15 @@ def test_no_part_of_the_program_goes_on_past_its_limit(memory_mode):
     assert held * CHUNK <= SandboxConfig(**CFG).memory_bound_mb(memory_mode)
     if memory_mode != "rlimit":
         assert r.memory_exceeded and b"parent went on" not in r.stdout and not r.timed_out
+
+
+def test_a_program_that_closed_its_output_is_still_stopped_at_its_limit():
+    if sandbox_info()["memory"] == "rlimit":
+        pytest.skip("no cgroup on this machine")
+    t0 = time.monotonic()
+    r = run_python({"main.py": "import os\nos.close(1)\nos.close(2)\n" + spread("fork_children")}, "main.py",
+                   config=SandboxConfig(**CFG))
+    assert r.memory_exceeded and not r.timed_out and time.monotonic() - t0 < 15
 
 
 def test_a_cheat_that_needs_more_than_its_limit_scores_zero(memory_mode):
