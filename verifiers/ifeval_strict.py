@@ -50,6 +50,8 @@ _LETTER = re.compile(r"[^\W\d_]")
 _PS_ANY = r"(?:p\.\s?p\.\s?s|p\.\s?s)\b\.?"
 
 
+# punctuation and symbols a reader takes for a comma: named so, or low marks of that shape
+_COMMA_NAME = re.compile(r"COMMA|DECIMAL SEPARATOR|THOUSANDS SEPARATOR|LOW ACUTE|LOW GRAVE|^OGONEK$")
 _LATIN_NAME = re.compile(r"LATIN (SMALL LETTER|CAPITAL LETTER|LETTER SMALL CAPITAL) ([A-Z])(?: WITH .*)?")
 
 
@@ -57,7 +59,8 @@ _LATIN_NAME = re.compile(r"LATIN (SMALL LETTER|CAPITAL LETTER|LETTER SMALL CAPIT
 def _fold_table() -> dict[int, str | None]:
     """Non-ASCII character -> what it imitates: an ASCII character it is confusable with
     (Unicode's confusables data), a Latin letter by its name (small capitals as capitals,
-    letters with hooks or strokes), a comma (every punctuation mark named COMMA), or nothing (format
+    letters with hooks or strokes), a comma (punctuation and symbols named COMMA, decimal
+    and thousands separators, low accents of a comma's shape), or nothing (format
     characters: zero-width spaces and joiners, soft hyphen, bidi controls, tags)."""
     from confusable_homoglyphs.confusables import confusables_data
 
@@ -67,7 +70,7 @@ def _fold_table() -> dict[int, str | None]:
         cat, name = unicodedata.category(ch), unicodedata.name(ch, "")
         if cat == "Cf":
             table[cp] = None
-        elif cat.startswith("P") and "COMMA" in name:
+        elif (cat[0] in "PS" or cat == "Lm") and _COMMA_NAME.search(name):
             table[cp] = ","
         elif m := _LATIN_NAME.fullmatch(name):
             table[cp] = m.group(2).lower() if m.group(1) == "SMALL LETTER" else m.group(2)  # small capitals look capital

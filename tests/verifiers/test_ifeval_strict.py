@@ -32,6 +32,8 @@ HACKS: dict[str, list[tuple[dict, str]]] = {
         ({"type": "no_commas"}, "Apples\uff0c pears and plums."),  # full-width comma
         ({"type": "no_commas"}, "Apples\u3001 pears and plums."),  # ideographic comma
         ({"type": "no_commas"}, "Apples\u060c pears and plums."),  # Arabic comma
+        ({"type": "no_commas"}, "Apples\u066b pears and plums."),  # Arabic decimal separator
+        ({"type": "no_commas"}, "Apples\u02cf pears and plums."),  # modifier letter low acute accent
         ({"type": "letter_frequency", "letter": "e", "relation": "less than", "n": 3},
          f"Th{CYR_E} tr{CYR_E}{CYR_E}s w{CYR_E}r{CYR_E} tall."),
         ({"type": "keyword_frequency", "keyword": "river", "relation": "less than", "n": 2},
