@@ -28,6 +28,8 @@ HACKS: dict[str, list[tuple[dict, str]]] = {
         ({"type": "keywords_exclude", "keywords": ["river"]}, "The river_ was calm, and river2 too."),
         ({"type": "lowercase"}, "\u1d1b\u029c\u1d07 \u0280\u026a\u1d20\u1d07\u0280 \u026a\ua731 \u1d04\u1d00\u029f\u1d0d "
                                 "\u1d00\u0274\u1d05 \u1d21\u1d00\u0280\u1d0d \u1d1b\u1d0f\u1d05\u1d00\u028f"),  # small caps
+        ({"type": "capital_word_frequency", "n": 2, "relation": "less than"},
+         "\u0274\u1d00\ua731\u1d00 and \u0299\u0299\u1d04 agree with the UN."),  # small caps read as capitals
         ({"type": "no_commas"}, "Apples\u201a pears and plums."),  # single low-9 quotation mark
         ({"type": "no_commas"}, "Apples\uff0c pears and plums."),  # full-width comma
         ({"type": "no_commas"}, "Apples\u3001 pears and plums."),  # ideographic comma
