@@ -162,6 +162,20 @@ def test_a_cheat_that_needs_more_than_its_limit_scores_zero(memory_mode):
     assert r.score == 0 and r.details["sandbox"]["memory"] == memory_mode
 
 
+def test_memory_in_no_address_space_is_refused(memory_mode):
+    # memfd pages are in no address space (RLIMIT_AS) and no size-capped tmpfs
+    r = run_python({"main.py": textwrap.dedent('''
+        import os
+        try:
+            fd = os.memfd_create("hoard")
+            os.write(fd, b"x" * (1 << 20))
+            print("held")
+        except OSError as e:
+            print("refused", e.errno)
+    ''')}, "main.py")
+    assert r.stdout == b"refused 1\n", r.stdout + r.stderr
+
+
 def test_fork_bomb_of_small_processes_stops_at_nproc(memory_mode):
     # each process is tiny (within any per-process limit); their number is what is bounded
     r = run_python({"main.py": textwrap.dedent('''
