@@ -17,7 +17,7 @@ Namespace mode (``sandbox.py`` says what it guarantees), three processes:
   with X's status. When G exits the kernel kills every process left in the namespace;
 - X drops to the unprivileged sandbox uid (which also drops every capability at exec),
   applies the rlimits, sets no_new_privs, installs a seccomp filter refusing memfd_create
-  and execs the program in ``/work``.
+  and shmget and execs the program in ``/work``.
 
 Unsafe mode (no namespaces; the user opted in): rlimits, then the program runs in the
 host's work dir behind an audit hook that only guards against accidents (see sandbox.py).
@@ -45,11 +45,13 @@ LOCKED_FLAGS = ((os.ST_NOSUID, MS_NOSUID), (os.ST_NODEV, MS_NODEV), (os.ST_NOEXE
                 (os.ST_NOATIME, MS_NOATIME), (os.ST_NODIRATIME, MS_NODIRATIME),
                 (os.ST_RELATIME, MS_RELATIME))
 SETUP_FAILED = 125  # exit status when the sandbox could not be built (stderr says why)
-# seccomp: memfd_create is refused. Its pages are in no address space (RLIMIT_AS does not see
-# them) and in no size-capped tmpfs: without a memory cgroup they would escape the limit.
+# seccomp: memfd_create and shmget are refused. Their pages need be in no address space
+# (RLIMIT_AS does not see them: a SysV segment stays after shmdt) and in no size-capped tmpfs:
+# without a memory cgroup they would escape the program's limit.
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO, X32_SYSCALL_BIT = 0x7FFF0000, 0x00050000, 0x40000000
-SECCOMP_ARCH = {"x86_64": (0xC000003E, 319), "aarch64": (0xC00000B7, 279)}  # (AUDIT_ARCH_*, __NR_memfd_create)
+# AUDIT_ARCH_*, then the numbers of memfd_create and shmget
+SECCOMP_ARCH = {"x86_64": (0xC000003E, (319, 29)), "aarch64": (0xC00000B7, (279, 194))}
 
 UNSAFE_BOOT = r"""
 import sys, os
@@ -206,17 +208,18 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
 
 
-def _deny_memfd():
+def _deny_unbounded_memory():
     """A seccomp filter (after no_new_privs; inherited by every child, kept across exec):
-    memfd_create and the x32 syscalls fail with EPERM, everything else is allowed."""
-    arch, memfd = SECCOMP_ARCH.get(platform.machine(), (None, None))
+    memfd_create, shmget and the x32 syscalls fail with EPERM, everything else is allowed."""
+    arch, denied = SECCOMP_ARCH.get(platform.machine(), (None, ()))
     if arch is None:
         raise OSError("seccomp: no syscall numbers known for %s" % platform.machine())
     ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, ...JGE, BPF_RET|BPF_K
-    deny = SECCOMP_RET_ERRNO | 1  # EPERM
-    prog = [(ld, 0, 0, 4), (jeq, 0, 4, arch),  # another ABI: allow (none but x32 shares this arch)
-            (ld, 0, 0, 0), (jge, 1, 0, X32_SYSCALL_BIT), (jeq, 0, 1, memfd),
-            (ret, 0, 0, deny), (ret, 0, 0, SECCOMP_RET_ALLOW)]
+    n = len(denied)  # layout: 0 ld arch, 1 jeq, 2 ld nr, 3 jge, 4.. one jeq each, 4+n deny, 5+n allow
+    prog = [(ld, 0, 0, 4), (jeq, 0, 3 + n, arch),  # another ABI: allow (none but x32 shares this arch)
+            (ld, 0, 0, 0), (jge, n, 0, X32_SYSCALL_BIT)]
+    prog += [(jeq, n - 1 - i, 1 if i == n - 1 else 0, nr) for i, nr in enumerate(denied)]
+    prog += [(ret, 0, 0, SECCOMP_RET_ERRNO | 1), (ret, 0, 0, SECCOMP_RET_ALLOW)]  # EPERM
     filters = (_SockFilter * len(prog))(*[_SockFilter(*ins) for ins in prog])
     fprog = _SockFprog(len(prog), filters)
     _check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp")
@@ -232,7 +235,7 @@ def _exec_program(cfg, argv):
             os.setresgid(ident, ident, ident)
             os.setresuid(ident, ident, ident)
         _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-        _deny_memfd()
+        _deny_unbounded_memory()
         _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")  # after setuid, which clears it
         os.chdir(cfg["workdir"])
         os.closerange(3, 1 << 16)

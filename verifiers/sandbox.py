@@ -26,8 +26,8 @@ as root, or as a user where unprivileged user namespaces are enabled) guarantees
   limit bounds its tasks; otherwise RLIMIT_NPROC (counted in its own user namespace, its
   PID 1 included) bounds the processes and threads and each process gets
   ``memory_mb // nproc`` of address space. ``sandbox_info()`` and each result's
-  ``memory_mode`` say which. ``memfd_create`` is refused (seccomp): its memory is in no
-  address space and no capped tmpfs. Also: CPU seconds per process, file size, open files,
+  ``memory_mode`` say which. ``memfd_create`` and ``shmget`` are refused (seccomp): their
+  memory need be in no address space and no capped tmpfs. Also: CPU seconds per process, file size, open files,
   no core dumps, a wall-clock timeout and stdout/stderr caps, and a scrubbed environment
   (PATH, LANG, HOME=/work: no host secrets).
 - **Private temp dirs**: the sandbox's scratch dir may lie under dirs only the verifier can

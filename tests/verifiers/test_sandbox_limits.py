@@ -163,17 +163,21 @@ def test_a_cheat_that_needs_more_than_its_limit_scores_zero(memory_mode):
 
 
 def test_memory_in_no_address_space_is_refused(memory_mode):
-    # memfd pages are in no address space (RLIMIT_AS) and no size-capped tmpfs
+    # memfd pages and SysV segments (after shmdt) are in no address space (RLIMIT_AS) and no
+    # size-capped tmpfs
     r = run_python({"main.py": textwrap.dedent('''
-        import os
+        import ctypes, os
         try:
             fd = os.memfd_create("hoard")
             os.write(fd, b"x" * (1 << 20))
-            print("held")
+            print("memfd held")
         except OSError as e:
-            print("refused", e.errno)
+            print("memfd refused", e.errno)
+        libc = ctypes.CDLL(None, use_errno=True)
+        shmid = libc.shmget(0, 1 << 20, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600
+        print("shm held" if shmid >= 0 else "shm refused %d" % ctypes.get_errno())
     ''')}, "main.py")
-    assert r.stdout == b"refused 1\n", r.stdout + r.stderr
+    assert r.stdout == b"memfd refused 1\nshm refused 1\n", r.stdout + r.stderr
 
 
 def test_fork_bomb_of_small_processes_stops_at_nproc(memory_mode):
