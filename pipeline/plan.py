@@ -34,6 +34,8 @@ def result_config(model: BaseModel) -> Any:
         extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
         if extra.get("cosmetic") or (isinstance(model, StageConfig) and name in _EXECUTION_KEYS):
             continue
+        if extra.get("hash_unless_default") and getattr(model, name) == field.default:
+            continue
         out[name] = _result_value(getattr(model, name))
     return out
 

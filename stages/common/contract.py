@@ -55,6 +55,15 @@ def cosmetic(default: Any = None, **kw: Any) -> Any:
     return Field(default, json_schema_extra=extra, **kw)
 
 
+def added_later(default: Any = None, **kw: Any) -> Any:
+    """A field added to an existing kind whose default keeps the old behaviour: at its default
+    it stays out of the stage hash (configs written before it keep their hashes); set to
+    anything else, it is hashed like every field."""
+    extra = dict(kw.pop("json_schema_extra", None) or {})
+    extra["hash_unless_default"] = True
+    return Field(default, json_schema_extra=extra, **kw)
+
+
 class Strict(BaseModel):
     """Every recipe model rejects unknown keys: a typo must not be silently ignored."""
 

@@ -41,7 +41,9 @@ import torch
 
 from stages.common.fused_loss import chunks_for, token_logprobs
 from stages.common.packed_attention import sdpa_without_cudnn
+from stages.rl.engines.routes import decode_routes
 from stages.rl.loss import STAT_KEYS, LossConfig, MismatchStats, policy_loss
+from stages.rl.routing import ROUTING_KEYS, RouterReplay, routing_metrics
 
 
 class Backend(Protocol):
@@ -142,6 +144,7 @@ class MicroBatch:
     advantages: torch.Tensor     # [B]
     stale: torch.Tensor          # [B, R] bool, sampled by an older policy than theta_old
     dummy: bool = False
+    routes: torch.Tensor | None = None  # [B, T, MoE layers, k] the engine's experts, -1 = none (routing.py)
 
 
 def collate(samples: Sequence[Any], version: int, pad_id: int, device: torch.device) -> MicroBatch:
@@ -177,8 +180,27 @@ def collate(samples: Sequence[Any], version: int, pad_id: int, device: torch.dev
     adv = torch.tensor([float(s.advantage) for s in samples], dtype=torch.float32)
     if dummy:
         mask.zero_()
+    routes = None if dummy else collate_routes(samples, T)
     return MicroBatch(ids.to(device), att.to(device), pos.to(device), tgt.to(device), mask.to(device),
-                      inf.to(device), adv.to(device), stale.to(device), dummy)
+                      inf.to(device), adv.to(device), stale.to(device), dummy,
+                      None if routes is None else routes.to(device))
+
+
+def collate_routes(samples: Sequence[Any], width: int) -> torch.Tensor | None:
+    """The rollouts' recorded MoE routes as [B, width, layers, k] (-1 where none), or None when
+    no rollout has any (a dense policy, an engine that does not record them)."""
+    decoded = [decode_routes(r) if (r := getattr(s, "routes", None)) is not None else None for s in samples]
+    shapes = {a.shape[1:] for a in decoded if a is not None}
+    if not shapes:
+        return None
+    if len(shapes) > 1:
+        raise ValueError(f"rollouts of one batch recorded routes of different shapes {sorted(shapes)}")
+    out = torch.full((len(samples), width, *shapes.pop()), -1, dtype=torch.long)
+    for b, a in enumerate(decoded):
+        if a is not None:
+            n = min(len(a), width)
+            out[b, :n] = torch.from_numpy(a[:n].astype("int64"))
+    return out
 
 
 # -- log-probs -----------------------------------------------------------------------------------
@@ -263,10 +285,24 @@ class PolicyHead(torch.nn.Module):
 
 # -- the update ----------------------------------------------------------------------------------
 class Learner:
-    def __init__(self, backend: Backend, cfg: LearnerConfig, ref_model: torch.nn.Module | None = None):
+    """`routing`: hooks on the policy's MoE routers (routing.py): the engine's expert choices are
+    compared with the trainer's in the theta_old pass, and replayed in both passes when
+    `routing.replay`; None = the policy routes by itself, nothing measured."""
+
+    def __init__(self, backend: Backend, cfg: LearnerConfig, ref_model: torch.nn.Module | None = None,
+                 routing: RouterReplay | None = None):
         if cfg.loss.kl_coef > 0 and ref_model is None:
             raise ValueError("kl_coef > 0 needs a reference model")
         self.backend, self.cfg, self.ref_model = backend, cfg, ref_model
+        self.routing = routing
+
+    def _routed(self, mb: "MicroBatch", measure: bool):
+        """Within: the policy's routers see `mb`'s recorded routes (to measure or to replay)."""
+        from contextlib import nullcontext
+
+        if self.routing is None or (not measure and not self.routing.replay):
+            return nullcontext()
+        return self.routing.using(mb.routes, measure)
 
     def _split_updates(self, n: int, version: int) -> list[list[int]]:
         idx = list(range(n))
@@ -282,6 +318,36 @@ class Learner:
         plans are built per shape, and micro batches change shape every step."""
         with sdpa_without_cudnn():
             return self._train(samples, version)
+
+    def _micro_loss(self, lp: torch.Tensor, mb: MicroBatch, old: list[torch.Tensor],
+                    ref: list[torch.Tensor] | None, n_seqs: int, sums: dict[str, float]) -> torch.Tensor:
+        """The micro batch's loss (0 for a dummy one); its statistics added to `sums`."""
+        if mb.dummy:
+            return lp.sum() * 0.0
+        out = policy_loss(lp, _stack(old, lp.shape), mb.infer_logp, mb.advantages, mb.mask, self.cfg.loss,
+                          num_sequences=n_seqs, ref_logp=_stack(ref, lp.shape) if ref else None)
+        for key, value in (("pg_loss", out.pg_loss), ("kl", out.kl), ("loss", float(out.loss.detach())),
+                           ("clipped", out.clipped_tokens), ("kept", out.kept_tokens), ("tokens", out.tokens)):
+            sums[key] += value
+        return out.loss
+
+    def _reduce(self, stats: MismatchStats, sums: dict[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+        """The step's mismatch / routing metrics and the summed `sums`, reduced over ranks."""
+        be = self.backend
+        routing = self.routing.take_counts() if self.routing is not None else dict.fromkeys(ROUTING_KEYS, 0.0)
+        keys = list(STAT_KEYS) + list(sums) + list(ROUTING_KEYS)
+        vec = torch.tensor([stats.sums[k] if k in stats.sums else 0.0 for k in STAT_KEYS] + [sums[k] for k in sums]
+                           + [routing[k] for k in ROUTING_KEYS], dtype=torch.float64, device=be.device)
+        mx = torch.tensor([stats.sums["abs_log_k_max"]], dtype=torch.float64, device=be.device)
+        hist = be.all_reduce(torch.tensor(stats.hist, dtype=torch.float64, device=be.device), "sum")
+        vec = be.all_reduce(vec, "sum")
+        mx = be.all_reduce(mx, "max")
+        red = dict(zip(keys, vec.tolist()))
+        merged = MismatchStats({k: red[k] for k in STAT_KEYS}, hist.tolist())
+        merged.sums["abs_log_k_max"] = float(mx[0])
+        out = merged.finalize()
+        out.update(routing_metrics({k: red[k] for k in ROUTING_KEYS}))
+        return out, red
 
     def _train(self, samples: Sequence[Any], version: int) -> dict[str, float]:
         be, cfg = self.backend, self.cfg
@@ -314,7 +380,8 @@ class Learner:
             for _, mbs, calls in updates:
                 for mb_idx, n_calls in zip(mbs, calls):
                     mb = collate([samples[i] for i in mb_idx], version, cfg.pad_id, be.device)
-                    lp, ent = be.forward(mb, cfg.temperature, cfg.logit_chunk, True, n_calls)
+                    with self._routed(mb, measure=True):
+                        lp, ent = be.forward(mb, cfg.temperature, cfg.logit_chunk, True, n_calls)
                     if ref_head is not None:
                         rlp, _ = ref_head(mb.input_ids, mb.attention_mask, mb.resp_pos, mb.targets, cfg.temperature,
                                           cfg.logit_chunk, False, n_calls)
@@ -335,37 +402,17 @@ class Learner:
             for n_seqs, mbs, calls in updates:
                 for j, mb_idx in enumerate(mbs):
                     mb = collate([samples[i] for i in mb_idx], version, cfg.pad_id, be.device)
-                    lp, _ = be.forward(mb, cfg.temperature, cfg.logit_chunk, False, calls[j])
-                    if mb.dummy:
-                        loss = lp.sum() * 0.0
-                    else:
-                        old_lp = _stack([old[i] for i in mb_idx], lp.shape)
-                        ref_lp = _stack([ref_lps[i] for i in mb_idx], lp.shape) if ref_lps else None
-                        out = policy_loss(lp, old_lp, mb.infer_logp, mb.advantages, mb.mask, cfg.loss,
-                                          num_sequences=n_seqs, ref_logp=ref_lp)
-                        loss = out.loss
-                        sums["pg_loss"] += out.pg_loss
-                        sums["kl"] += out.kl
-                        sums["loss"] += float(out.loss.detach())
-                        sums["clipped"] += out.clipped_tokens
-                        sums["kept"] += out.kept_tokens
-                        sums["tokens"] += out.tokens
-                    be.backward(loss * be.world_size, boundary=(j == len(mbs) - 1))
+                    # the routes stay set through the backward: gradient checkpointing re-runs the routers
+                    with self._routed(mb, measure=False):
+                        lp, _ = be.forward(mb, cfg.temperature, cfg.logit_chunk, False, calls[j])
+                        loss = self._micro_loss(lp, mb, [old[i] for i in mb_idx],
+                                                [ref_lps[i] for i in mb_idx] if ref_lps else None, n_seqs, sums)
+                        be.backward(loss * be.world_size, boundary=(j == len(mbs) - 1))
                 grad_norms.append(be.step())
         t_update = time.perf_counter() - t0
 
-        # reduce over ranks
-        keys = list(STAT_KEYS) + list(sums)
-        vec = torch.tensor([stats.sums[k] if k in stats.sums else 0.0 for k in STAT_KEYS] + [sums[k] for k in sums],
-                           dtype=torch.float64, device=be.device)
-        mx = torch.tensor([stats.sums["abs_log_k_max"]], dtype=torch.float64, device=be.device)
-        vec = be.all_reduce(vec, "sum")
-        mx = be.all_reduce(mx, "max")
-        red = dict(zip(keys, vec.tolist()))
-        merged = MismatchStats({k: red[k] for k in STAT_KEYS})
-        merged.sums["abs_log_k_max"] = float(mx[0])
+        out, red = self._reduce(stats, sums)
         n_updates = cfg.ppo_epochs * len(updates)
-        out = merged.finalize()
         out.update({
             "loss": red["loss"] / n_updates,
             "pg_loss": red["pg_loss"] / n_updates,

@@ -163,6 +163,39 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, infer_logp: torch.Te
 # -- diagnostics of the train-inference mismatch ------------------------------------------------
 STAT_KEYS = ("tokens", "masked", "abs_log_k_sum", "mismatch_kl_sum", "entropy_sum", "entropy_masked_sum",
              "stale_tokens", "stale_masked", "abs_log_k_max")
+# |log k| quantiles come from a histogram of log10 |log k| with fixed bins, so micro-batches and
+# ranks add up (a sum per bin) and no token's value is kept: bin 0 holds |log k| < 1e-9 (0
+# included: fp32 engines often agree exactly), then HIST_PER_DECADE bins per decade up to
+# 1e2, the last bin everything above. A quantile is read as its bin's geometric middle: within
+# 10^(0.5/HIST_PER_DECADE) (6%) of the exact value.
+HIST_LOW_DECADE, HIST_HIGH_DECADE, HIST_PER_DECADE = -9, 2, 20
+HIST_BINS = (HIST_HIGH_DECADE - HIST_LOW_DECADE) * HIST_PER_DECADE + 2
+QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99, "p999": 0.999}
+
+
+def abs_log_k_histogram(abs_log_k: torch.Tensor) -> torch.Tensor:
+    """Counts per bin (float64, [HIST_BINS]) of a 1-D tensor of |log k| values."""
+    x = abs_log_k.detach().double().flatten()
+    pos = torch.floor((torch.log10(x.clamp(min=1e-300)) - HIST_LOW_DECADE) * HIST_PER_DECADE) + 1
+    idx = torch.where(x < 10.0 ** HIST_LOW_DECADE, torch.zeros_like(pos), pos.clamp(1, HIST_BINS - 1))
+    return torch.zeros(HIST_BINS, dtype=torch.float64, device=x.device).index_add_(
+        0, idx.long(), torch.ones_like(x))
+
+
+def histogram_quantile(hist: torch.Tensor | list[float], q: float) -> float:
+    """The q-quantile of the values counted in `hist` (bin middle; 0 in the bottom bin)."""
+    counts = [float(c) for c in hist]
+    total = sum(counts)
+    if total <= 0:
+        return float("nan")
+    need, run = q * total, 0.0
+    for i, c in enumerate(counts):
+        run += c
+        if run >= need and c > 0:
+            if i == 0:
+                return 0.0
+            return 10.0 ** (HIST_LOW_DECADE + (min(i, HIST_BINS - 2) - 0.5) / HIST_PER_DECADE)
+    return 10.0 ** HIST_HIGH_DECADE
 
 
 @dataclass
@@ -175,6 +208,7 @@ class MismatchStats:
     are the ones sampled by an older policy than theta_old (C3PO++ carry-over)."""
 
     sums: dict[str, float] = field(default_factory=lambda: {k: 0.0 for k in STAT_KEYS})
+    hist: list[float] = field(default_factory=lambda: [0.0] * HIST_BINS)  # of |log k|, see HIST_*
 
     def add(self, old_logp: torch.Tensor, infer_logp: torch.Tensor, mask: torch.Tensor, cfg: LossConfig,
             entropy: torch.Tensor | None = None, stale: torch.Tensor | None = None) -> None:
@@ -190,6 +224,8 @@ class MismatchStats:
                 s["abs_log_k_sum"] += float(lk.abs().sum())
                 s["abs_log_k_max"] = max(s["abs_log_k_max"], float(lk.abs().max()))
                 s["mismatch_kl_sum"] += float((lk.exp() - 1.0 - lk).sum())
+                self.hist = (torch.tensor(self.hist, dtype=torch.float64)
+                             + abs_log_k_histogram(lk.abs()).cpu()).tolist()
             if entropy is not None:
                 s["entropy_sum"] += float(entropy.double()[m].sum())
                 s["entropy_masked_sum"] += float(entropy.double()[outside].sum())
@@ -201,6 +237,7 @@ class MismatchStats:
     def merge(self, other: "MismatchStats") -> None:
         for k, v in other.sums.items():
             self.sums[k] = max(self.sums[k], v) if k == "abs_log_k_max" else self.sums[k] + v
+        self.hist = [a + b for a, b in zip(self.hist, other.hist)]
 
     def finalize(self) -> dict[str, float]:
         s = self.sums
@@ -213,6 +250,8 @@ class MismatchStats:
             "entropy_all": s["entropy_sum"] / t,
             "stale_token_fraction": s["stale_tokens"] / t,
         }
+        if s["tokens"] > 0:
+            out.update({f"abs_log_k_{name}": histogram_quantile(self.hist, q) for name, q in QUANTILES.items()})
         if s["masked"] > 0:
             out["entropy_masked"] = s["entropy_masked_sum"] / s["masked"]
         if s["stale_tokens"] > 0:

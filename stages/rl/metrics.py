@@ -3,8 +3,9 @@ sample rollouts logged as text, the stage summary built from the metric history,
 section each step metric has in MLflow (`mlflow_name`).
 
 The step metrics keep one flat name each in the stage log, metrics.jsonl and the code that
-reads them (benchmarks, tests); only MLflow sees them grouped (`reward/`, `icepop/`, `loss/`,
-`rollout/`, `perf/`), because MLflow draws one section per prefix and a flat list of ~60 RL
+reads them (benchmarks, tests); only MLflow sees them grouped (`reward/`, `icepop/` (the
+train-inference mismatch: masked fraction, mismatch KL, |log k| mean / max / quantiles),
+`routing/` (MoE: the engine's expert choices against the trainer's), `loss/`, `rollout/`, `perf/`), because MLflow draws one section per prefix and a flat list of ~60 RL
 curves hides the ones an operator looks for (IcePop's mask ratio, the reward)."""
 from __future__ import annotations
 
@@ -30,13 +31,15 @@ _RENAMED = {"reward_mean": "reward/mean", "loss": "loss/total", "pg_loss": "loss
 _GROUP_OF = {
     **{n: "reward" for n in ("zero_advantage_fraction",)},
     **{n: "icepop" for n in ("masked_fraction", "masked_fraction_fresh", "masked_fraction_stale", "mismatch_kl",
-                             "abs_log_k_mean", "abs_log_k_max", "kept_fraction", "stale_token_fraction")},
+                             "abs_log_k_mean", "abs_log_k_max", "kept_fraction", "stale_token_fraction",
+                             "abs_log_k_p50", "abs_log_k_p90", "abs_log_k_p99", "abs_log_k_p999")},
+    **{n: "routing" for n in ("expert_disagreement", "expert_miss_fraction")},
     **{n: "loss" for n in ("kl_ref", "clip_fraction", "grad_norm", "optimizer_steps")},
 }
 # flat prefixes of per-domain / per-part metrics -> their MLflow prefix
 _PREFIXES = {"reward_mean/": "reward/mean/", "reward_part/": "reward/part/",
              "reward_part_rate/": "reward/part_rate/", "reward_mean_source/": "reward/mean_source/"}
-GROUPED_ALREADY = ("reward/", "icepop/", "loss/", "rollout/", "perf/", "monitor/", "reasoning_eval/")
+GROUPED_ALREADY = ("reward/", "icepop/", "loss/", "rollout/", "perf/", "monitor/", "reasoning_eval/", "routing/")
 
 
 def mlflow_name(name: str) -> str:
@@ -86,6 +89,8 @@ def summarize(history: list[dict[str, float]], sched_totals: dict[str, int], ext
         "reward_last": history[-1]["reward_mean"] if history else None,
         "masked_fraction_mean": mean("masked_fraction"),
         "mismatch_kl_mean": mean("mismatch_kl"),
+        "abs_log_k_p99_mean": mean("abs_log_k_p99"),
+        "expert_disagreement_mean": mean("expert_disagreement"),
         "weight_sync_seconds_mean": mean("weight_sync_seconds"),
         "rollout_seconds_mean": mean("rollout_seconds"),
         "train_seconds_mean": mean("train_seconds"),

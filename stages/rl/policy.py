@@ -12,11 +12,14 @@ import torch
 import torch.distributed as dist
 
 from stages.common.compile_layers import compile_decoder_layers
+from stages.common.contract import StageError
 from stages.common.deepspeed_setup import ds_config, initialize
 from stages.common.distributed import Ranks
 from stages.common.hf_io import load_causal_lm
 from stages.rl.learner import Learner, LearnerConfig, PolicyHead, freeze_parameters
 from stages.rl.loss import LossConfig
+from stages.rl.routing import RouterReplay, moe_routers
+from stages.rl.settings import ROUTE_RECORDING_ENGINES
 from stages.rl.settings import RLConfig
 
 
@@ -99,5 +102,18 @@ def build_policy(cfg: RLConfig, model_dir: Path, ranks: Ranks, precision: str, p
                       LearnerConfig(loss=loss_cfg, pad_id=pad_id, temperature=cfg.temperature,
                                     micro_batch_tokens=cfg.micro_tokens, updates_per_batch=cfg.updates_per_batch,
                                     ppo_epochs=cfg.ppo_epochs, logit_chunk=cfg.logit_chunk),
-                      ref_model=ref_model)
+                      ref_model=ref_model, routing=router_hooks(cfg, model))
     return Policy(ds_engine, learner, frozen)
+
+
+def router_hooks(cfg: RLConfig, model: torch.nn.Module) -> RouterReplay | None:
+    """A MoE policy whose engine records routes gets the learner's router hooks (routing.py):
+    the expert-choice disagreement is measured in every such run, replayed when
+    `routing_replay` (settings.py refuses it with an engine that records none). A policy the
+    hooks cannot replay (no MoE block, a router without a replay rule) is a StageError."""
+    if not cfg.routing_replay and (cfg.rollout.engine not in ROUTE_RECORDING_ENGINES or not moe_routers(model)):
+        return None
+    try:
+        return RouterReplay(model, replay=cfg.routing_replay)
+    except ValueError as e:
+        raise StageError(f"{cfg.model}: {e}") from None

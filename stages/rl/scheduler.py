@@ -93,6 +93,7 @@ from typing import Any, Callable, Sequence
 from stages.common.groups import SOLO
 from stages.common.groups import Group as EngineGroup
 from stages.rl.engines.protocol import RolloutEngine, RolloutRequest, SamplingParams
+from stages.rl.engines.routes import Routes, encode_routes
 from stages.rl.loss import group_advantages
 from stages.rl.prompt_sampler import PromptSampler
 
@@ -113,6 +114,9 @@ class Rollout:
     retention: int = 0  # partitions it lived through unfinished
     finished: bool = False
     finish_reason: str | None = None
+    # the engine's MoE routes of prompt + response (engines/routes.py), from its latest encoding
+    # (a carried-over rollout is re-encoded by the next policy; stages/rl/routing.py)
+    routes: Routes | None = None
 
     def token_versions(self) -> list[int]:
         out: list[int] = []
@@ -162,6 +166,7 @@ class TrainSample:
     finish_reason: str | None
     reward_reason: str = ""
     response_text: str = ""
+    routes: Routes | None = None  # as Rollout.routes
 
     def token_versions(self) -> list[int]:
         return Rollout(self.uid, self.group_id, self.row_index, self.prompt_ids, len(self.response_ids),
@@ -294,6 +299,7 @@ class _Scheduler:
                     r.segments.append([len(r.token_ids), version])
                 r.token_ids.extend(int(t) for t in u.token_ids)
                 r.logprobs.extend(float(x) for x in u.logprobs)
+                r.routes = encode_routes(u.routes) if getattr(u, "routes", None) is not None else None
             if len(r.token_ids) > r.max_new_tokens:
                 raise RuntimeError(f"engine generated {len(r.token_ids)} tokens for {r.uid}, "
                                    f"over its max_new_tokens {r.max_new_tokens}")
@@ -376,7 +382,7 @@ class _Scheduler:
                     uid=r.uid, group_id=group_id, row_index=r.row_index, domain=str(row.get("domain")),
                     prompt_ids=r.prompt_ids, response_ids=r.token_ids, infer_logprobs=r.logprobs,
                     segments=r.segments, advantage=adv, reward=float(rw.score), finish_reason=r.finish_reason,
-                    reward_reason=str(getattr(rw, "reason", "")), response_text=text))
+                    reward_reason=str(getattr(rw, "reason", "")), response_text=text, routes=r.routes))
         self.totals["groups_trained"] += len(trained)
         totals = {k: sum(part[3][k] for part in parts) + (len(trained) if k == "groups_trained" else 0)
                   for k in TOTALS}

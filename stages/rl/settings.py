@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from stages.common.compile_layers import check_zero_stage, compile_layers_field
-from stages.common.contract import StageConfig, Strict, cosmetic
+from stages.common.contract import StageConfig, Strict, added_later, cosmetic
 from stages.common.hf_io import trust_remote_code_field
 from stages.common.kind_metrics import Curve, KindMetrics
 
@@ -24,6 +24,8 @@ from stages.common.kind_metrics import Curve, KindMetrics
 # softmax(logits / T), whatever top_p / top_k do to the sampling (each engine class declares
 # `reports_untruncated_logprobs`; tests/stages/rl/test_settings.py keeps the two in step)
 UNTRUNCATED_LOGPROB_ENGINES = ("torch",)
+# engines that record each token's MoE routes (RolloutUpdate.routes): what routing_replay needs
+ROUTE_RECORDING_ENGINES = ("torch",)
 # engines that can sleep only when built for it, and the option (rollout.options) that builds
 # them so: without it a colocated engine fails at its first sleep, after a whole rollout phase
 SLEEP_OPTION = {"vllm": "enable_sleep_mode"}
@@ -62,7 +64,10 @@ class RolloutSettings(Strict):
         "train; unset: colocated, every rank generates and trains"))
     device: Device = Field("auto", description="cpu | cuda:N | auto (each engine rank's own device: "
                                                  "its GPU, cpu on CPU ranks); cuda:N only with one engine")
-    dtype: str = Field("auto", description="engine weights dtype (auto = bf16 on GPU, fp32 on CPU)")
+    dtype: str = Field("auto", description=(
+        "engine weights dtype (auto = bf16 on GPU, fp32 on CPU); fp8: FP8 (e4m3) rollouts, the linear "
+        "layers' weights scaled e4m3 and their matmuls in FP8 (torch: a GPU of compute capability 8.9+, "
+        "rollout.options fp8_scaling: tensor | row; vllm: its quantization='fp8')"))
     max_batch: int = Field(64, ge=1, description="sequences the engine decodes at once")
     sleep: Literal["none", "cache", "weights"] = Field("cache", description=(
         "colocated: what each engine releases while its rank trains: none, its KV cache (and "
@@ -135,6 +140,10 @@ class RLConfig(StageConfig):
     zero_stage: Literal[0, 1, 2, 3] = 2
     precision: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto = bf16 on GPU, fp32 on CPU")
     seed: int = 0
+    routing_replay: bool = added_later(False, description=(
+        "MoE policies: the learner routes each token to the experts the rollout engine chose for it "
+        "(R3; stages/rl/routing.py), in the theta_old pass and the update; needs rollout.engine torch "
+        "and a router type with a replay rule (ring_moe)"))
     frozen_param_patterns: list[str] = Field(
         ["*.gate.e_score_correction_bias", "*expert_bias*"],
         description="fnmatch patterns of parameter names kept fixed (MoE router bias)")
@@ -166,6 +175,9 @@ class RLConfig(StageConfig):
                              f"({self.rollouts_per_prompt})")
         check_zero_stage(self.compile_layers, self.zero_stage)
         self._check_truncated_sampling()
+        if self.routing_replay and self.rollout.engine not in ROUTE_RECORDING_ENGINES:
+            raise ValueError(f"routing_replay: true needs an engine that records the experts it routed to "
+                             f"({', '.join(ROUTE_RECORDING_ENGINES)}); rollout.engine is {self.rollout.engine!r}")
         return self
 
     def _check_truncated_sampling(self) -> None:
@@ -204,6 +216,7 @@ def rl_metrics(*extra_headline: Curve) -> KindMetrics:
         curves=(reward,
                 Curve("icepop/masked_fraction", ("masked_fraction",)),
                 Curve("icepop/mismatch_kl", ("mismatch_kl",)),
+                Curve("icepop/abs_log_k_p99", ("abs_log_k_p99",)),
                 Curve("loss/pg", ("pg_loss",)),
                 Curve("loss/grad_norm", ("grad_norm",)),
                 Curve("rollout/response_len_mean", ("response_len_mean",)),

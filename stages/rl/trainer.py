@@ -19,7 +19,8 @@ The loop, one optimizer update (x `updates_per_batch`) per step:
 3. the update on the trainer ranks (learner.py): pi_train(theta_old) once, then the
    IcePop / TIS / GRPO loss;
 4. the engines wake and the new weights are pushed to them (NCCL, no files), timed;
-5. rank 0 logs the step's metrics (metrics.py, the reward's own `spec.step_metrics`: rollout
+5. rank 0 logs the step's metrics (metrics.py; a jump of the train-inference mismatch prints a
+   warning, mismatch_monitor.py; the reward's own `spec.step_metrics`: rollout
    tokens/s, step time, weight-sync time, engine idle fraction, ...) and a few sample
    rollouts to MLflow;
 6. every `checkpoint_every` steps and at the end, a checkpoint.
@@ -50,6 +51,7 @@ from stages.common.stage_log import info
 from stages.common.training_job import start_training_job
 from stages.rl.decoding import make_decoder
 from stages.rl.metrics import batch_metrics, mlflow_name, sample_text, summarize
+from stages.rl.mismatch_monitor import mismatch_warnings
 from stages.rl.placement import Placement
 from stages.rl.policy import build_policy
 from stages.rl.rollouts import DataParallelRollouts
@@ -148,6 +150,8 @@ class RLTrainer:
         # share of the step the engines are not generating (mean over engines)
         m["engine_idle_fraction"] = 1.0 - m["generate_seconds_mean"] / m["step_seconds"]
         m["policy_version"] = float(version + 1)
+        for w in mismatch_warnings(self.progress.history, m):
+            info(f"{self.spec.name}: warning: mismatch monitor: step {step + 1}: {w}")
         self.progress.history.append(m)
         self.log.metrics(step + 1, m, mlflow_name=mlflow_name)
         if self.cfg.sample_rollouts:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Literal, Protocol
+from typing import Any, Callable, Iterable, Literal, Protocol
 
 import torch
 
@@ -55,6 +55,10 @@ class RolloutUpdate:
     logprobs: list[float]
     finished: bool
     finish_reason: Literal["eos", "length"] | None = None
+    # MoE engines that record routing (torch): the experts each MoE layer chose at every position
+    # of prompt + all generated tokens the engine fed through the model in this call, a numpy
+    # int16 array [positions, MoE layers, k] (-1 = none); None otherwise (routes.py, ../routing.py)
+    routes: Any = None
 
 
 class RolloutEngine(Protocol):

@@ -64,7 +64,8 @@ from .compiled_step import DEFAULT_MAX_COMPILES, CompiledDecode
 from .cuda_graphs import DecodeGraphs
 from .fused_linear import FusedLinear, pack_dense_mlp
 from .kv_cache import KVCache, pow2_at_least
-from .moe import feed_forward
+from .moe import MoEFeedForward, feed_forward
+from .route_log import RouteLog
 from .sampling import SamplingMode, sample
 from .structure import check_structure
 
@@ -147,7 +148,7 @@ class TorchEngine(SyncTiming):
                  decode_attention: str = "auto", refill_min_free: int | None = None,
                  compile: bool = False, compile_max_shapes: int = DEFAULT_MAX_COMPILES,
                  compile_mode: str = "default",
-                 pack_projections: bool = True, trust_remote_code: bool = False):
+                 pack_projections: bool = True, trust_remote_code: bool = False, record_routes: bool = True):
         path = Path(model_dir)
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"torch engine: {model_dir} is not a Hugging Face model "
@@ -223,8 +224,11 @@ class TorchEngine(SyncTiming):
         self.refill_min_free = max(1, self.max_batch // 8) if refill_min_free is None else int(refill_min_free)
         if self.refill_min_free < 1:
             raise ValueError(f"torch engine: refill_min_free must be >= 1, got {refill_min_free}")
+        self.moe_ffns = [m for m in self.mlps if isinstance(m, MoEFeedForward)]
+        record_routes = record_routes and bool(self.moe_ffns) and all(m.top_k > 0 for m in self.moe_ffns)
         self.cache = KVCache(len(self.layers), self.n_kv, self.head_dim, self.vocab, self.dtype, self.device,
-                             self.max_len, self.static_shapes, on_realloc=self.graphs.clear)
+                             self.max_len, self.static_shapes, on_realloc=self.graphs.clear,
+                             route_shape=(len(self.moe_ffns), self.moe_ffns[0].top_k) if record_routes else None)
 
         # name -> parameter, tied names included (lm_head.weight is embed_tokens.weight)
         self._params = dict(self.model.named_parameters(remove_duplicate=False))
@@ -414,6 +418,7 @@ class TorchEngine(SyncTiming):
         self._calls += 1
         self._gen.manual_seed(int(call_seed) & 0x7FFF_FFFF_FFFF_FFFF)
         calls = _CallLog(requests, self.eos_token_ids, finished_token_budget)
+        routes = RouteLog(self.moe_ffns, len(requests)) if self.cache.route_shape else None
         stats = {"prefill_tokens": 0, "prefill_padded_tokens": 0, "prefills": 0, "prefill_seconds": 0.0,
                  "decode_steps": 0, "decode_row_steps": 0}
 
@@ -460,7 +465,11 @@ class TorchEngine(SyncTiming):
                     stats["prefill_padded_tokens"] += len(seqs) * max(len(q) for q in seqs)
                     stats["prefills"] += 1
                     t_prefill = time.perf_counter()
+                    width = max(len(q) for q in seqs)
+                    sinks = routes.start_prefill(len(seqs) * width) if routes else None
                     out = self._prefill(slots.tolist(), seqs, mode).cpu().numpy()  # .cpu(): synced
+                    if routes:
+                        routes.end_prefill(sinks, reqs, [len(q) for q in seqs], width)
                     stats["prefill_seconds"] += time.perf_counter() - t_prefill
                     keep = ~calls.record(reqs, out)
                     if keep.any():
@@ -487,8 +496,12 @@ class TorchEngine(SyncTiming):
             nb = c.bucket_rows(hi)
             kv_need = int(slot_pos[busy].max()) + 1
             c.grow(kv_need)
+            if routes:
+                routes.point_decode(c.routes)
             self._decode(nb, c.bucket_len(kv_need), mode)
             out = c.out[:hi].cpu().numpy()
+            if routes:
+                routes.record_step(slot_req[busy], slot_pos[busy], c.routes[:hi].cpu().numpy()[busy])
             stats["decode_steps"] += 1
             stats["decode_row_steps"] += nb
             fin = calls.record(slot_req[busy], out[busy])
@@ -502,7 +515,12 @@ class TorchEngine(SyncTiming):
         stats["new_tokens"] = int(calls.count.sum())
         stats["seconds"] = time.perf_counter() - t0
         self.last_stats = stats
-        return calls.updates(requests)
+        updates = calls.updates(requests)
+        if routes:
+            routes.end_decode()
+            for i, (r, u) in enumerate(zip(requests, updates)):
+                u.routes = routes.routes(i, len(r.prompt_ids) + len(r.generated_ids) + len(u.token_ids) - 1)
+        return updates
 
     def _chunks(self, new: list[tuple[int, int]], requests: list[RolloutRequest]):
         """Split prefills so that one forward holds at most ~prefill_chunk_tokens padded tokens."""

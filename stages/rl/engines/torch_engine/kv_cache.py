@@ -24,7 +24,10 @@ def pow2_at_least(n: int, floor: int = 1) -> int:
 
 class KVCache:
     def __init__(self, n_layers: int, n_kv: int, head_dim: int, vocab: int, dtype: torch.dtype,
-                 device: torch.device, max_len: int, static_shapes: bool, on_realloc: Callable[[], None]):
+                 device: torch.device, max_len: int, static_shapes: bool, on_realloc: Callable[[], None],
+                 route_shape: tuple[int, int] | None = None):
+        self.route_shape = route_shape  # (MoE layers, k): a routes row per slot (route_log.py)
+        self.routes: torch.Tensor | None = None
         self.n_layers, self.n_kv, self.head_dim, self.vocab = n_layers, n_kv, head_dim, vocab
         self.dtype, self.device, self.max_len, self.static_shapes = dtype, device, max_len, static_shapes
         self.on_realloc = on_realloc
@@ -64,6 +67,8 @@ class KVCache:
         self.pos_in = torch.zeros(b, dtype=torch.long, device=dev)
         self.noise = torch.ones(b, self.vocab, dtype=torch.float32, device=dev)
         self.out = torch.zeros(b, 2, dtype=torch.float64, device=dev)  # (token, logprob)
+        if self.route_shape is not None:  # the experts each MoE layer chose for a row's input token
+            self.routes = torch.full((b, *self.route_shape), -1, dtype=torch.long, device=dev)
         self.positions = torch.arange(cap, device=dev)
         self.row_ids = torch.arange(b, device=dev)  # index tensors of the decode step's cache write
         self.head_ids = torch.arange(self.n_kv, device=dev)

@@ -81,6 +81,10 @@ class MoEFeedForward:
         self.shared_gate = getattr(block, "shared_expert_gate", None)
         self.num_experts, self.hidden, self.ff = E, d, two_ff // 2
         self.gated = getattr(experts, "_apply_gate", None)
+        self.top_k = int(getattr(block.gate, "top_k", 0) or getattr(block, "top_k", 0) or 0)
+        self.device = experts.gate_up_proj.device
+        # where the router's top-k index is copied when set (route_log.py: routing replay)
+        self.sink: torch.Tensor | None = None
 
     @property
     def grouped(self) -> bool:
@@ -93,6 +97,8 @@ class MoEFeedForward:
         shape = h.shape
         x = h.reshape(-1, self.hidden)
         _, weights, index = self.router(x)
+        if self.sink is not None:
+            self.sink[:index.shape[0]].copy_(index)
         y = routed_experts(self, x, index, weights)
         if self.shared is not None:
             s = self.shared(x)
