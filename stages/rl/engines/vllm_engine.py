@@ -137,7 +137,9 @@ class VllmEngine(SyncTiming):
         self.max_len, self.seed = int(max_len), int(seed)
         self.eos_token_ids = (list(eos_token_ids) if eos_token_ids is not None
                               else eos_token_ids_of(model_dir, trust_remote_code=trust_remote_code))
-        kwargs = dict(model=model_dir, dtype="bfloat16" if dtype == "auto" else dtype, seed=seed,
+        # fp8: vLLM's own FP8 rollouts (weights quantised to e4m3 at load, FP8 GEMMs), bf16 around them
+        fp8 = {"quantization": "fp8"} if dtype == "fp8" else {}
+        kwargs = dict(model=model_dir, dtype="bfloat16" if dtype in ("auto", "fp8") else dtype, seed=seed, **fp8,
                       trust_remote_code=trust_remote_code,
                       max_model_len=max_len, max_num_seqs=max_batch,
                       gpu_memory_utilization=gpu_memory_utilization,

@@ -4,7 +4,8 @@ What it does, top to bottom (the pieces: kv_cache.py, attention.py, sampling.py,
 cuda_graphs.py, fused_linear.py, moe.py):
 - Loads the HF directory with `AutoModelForCausalLM` into its *own* copy of the weights
   (eval, no grad; never shares a tensor with the trainer). dtype "auto" = bfloat16 on CUDA,
-  float32 on CPU.
+  float32 on CPU; "fp8" = bf16 with the linear layers' matmuls in FP8 (fp8.py).
+- A MoE model's expert choices are recorded per position (route_log.py: routing replay).
 - Keeps a static KV cache `[slots, kv_heads, capacity, head_dim]` per layer (kv_cache.py) and
   runs the model's own modules (embeddings, RMSNorms, q/k/v/o projections, rotary embedding,
   MLP, lm_head) around it; only attention, the cache and the MoE dispatch (moe.py: static
@@ -62,6 +63,7 @@ from stages.rl.engines.protocol import IGNORED_PREFIXES, RolloutRequest, Rollout
 from .attention import DecodeAttention, rotate_half
 from .compiled_step import DEFAULT_MAX_COMPILES, CompiledDecode
 from .cuda_graphs import DecodeGraphs
+from .fp8 import Fp8Weights, scaled_mm_unavailable
 from .fused_linear import FusedLinear, pack_dense_mlp
 from .kv_cache import KVCache, pow2_at_least
 from .moe import MoEFeedForward, feed_forward
@@ -76,7 +78,8 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bf
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    if dtype == "auto":
+    """The compute dtype (fp8: bf16 on CUDA around the FP8 matmuls, fp32 on CPU: fp8.py)."""
+    if dtype in ("auto", "fp8"):
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if dtype not in _DTYPES:
         raise ValueError(f"torch engine: unknown dtype {dtype!r}; use auto, {', '.join(_DTYPES)}")
@@ -148,7 +151,8 @@ class TorchEngine(SyncTiming):
                  decode_attention: str = "auto", refill_min_free: int | None = None,
                  compile: bool = False, compile_max_shapes: int = DEFAULT_MAX_COMPILES,
                  compile_mode: str = "default",
-                 pack_projections: bool = True, trust_remote_code: bool = False, record_routes: bool = True):
+                 pack_projections: bool = True, trust_remote_code: bool = False, record_routes: bool = True,
+                 fp8_scaling: str = "tensor", fp8_reference: bool = False):
         path = Path(model_dir)
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"torch engine: {model_dir} is not a Hugging Face model "
@@ -160,6 +164,10 @@ class TorchEngine(SyncTiming):
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError(f"torch engine: device {device!r} requested but CUDA is not available")
         self.dtype = resolve_dtype(dtype, self.device)
+        fp8_missing = scaled_mm_unavailable(self.device) if dtype == "fp8" and not fp8_reference else None
+        if fp8_missing:
+            raise ValueError(f"torch engine: rollout.dtype fp8 multiplies through torch._scaled_mm, and {fp8_missing}; "
+                             f"use rollout.dtype auto / bf16 on this machine")
         self.max_batch, self.max_len, self.seed = int(max_batch), int(max_len), int(seed)
         self.prefill_chunk_tokens = int(prefill_chunk_tokens)
         use_graphs = (self.device.type == "cuda") if cuda_graphs is None else bool(cuda_graphs)
@@ -209,6 +217,7 @@ class TorchEngine(SyncTiming):
                 self.mlps[i], gate_up = pack_dense_mlp(mlp)
                 if gate_up is not None:
                     self._packs.append(gate_up)
+        self.fp8 = Fp8Weights.attach(self.layers, self._packs, fp8_scaling, fp8_reference) if dtype == "fp8" else None
         attn0 = self.layers[0].self_attn
         self.n_heads = int(config.num_attention_heads)
         self.n_kv = int(getattr(config, "num_key_value_heads", None) or self.n_heads)
@@ -265,6 +274,8 @@ class TorchEngine(SyncTiming):
             self._released = [(p, p.shape) for p in unique]
             for pack in self._packs:
                 pack.release()
+            if self.fp8 is not None:
+                self.fp8.release()
             for p, _ in self._released:
                 p.data = torch.empty(0, dtype=p.dtype, device=p.device)
             if self.device.type == "cuda":
@@ -572,6 +583,8 @@ class TorchEngine(SyncTiming):
         if missing:
             raise ValueError(f"torch engine: update_weights: {len(missing)} engine parameters "
                              f"were not sent, e.g. {missing[:5]}")
+        if self.fp8 is not None:  # the FP8 copies follow the weights just written
+            self.fp8.requantize()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self._stale_weights = False
@@ -589,6 +602,9 @@ def make_torch_engine(model_dir: str, *, device: str = "cpu", dtype: str = "auto
     compile (bool, default False: the decode step through torch.compile, compiled_step.py),
     compile_max_shapes (int, default 32: decode shapes compiled at most; later ones run eagerly),
     compile_mode ("default"; "max-autotune-no-cudagraphs": GEMM autotuning, compiled_step.py),
-    pack_projections (bool, default True: q/k/v and gate/up as one matmul each, fused_linear.py)."""
+    pack_projections (bool, default True: q/k/v and gate/up as one matmul each, fused_linear.py),
+    record_routes (bool, default True: a MoE model's experts per position, RolloutUpdate.routes),
+    fp8_scaling ("tensor" | "row": the scales of dtype "fp8", fp8.py), fp8_reference (bool, tests
+    only: dtype "fp8" dequantised on the fly, where torch._scaled_mm cannot run)."""
     return TorchEngine(model_dir, device=device, dtype=dtype, max_batch=max_batch,
                        max_len=max_len, seed=seed, **engine_options)

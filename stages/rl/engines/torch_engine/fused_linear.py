@@ -29,6 +29,7 @@ class FusedLinear:
         self.sizes = [int(m.out_features) for m in linears]
         self.weight = torch.cat([w.data for w in self.weights], dim=0)
         self.bias = None if self.biases is None else torch.cat([b.data for b in self.biases], dim=0)
+        self.matmul: Callable[[torch.Tensor], torch.Tensor] | None = None  # FP8 rollouts: fp8.py
         self._point_views()
 
     @classmethod
@@ -48,7 +49,8 @@ class FusedLinear:
         return self.weights + (self.biases or [])
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1)
+        y = self.matmul(x) if self.matmul is not None else F.linear(x, self.weight, self.bias)
+        return y.split(self.sizes, dim=-1)
 
     def release(self) -> None:
         """Free the packed storage (the views go with it) until `restore`."""
