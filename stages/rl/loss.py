@@ -251,7 +251,9 @@ class MismatchStats:
             "stale_token_fraction": s["stale_tokens"] / t,
         }
         if s["tokens"] > 0:
-            out.update({f"abs_log_k_{name}": histogram_quantile(self.hist, q) for name, q in QUANTILES.items()})
+            # a bin's middle can lie past the largest value: the max bounds every quantile
+            out.update({f"abs_log_k_{name}": min(histogram_quantile(self.hist, q), s["abs_log_k_max"])
+                        for name, q in QUANTILES.items()})
         if s["masked"] > 0:
             out["entropy_masked"] = s["entropy_masked_sum"] / s["masked"]
         if s["stale_tokens"] > 0:

@@ -88,6 +88,8 @@ def test_engine_logprobs_match_the_training_forward(saved, static_shapes):
     for e, t in zip(got.engine_logprobs, got.trainer_logprobs):
         torch.testing.assert_close(torch.tensor(e), torch.tensor(t), atol=2e-5, rtol=0)
     assert got.stats["abs_log_k_max"] < 2e-5 and got.stats["masked_fraction"] == 0.0
+    # MoE: the engine's recorded experts are the trainer's own, token by token (routing replay's premise)
+    assert got.stats.get("expert_disagreement") == (None if model_type == "qwen2" else 0.0)
 
 
 def test_moe_dispatch_paths_equal_the_models_own_block():

@@ -7,7 +7,11 @@ The policy's bias is set non-zero first, as a pre-trained router's is: a zero bi
 stay zero under weight decay even if it were trained, and the test could not fail. The
 task is one a random policy sometimes passes (IFEval: fewer than 3 words), so GRPO groups
 have reward variance and the update has a gradient; its rows name their fields differently
-and carry no domain (RLData's field mapping and default domain)."""
+and carry no domain (RLData's field mapping and default domain).
+
+The run replays the engine's routes in the learner (`routing_replay`, stages/rl/routing.py):
+the router weights still get their gradient (through the weights of the replayed experts),
+and every step reports the expert-choice disagreement and the |log k| quantiles."""
 from __future__ import annotations
 
 import json
@@ -55,7 +59,7 @@ def test_reasoning_rl_keeps_the_router_bias_and_moves_the_rest(stage_env, data_a
                  "default_domain": "ifeval"},
         "steps": 2, "prompts_per_step": 2, "rollouts_per_prompt": 4, "max_len": 6, "prompt_max_len": 96,
         "lr": 1e-3, "scheduler": "sync", "rollout": {"engine": "torch", "device": "cpu", "max_batch": 4},
-        "verifier_workers": 0, "checkpoint_every": 2, "zero_stage": 2},
+        "verifier_workers": 0, "checkpoint_every": 2, "zero_stage": 2, "routing_replay": True},
         stage="moe_rl", storage=stage_env["storage"], recipe=stage_env["recipe"],
         # torchrun starts the rank faster than deepspeed's runner; the stage is the same either way
         work_root=stage_env["work_root"], resources=Resources(cpu_ranks=1), launcher="torchrun")
@@ -68,3 +72,7 @@ def test_reasoning_rl_keeps_the_router_bias_and_moves_the_rest(stage_env, data_a
         assert same == (name in bias), name
     for f in ("modeling_ring_moe.py", "configuration_ring_moe.py"):  # the code travels with the model
         assert (Path(local_path(run.url)) / f).read_bytes() == (policy / f).read_bytes()
+    steps = [json.loads(line) for line in (Path(local_path(run.url)) / "metrics.jsonl").read_text().splitlines()]
+    assert len(steps) == 2
+    for m in steps:  # fp32 engine and trainer on the same weights: they route alike
+        assert m["expert_disagreement"] == 0.0 and m["abs_log_k_p99"] < 1e-3
