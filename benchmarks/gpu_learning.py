@@ -95,7 +95,8 @@ class Run:
 
     def __init__(self, args: argparse.Namespace, phase: str):
         self.args, self.phase, self.smoke = args, phase, args.smoke
-        self.recipe_path = RECIPES["smoke" if args.smoke else "gpu"]
+        # another script's recipe (gpu_mismatch_ablation.py) through `args.recipe`
+        self.recipe_path = Path(getattr(args, "recipe", None) or RECIPES["smoke" if args.smoke else "gpu"]).resolve()
         self.root = Path(args.root)
         self.out = Path(args.out)
         self.out.mkdir(parents=True, exist_ok=True)

@@ -69,19 +69,31 @@ def rl_curve(series: Series, path: Path, title: str) -> Path:
 CORRECTION_PANELS = (("masked_fraction", "masked fraction (outside [alpha, beta])"),
                      ("abs_log_k_mean", "mean |log k|"), ("mismatch_kl", "mismatch KL"),
                      ("grad_norm", "grad norm"), ("reward_mean", "reward (training prompts)"))
+# the MoE mismatch ablation (benchmarks/gpu_mismatch_ablation.py): the |log k| distribution and
+# the expert-choice disagreement too
+MISMATCH_PANELS = (("mismatch_kl", "mismatch KL"), ("abs_log_k_p50", "|log k| median"),
+                   ("abs_log_k_p99", "|log k| p99"), ("masked_fraction", "masked fraction (outside [alpha, beta])"),
+                   ("expert_disagreement", "expert choice: trainer != engine"), ("grad_norm", "grad norm"),
+                   ("reward_mean", "reward (training prompts)"))
+_LOG_SCALE = {"mismatch_kl", "grad_norm", "abs_log_k_p50", "abs_log_k_p99"}
 
 
-def corrections(arms: dict[str, dict[str, Any]], path: Path, title: str) -> Path:
-    """arms: name -> {"metrics": Series, "accuracy": held-out accuracy or None}."""
-    fig, axes = plt.subplots(2, 3, figsize=(11, 6))
-    for ax, (key, label) in zip(axes.flat, CORRECTION_PANELS):
+def corrections(arms: dict[str, dict[str, Any]], path: Path, title: str,
+                panels: tuple[tuple[str, str], ...] = CORRECTION_PANELS) -> Path:
+    """arms: name -> {"metrics": Series, "accuracy": held-out accuracy or None}; a panel per
+    metric of `panels`, then the accuracy bars."""
+    rows = (len(panels) + 3) // 3
+    fig, axes = plt.subplots(rows, 3, figsize=(11, 3 * rows))
+    for ax, (key, label) in zip(axes.flat, panels):
         for name, arm in arms.items():
             ax.plot(*_values(arm["metrics"], key), label=name)
         ax.set_xlabel("step")
         ax.set_title(label, fontsize=9)
-        if key in ("mismatch_kl", "grad_norm"):
+        if key in _LOG_SCALE and any(v > 0 for arm in arms.values() for v in _values(arm["metrics"], key)[1]):
             ax.set_yscale("log")
     axes.flat[0].legend(fontsize=7)
+    for ax in axes.flat[len(panels):-1]:
+        ax.set_visible(False)
     last = axes.flat[-1]
     names = list(arms)
     accs = [arms[n]["accuracy"] if arms[n]["accuracy"] is not None else float("nan") for n in names]

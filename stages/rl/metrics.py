@@ -5,8 +5,9 @@ section each step metric has in MLflow (`mlflow_name`).
 The step metrics keep one flat name each in the stage log, metrics.jsonl and the code that
 reads them (benchmarks, tests); only MLflow sees them grouped (`reward/`, `icepop/` (the
 train-inference mismatch: masked fraction, mismatch KL, |log k| mean / max / quantiles),
-`routing/` (MoE: the engine's expert choices against the trainer's), `loss/`, `rollout/`, `perf/`), because MLflow draws one section per prefix and a flat list of ~60 RL
-curves hides the ones an operator looks for (IcePop's mask ratio, the reward)."""
+`routing/` (MoE: the engine's expert choices against the trainer's), `loss/`, `rollout/`,
+`perf/`), because MLflow draws one section per prefix and a flat list of ~60 RL curves hides
+the ones an operator looks for (IcePop's mask ratio, the reward)."""
 from __future__ import annotations
 
 import math

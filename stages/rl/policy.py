@@ -19,8 +19,7 @@ from stages.common.hf_io import load_causal_lm
 from stages.rl.learner import Learner, LearnerConfig, PolicyHead, freeze_parameters
 from stages.rl.loss import LossConfig
 from stages.rl.routing import RouterReplay, moe_routers
-from stages.rl.settings import ROUTE_RECORDING_ENGINES
-from stages.rl.settings import RLConfig
+from stages.rl.settings import ROUTE_RECORDING_ENGINES, RLConfig
 
 
 class DeepSpeedBackend:
