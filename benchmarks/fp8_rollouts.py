@@ -133,7 +133,7 @@ def measure(a, name: str, model_dir: Path, trust: bool, trainer, device: torch.d
     if a.smoke:  # no FP8 tensor cores here: the dequantising reference path, fp32 around it
         options = {**options, "dtype": "float32" if name == "bf16" else "fp8", "fp8_reference": name != "bf16"}
     engine = create_engine("torch", str(model_dir), device=str(device), max_batch=a.batch,
-                           max_len=a.prompt_len + a.new_tokens + 1, eos_token_ids=[], trust_remote_code=trust,
+                           max_len=a.prompt_len + a.new_tokens + 1, eos_token_ids=[], trust_remote_code=trust, record_routes=True,
                            **options)
     vocab = engine.vocab
     sampling = SamplingParams(temperature=1.0, seed=1)

@@ -28,7 +28,7 @@ from stages.rl.placement import Placement
 from stages.rl.prompt_sampler import PromptSampler
 from stages.rl.prompts import PromptSet
 from stages.rl.scheduler import RewardFn, SchedulerConfig, TrainSample, make_scheduler
-from stages.rl.settings import RLConfig
+from stages.rl.settings import ROUTE_RECORDING_ENGINES, RLConfig
 
 
 def scheduler_config(cfg: RLConfig) -> SchedulerConfig:
@@ -36,6 +36,13 @@ def scheduler_config(cfg: RLConfig) -> SchedulerConfig:
                            prompts_per_step=cfg.prompts_per_step, pool_capacity=cfg.pool_capacity,
                            token_budget=cfg.token_budget, retention_limit=cfg.c3po.retention_limit,
                            min_group_size=cfg.c3po.min_group_size, adv_eps=cfg.adv_eps)
+
+
+def engine_options(cfg: RLConfig) -> dict[str, Any]:
+    """`rollout.options`, plus what the RL loop needs of an engine that can record a MoE
+    policy's routes (the learner's expert-choice metric and routing replay: routing.py)."""
+    recording = {"record_routes": True} if cfg.rollout.engine in ROUTE_RECORDING_ENGINES else {}
+    return {**recording, **cfg.rollout.options}
 
 
 class DataParallelRollouts:
@@ -62,7 +69,7 @@ class DataParallelRollouts:
                                    device=resolve_device(cfg.rollout.device, "rollout.device", ranks.device),
                                    dtype=cfg.rollout.dtype, max_batch=cfg.rollout.max_batch,
                                    max_len=cfg.prompt_max_len + cfg.max_len, seed=cfg.seed,
-                                   trust_remote_code=cfg.trust_remote_code, **cfg.rollout.options)
+                                   trust_remote_code=cfg.trust_remote_code, **engine_options(cfg))
             reward_fn = build_reward() if ranks.rank == placement.engine0 else None
             sampler = PromptSampler(prompts.groups, prompts.weights, seed=cfg.seed)
             sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, seed=cfg.seed)

@@ -80,7 +80,8 @@ def test_engine_logprobs_match_the_training_forward(saved, static_shapes):
     trust = model_type in MODEL_KINDS
     # fewer slots than requests: refills and compaction run too
     engine = create_engine("torch", str(path), device="cpu", dtype="float32", max_batch=4, max_len=96,
-                           eos_token_ids=[], static_shapes=static_shapes, trust_remote_code=trust)
+                           eos_token_ids=[], static_shapes=static_shapes, trust_remote_code=trust,
+                           record_routes=True)
     trainer = load_causal_lm(path, torch.float32, trust_remote_code=trust)
     got = measure_agreement(engine, trainer, _requests(7, seed=1), SamplingParams(temperature=0.9, seed=3),
                             pad_id=PAD, device="cpu")

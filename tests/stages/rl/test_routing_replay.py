@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from stages.init_model.model import MODEL_KINDS, save_model
-from stages.rl.engines import SamplingParams, create_engine
+from stages.rl.engines import RolloutRequest, SamplingParams, create_engine
 from stages.rl.engines.routes import decode_routes, encode_routes
 from stages.rl.learner import Learner, LearnerConfig, TorchBackend
 from stages.rl.loss import LossConfig
@@ -61,7 +61,7 @@ def samples(moe):
     """Two C3PO++ steps with the real engine; the scheduler checkpointed (JSON) between them."""
     _, path = moe
     engine = create_engine("torch", str(path), device="cpu", dtype="float32", max_batch=8, max_len=64,
-                           eos_token_ids=[], static_shapes=True, trust_remote_code=True)
+                           eos_token_ids=[], static_shapes=True, trust_remote_code=True, record_routes=True)
     conf = SchedulerConfig(rollouts_per_prompt=4, max_new_tokens=9, pool_capacity=8, token_budget=6,
                            retention_limit=100, prompts_per_step=2)
 
@@ -80,6 +80,14 @@ def samples(moe):
     out = [s for b in batches for s in b.samples]
     assert any(s.carried for s in out), "the scenario must carry a rollout over a policy update"
     return out
+
+
+def test_engines_record_routes_only_when_asked(moe):
+    """Off by default (eval and distill decode with the same engine and need none)."""
+    _, path = moe
+    engine = create_engine("torch", str(path), device="cpu", dtype="float32", eos_token_ids=[], trust_remote_code=True)
+    (update,) = engine.generate([RolloutRequest("a", [5, 6, 7], 3)], SamplingParams(seed=0))
+    assert update.routes is None and len(update.token_ids) == 3
 
 
 def own_routes(model, seq: list[int]) -> np.ndarray:

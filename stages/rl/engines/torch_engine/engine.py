@@ -151,7 +151,7 @@ class TorchEngine(SyncTiming):
                  decode_attention: str = "auto", refill_min_free: int | None = None,
                  compile: bool = False, compile_max_shapes: int = DEFAULT_MAX_COMPILES,
                  compile_mode: str = "default",
-                 pack_projections: bool = True, trust_remote_code: bool = False, record_routes: bool = True,
+                 pack_projections: bool = True, trust_remote_code: bool = False, record_routes: bool = False,
                  fp8_scaling: str = "tensor", fp8_reference: bool = False):
         path = Path(model_dir)
         if not (path / "config.json").exists():
@@ -529,8 +529,9 @@ class TorchEngine(SyncTiming):
         updates = calls.updates(requests)
         if routes:
             routes.end_decode()
-            for i, (r, u) in enumerate(zip(requests, updates)):
-                u.routes = routes.routes(i, len(r.prompt_ids) + len(r.generated_ids) + len(u.token_ids) - 1)
+            fed = [len(r.prompt_ids) + len(r.generated_ids) + len(u.token_ids) - 1 for r, u in zip(requests, updates)]
+            for u, recorded in zip(updates, routes.routes(fed)):
+                u.routes = recorded
         return updates
 
     def _chunks(self, new: list[tuple[int, int]], requests: list[RolloutRequest]):
@@ -603,7 +604,8 @@ def make_torch_engine(model_dir: str, *, device: str = "cpu", dtype: str = "auto
     compile_max_shapes (int, default 32: decode shapes compiled at most; later ones run eagerly),
     compile_mode ("default"; "max-autotune-no-cudagraphs": GEMM autotuning, compiled_step.py),
     pack_projections (bool, default True: q/k/v and gate/up as one matmul each, fused_linear.py),
-    record_routes (bool, default True: a MoE model's experts per position, RolloutUpdate.routes),
+    record_routes (bool, default False: a MoE model's experts per position, RolloutUpdate.routes;
+    the RL stages turn it on),
     fp8_scaling ("tensor" | "row": the scales of dtype "fp8", fp8.py), fp8_reference (bool, tests
     only: dtype "fp8" dequantised on the fly, where torch._scaled_mm cannot run)."""
     return TorchEngine(model_dir, device=device, dtype=dtype, max_batch=max_batch,

@@ -57,16 +57,26 @@ class RouteLog:
     def record_step(self, reqs: np.ndarray, positions: np.ndarray, routes: np.ndarray) -> None:
         self.steps.append((reqs.copy(), positions.copy(), routes.astype(np.int16)))
 
-    def routes(self, i: int, fed: int) -> np.ndarray | None:
-        """Request i's routes for its first `fed` positions (None without its prefill)."""
-        prefix = self.prefix[i]
-        if prefix is None or fed <= 0:
-            return None
-        out = np.full((fed, *prefix.shape[1:]), -1, dtype=np.int16)
-        n = min(len(prefix), fed)
-        out[:n] = prefix[:n]
-        for reqs, positions, routes in self.steps:
-            hit = (reqs == i) & (positions < fed)
-            if hit.any():
-                out[positions[hit]] = routes[hit]
+    def routes(self, fed: list[int]) -> list[np.ndarray | None]:
+        """Per request i, its routes for its first fed[i] positions (None without a prefill).
+        The decode steps' rows are regrouped by request once (a stable sort keeps time order)."""
+        if self.steps:
+            reqs = np.concatenate([r for r, _, _ in self.steps])
+            order = np.argsort(reqs, kind="stable")
+            reqs = reqs[order]
+            positions = np.concatenate([p for _, p, _ in self.steps])[order]
+            routes = np.concatenate([x for _, _, x in self.steps])[order]
+            bounds = np.searchsorted(reqs, np.arange(len(self.prefix) + 1))
+        out: list[np.ndarray | None] = []
+        for i, (prefix, n) in enumerate(zip(self.prefix, fed)):
+            if prefix is None or n <= 0:
+                out.append(None)
+                continue
+            mine = np.full((n, *prefix.shape[1:]), -1, dtype=np.int16)
+            mine[:min(len(prefix), n)] = prefix[:n]
+            if self.steps:
+                pos, got = positions[bounds[i]:bounds[i + 1]], routes[bounds[i]:bounds[i + 1]]
+                keep = pos < n
+                mine[pos[keep]] = got[keep]
+            out.append(mine)
         return out
