@@ -286,6 +286,19 @@ def run_arm(args: argparse.Namespace) -> None:
                                       "rl_seconds": rl_seconds, "eval_url": ev.url, "eval": ev.summary}), flush=True)
 
 
+def arm_process(run: Run, name: str, cmd: list[str], env: dict[str, str]) -> tuple[int, dict[str, Any] | None]:
+    """One arm's process (`cmd`, with `env`): its output appended to the phase log; (exit status,
+    its ARM_RESULT line's data, None when it failed)."""
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env={**os.environ, **SAFE_ENV, **env})
+    with open(run.log_path, "a") as f:
+        f.write(f"\n===== arm {name} (exit {out.returncode})\n{out.stdout}\n{out.stderr}\n")
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("ARM_RESULT ")]
+    if out.returncode != 0 or not lines:
+        log(f"arm {name}: FAILED (exit {out.returncode}); tail:\n{(out.stdout + out.stderr)[-1500:]}")
+        return out.returncode, None
+    return out.returncode, json.loads(lines[-1].removeprefix("ARM_RESULT "))
+
+
 def gpu_count() -> int:
     import torch
 
@@ -326,18 +339,12 @@ def phase_ablations(args: argparse.Namespace) -> None:
         log(f"arm {name}: starting on {'cpu' if run.smoke else f'GPU {gpu}'}")
         t0 = time.perf_counter()
         try:
-            out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
-                                 env={**os.environ, **SAFE_ENV, **env})
+            rc, res = arm_process(run, name, cmd, env)
         finally:
             free.append(slot)
-        with open(run.log_path, "a") as f:
-            f.write(f"\n===== arm {name} (exit {out.returncode})\n{out.stdout}\n{out.stderr}\n")
-        lines = [ln for ln in out.stdout.splitlines() if ln.startswith("ARM_RESULT ")]
-        if out.returncode != 0 or not lines:
-            log(f"arm {name}: FAILED (exit {out.returncode}); tail:\n{(out.stdout + out.stderr)[-1500:]}")
-            run.results["arms"][name] = {"failed": True, "exit_code": out.returncode}
+        if res is None:
+            run.results["arms"][name] = {"failed": True, "exit_code": rc}
         else:
-            res = json.loads(lines[-1].removeprefix("ARM_RESULT "))
             res["metrics"] = run.metrics(res["rl_url"])
             res["accuracy"] = accuracy_of(res["eval"])
             res["wall_seconds"] = time.perf_counter() - t0

@@ -41,7 +41,6 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -51,8 +50,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run from anywhere
 
-from benchmarks._record import SAFE_ENV, log  # noqa: E402 - needs REPO on sys.path
-from benchmarks.gpu_learning import HEADLINE_SET, Run, accuracy_of, eval_config  # noqa: E402
+from benchmarks._record import log  # noqa: E402 - needs REPO on sys.path
+from benchmarks.gpu_learning import HEADLINE_SET, Run, accuracy_of, arm_process, eval_config  # noqa: E402
 
 RECIPE = REPO / "benchmarks" / "learning" / "moe-mismatch.yaml"
 BASE_STAGES = ["data", "curate", "base", "sft"]
@@ -131,17 +130,12 @@ def run_arms(args: argparse.Namespace) -> None:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--arm", name, "--root", str(run.root),
                "--out", str(run.out)] + [x for o in args.set for x in ("--set", o)]
         try:
-            out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env={**os.environ, **SAFE_ENV, **env})
+            _, res = arm_process(run, name, cmd, env)
         finally:
             slots.append(slot)
-        with open(run.log_path, "a") as f:
-            f.write(f"\n===== arm {name} (exit {out.returncode})\n{out.stdout}\n{out.stderr}\n")
-        lines = [ln for ln in out.stdout.splitlines() if ln.startswith("ARM_RESULT ")]
-        if out.returncode != 0 or not lines:
-            log(f"arm {name}: FAILED (exit {out.returncode}): {(out.stdout + out.stderr)[-1200:]}")
+        if res is None:
             run.results["arms"][name] = {"failed": True}
         else:
-            res = json.loads(lines[-1].removeprefix("ARM_RESULT "))
             res["metrics"] = run.metrics(res["rl_url"])
             res["accuracy"] = accuracy_of(res["eval"])
             run.results["arms"][name] = res

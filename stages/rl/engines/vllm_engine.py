@@ -139,6 +139,10 @@ class VllmEngine(SyncTiming):
                               else eos_token_ids_of(model_dir, trust_remote_code=trust_remote_code))
         # fp8: vLLM's own FP8 rollouts (weights quantised to e4m3 at load, FP8 GEMMs), bf16 around them
         fp8 = {"quantization": "fp8"} if dtype == "fp8" else {}
+        if fp8:
+            log.warning("vllm engine: quantization=fp8: the weight sync hands bf16 tensors to the FP8 model's "
+                        "load_weights, and vLLM versions differ in whether that re-quantises them "
+                        "(vllm-project/vllm#28425); watch the mismatch metrics (icepop/) of the first steps")
         kwargs = dict(model=model_dir, dtype="bfloat16" if dtype in ("auto", "fp8") else dtype, seed=seed, **fp8,
                       trust_remote_code=trust_remote_code,
                       max_model_len=max_len, max_num_seqs=max_batch,
