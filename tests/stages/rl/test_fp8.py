@@ -113,3 +113,18 @@ def test_the_weight_sync_requantizes_the_pushed_weights(qwen2_dir, tmp_path):
     for synced, built in zip(fp8.fp8.matmuls, fresh.fp8.matmuls):
         assert torch.equal(synced.q.float(), built.q.float()) and torch.equal(synced.scale, built.scale)
     assert [u.logprobs for u in _generate(fp8)] == [u.logprobs for u in _generate(fresh)]
+
+
+def test_weights_released_by_sleep_come_back_quantized(qwen2_dir):
+    """sleep(weights=True) frees the FP8 copies with the weights; the sync after wake() rebuilds them."""
+    from stages.common.hf_io import load_causal_lm
+
+    path, _ = qwen2_dir
+    model = load_causal_lm(path, torch.float32, trust_remote_code=False)  # the saved weights (the fixture's model was changed above)
+    engine = create_engine("torch", str(path), device="cpu", dtype="fp8", fp8_reference=True, eos_token_ids=[])
+    before = [u.logprobs for u in _generate(engine)]
+    engine.sleep(weights=True)
+    assert all(mm.q.numel() == 0 for mm in engine.fp8.matmuls)
+    engine.wake()
+    engine.update_weights(model.named_parameters())
+    assert [u.logprobs for u in _generate(engine)] == before
