@@ -63,16 +63,17 @@ def measure_agreement(engine: RolloutEngine, model: torch.nn.Module, requests: l
     stats = MismatchStats()
     trainer: list[list[float]] = []
     temperature = sampling.temperature or 1.0  # greedy decoding reports log-probs at T = 1
-    with torch.no_grad():
-        for s in range(0, len(scored), micro_batch):
-            part = scored[s:s + micro_batch]
-            mb = collate(part, 0, pad_id, torch.device(device))
-            with routing.using(mb.routes, measure=True) if routing is not None else nullcontext():
-                lp, _ = head(mb.input_ids, mb.attention_mask, mb.resp_pos, mb.targets, temperature, 4096)
-            stats.add(lp.float(), mb.infer_logp, mb.mask, loss)
-            trainer += [lp[b, :len(x.response_ids)].float().tolist() for b, x in enumerate(part)]
-    routed = {}
-    if routing is not None:
-        routed = routing_metrics(routing.take_counts())
-        routing.remove()
+    try:
+        with torch.no_grad():
+            for s in range(0, len(scored), micro_batch):
+                part = scored[s:s + micro_batch]
+                mb = collate(part, 0, pad_id, torch.device(device))
+                with routing.using(mb.routes, measure=True) if routing is not None else nullcontext():
+                    lp, _ = head(mb.input_ids, mb.attention_mask, mb.resp_pos, mb.targets, temperature, 4096)
+                stats.add(lp.float(), mb.infer_logp, mb.mask, loss)
+                trainer += [lp[b, :len(x.response_ids)].float().tolist() for b, x in enumerate(part)]
+    finally:  # the caller's model keeps no hook of ours
+        if routing is not None:
+            routing.remove()
+    routed = routing_metrics(routing.counts) if routing is not None else {}
     return Agreement(updates, [x.infer_logprobs for x in scored], trainer, {**stats.finalize(), **routed})
