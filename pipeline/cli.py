@@ -311,7 +311,7 @@ def _curate_recipe_stage(recipe: Path, overrides: list[str], stage: str | None, 
     rerun = s.kind.config.model_validate(s.kind.rerun_config(s.config.model_dump(mode="json"), only or None,
                                                              benchmarks))
     p = _plan(r.model_copy(update={"stages": {**r.stages, s.name: rerun}}))
-    target = StageTarget.from_plan(p, p[s.name])
+    target = StageTarget.of(p[s.name])
     tracker = PipelineTracker(r.tracking.uri, r.tracking.experiment or r.name, timestamped(f"{r.name} curate"),
                               {"command": "curate", "stage": s.name, "only": only, "benchmarks": benchmarks},
                               tags={"ring.recipe": r.name}, artifact_location=r.tracking.artifact_location,

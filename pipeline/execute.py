@@ -26,9 +26,9 @@ from pipeline.changes import code_record
 from pipeline.failures import StageFailure
 from pipeline.fingerprints import Fingerprint
 from pipeline.interrupt import StageInterrupted
-from pipeline.launch import build_command, run_job
+from pipeline.launch import build_command, launch_job
 from pipeline.lease import Lease, LeaseHeld, describe_holder, try_acquire
-from pipeline.plan import Plan, PlannedStage, hash_payload, input_fingerprints, resolve_references, stage_hash
+from pipeline.plan import PlannedStage, plan_stage
 from pipeline.recipe import Defaults, StorageConfig
 from pipeline.stage_metrics import describe, headline
 from pipeline.tracking import InputRef, PipelineTracker, timestamped
@@ -82,10 +82,11 @@ class StageTarget:
     inputs: dict[str, Fingerprint] = field(default_factory=dict)
 
     @classmethod
-    def from_plan(cls, plan: Plan, stage: PlannedStage) -> "StageTarget":
-        return cls(plan.recipe.name, stage.name, stage.kind, stage.resolved_config(plan), stage.hash,
-                   stage.url, {d: (plan[d].url, plan[d].hash) for d in stage.deps},
-                   stage.resources, stage.launcher, plan.recipe.defaults.seed, stage.hashed, stage.inputs)
+    def of(cls, stage: PlannedStage) -> "StageTarget":
+        """The one way a target is made: from a planned stage (pipeline.plan.plan_stage)."""
+        return cls(stage.recipe, stage.name, stage.kind, stage.resolved_config(), stage.hash, stage.url,
+                   {d: (stage.upstream_urls[d], stage.upstream[d]) for d in stage.deps},
+                   stage.resources, stage.launcher, stage.seed, stage.hashed, stage.inputs)
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,7 @@ def _execute_leased(target: StageTarget, store: ArtifactStore, work_root: Path, 
     try:
         for check in target.kind.pre_launch:  # e.g. the eval-suite gate (stages/common/eval_suite_gate.py)
             check(target.name, target.config, store.storage_options)
-        launched = run_job(command, target.name, log_path, target.resources, kind=target.kind.name,
+        launched = launch_job(command, target.name, log_path, target.resources, kind=target.kind.name,
                            must_stop=lambda: lease.lost and f"its {target.url}/_RUNNING lease was lost: {lease.lost}")
         if lease.lost:  # lost after the job's last poll: publishing could overwrite the new holder's
             raise StageInterrupted(f"stage {target.name!r} was stopped before publishing: its lease "
@@ -295,19 +296,13 @@ def adhoc_target(kind: str, config: dict[str, Any], *, stage: str, storage: str,
     `upstream` maps the stage names used in `${stages.NAME.output}` references to
     published artifact URLs; their hashes come from their manifests.
     """
-    spec = STAGE_KINDS[kind]
-    cfg = spec.config.model_validate({"kind": kind, **config})
+    cfg = STAGE_KINDS[kind].config.model_validate({"kind": kind, **config})
     opts = storage_options or {}
     up = {n: (u, read_manifest(u, opts)["hash"])
           for n, u in ((n, normalise_url(u)) for n, u in (upstream or {}).items())}
-    up_hashes = {n: hh for n, (_, hh) in up.items()}
-    inputs = input_fingerprints(cfg, opts, Defaults().input_hash_max_bytes)
-    h = stage_hash(spec, cfg, up_hashes, inputs)
-    url = ArtifactStore(join(storage, recipe), opts).stage_url(stage, h)
-    resolved = resolve_references(cfg.model_dump(mode="json"), {n: u for n, (u, _) in up.items()})
-    return StageTarget(recipe, stage, spec, resolved, h, url, up,
-                       resources or cfg.resources or Resources(), cfg.launcher or launcher, seed,
-                       hash_payload(spec, cfg, up_hashes, inputs), inputs)
+    return StageTarget.of(plan_stage(recipe, stage, cfg, up, ArtifactStore(join(storage, recipe), opts),
+                                     resources or cfg.resources or Resources(), cfg.launcher or launcher, seed,
+                                     Defaults().input_hash_max_bytes))
 
 
 def run_stage(kind: str, config: dict[str, Any], *, stage: str, storage: str,

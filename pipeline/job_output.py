@@ -84,7 +84,9 @@ def classify(raw: str, user_error_prefixes: tuple[str, ...] = ()) -> Line:
 
 
 @dataclass
-class Progress:
+class JobProgress:
+    """How far a job is, from its `[progress]` and `[metrics]` lines, and how fast it goes."""
+
     done: int = 0
     total: int | None = None
     unit: str = "step"
@@ -135,7 +137,7 @@ class JobOutput:
     def __init__(self, stage: str, kind: str | None = None):
         self.user_error_prefixes = tuple(f"{p} failed: " for p in
                                          ([f"{stage} ({kind})", kind] if kind else []) + [stage])
-        self.progress = Progress()
+        self.progress = JobProgress()
         self.first: dict[str, float] = {}
         self.last: dict[str, float] = {}
         self.error_lines: list[str] = []

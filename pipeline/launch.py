@@ -100,7 +100,7 @@ class LaunchResult:
     output: JobOutput  # what the job reported: progress, first and last metric values
 
 
-def run_job(command: list[str], stage: str, log_path: Path, resources: Resources,
+def launch_job(command: list[str], stage: str, log_path: Path, resources: Resources,
             extra_env: dict[str, str] | None = None, cwd: str | None = None,
             must_stop: Callable[[], str | None] | None = None, kind: str | None = None) -> LaunchResult:
     """Run the job, save its output to `log_path`, show its progress on the console.

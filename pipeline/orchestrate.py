@@ -24,6 +24,8 @@ from typing import Any
 
 from pipeline import interrupt
 from pipeline.console import Verbosity
+from stages.common.artifact_inputs import ArtifactError
+from stages.common.contract import StageFailed
 
 _AFTER_STOP_WAIT_S = 60.0  # the flow thread's time to record a stop before we exit anyway
 
@@ -89,9 +91,7 @@ class _PrefectConsoleFilter(logging.Filter):
         self.verbosity = verbosity
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from pipeline.flow import PipelineFailed
-        from stages.common.artifact_inputs import ArtifactError
-        from stages.common.contract import StageFailed
+        from pipeline.flow import PipelineFailed  # imports Prefect: not before a run needs it
 
         if self.verbosity < Verbosity.VERBOSE and record.name.startswith(("prefect.flow_runs", "prefect.task_runs")):
             return False

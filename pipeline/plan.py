@@ -86,6 +86,9 @@ def resolve_references(value: Any, urls: dict[str, str]) -> Any:
 
 @dataclass
 class PlannedStage:
+    """One stage as planned (`plan_stage`): its hash, artifact URL and what it needs."""
+
+    recipe: str
     name: str
     kind: StageKind
     config: StageConfig
@@ -94,17 +97,19 @@ class PlannedStage:
     url: str
     resources: Resources
     launcher: Launcher
+    seed: int
     inputs: dict[str, Fingerprint]
     upstream: dict[str, str]  # dep name -> its hash
-    done: bool
+    upstream_urls: dict[str, str]  # dep name -> its artifact URL
+    done: bool = False
 
     @property
     def short_hash(self) -> str:
         return self.hash[:12]
 
-    def resolved_config(self, plan: "Plan") -> dict[str, Any]:
-        urls = {d: plan[d].url for d in self.deps}
-        return resolve_references(self.config.model_dump(mode="json"), urls)
+    def resolved_config(self) -> dict[str, Any]:
+        """The config as data, `${stages.X.output}` references replaced by artifact URLs."""
+        return resolve_references(self.config.model_dump(mode="json"), self.upstream_urls)
 
     @property
     def hashed(self) -> dict[str, Any]:
@@ -157,23 +162,31 @@ class Plan:
         return selected, forced
 
 
+def plan_stage(recipe: str, name: str, cfg: StageConfig, upstream: dict[str, tuple[str, str]],
+               store: ArtifactStore, resources: Resources, launcher: Launcher, seed: int,
+               hash_max_bytes: int, tolerate_errors: bool = False) -> PlannedStage:
+    """One stage's hash and artifact URL from its config and its upstream stages (name ->
+    (artifact URL, hash)): how a recipe's stages (`make_plan`) and a stage without a recipe
+    (`pipeline.execute.adhoc_target`) are planned."""
+    kind = STAGE_KINDS[cfg.kind]
+    hashes = {d: h for d, (_, h) in upstream.items()}
+    inputs = input_fingerprints(cfg, store.storage_options, hash_max_bytes, tolerate_errors)
+    h = stage_hash(kind, cfg, hashes, inputs)
+    return PlannedStage(recipe=recipe, name=name, kind=kind, config=cfg, deps=list(upstream), hash=h,
+                        url=store.stage_url(name, h), resources=resources, launcher=launcher, seed=seed,
+                        inputs=inputs, upstream=hashes, upstream_urls={d: u for d, (u, _) in upstream.items()})
+
+
 def make_plan(recipe: Recipe, check_store: bool = True) -> Plan:
     """The ordered stages with hashes; `check_store` asks the store which are published."""
     store = ArtifactStore(join(recipe.storage.url, recipe.name), recipe.storage.options)
     deps = recipe.dependencies()
     planned: dict[str, PlannedStage] = {}
     for name in topological_order(deps):
-        cfg = recipe.stages[name]
-        kind = STAGE_KINDS[cfg.kind]
-        upstream = {d: planned[d].hash for d in deps[name]}
-        inputs = input_fingerprints(cfg, recipe.storage.options, recipe.defaults.input_hash_max_bytes,
-                                    tolerate_errors=not check_store)
-        h = stage_hash(kind, cfg, upstream, inputs)
-        url = store.stage_url(name, h)
-        planned[name] = PlannedStage(
-            name=name, kind=kind, config=cfg, deps=deps[name], hash=h, url=url,
-            resources=recipe.stage_resources(name), launcher=recipe.stage_launcher(name),
-            inputs=inputs, upstream=upstream, done=False)
+        planned[name] = plan_stage(
+            recipe.name, name, recipe.stages[name], {d: (planned[d].url, planned[d].hash) for d in deps[name]},
+            store, recipe.stage_resources(name), recipe.stage_launcher(name), recipe.defaults.seed,
+            recipe.defaults.input_hash_max_bytes, tolerate_errors=not check_store)
     plan = Plan(recipe, store, list(planned.values()))
     if check_store:
         for s in plan.stages:

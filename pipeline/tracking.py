@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from pipeline.changes import git_commit
 from stages.common.stage_log import flatten, mlflow_client
 
 _MAX_TAG = 5000  # and a tag value's (mlflow.note.content included)
@@ -84,8 +85,6 @@ def _dataset_input(ref: InputRef):
 
 def _described(tags: dict[str, str], description: str) -> dict[str, str]:
     """`tags` plus the run's description (shown atop its page) and the code's git commit."""
-    from pipeline.changes import git_commit
-
     out = dict(tags)
     if description:
         out["mlflow.note.content"] = description[:_MAX_TAG]
@@ -144,10 +143,6 @@ class PipelineTracker:
         items = [Param(k, v) for k, v in flatten(params).items()]
         for i in range(0, len(items), 100):
             self.client.log_batch(run_id, params=items[i:i + 100])
-
-    def set_tags(self, tags: dict[str, str], run_id: str | None = None) -> None:
-        for k, v in tags.items():
-            self.client.set_tag(run_id or self.parent_id, k, str(v)[:_MAX_TAG])
 
     def attach_text(self, text: str, name: str, run_id: str | None = None) -> None:
         """A text file among the run's artifacts (the recipe, as given and as resolved)."""

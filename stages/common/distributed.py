@@ -1,7 +1,7 @@
 """Process-group plumbing shared by the distributed stages: init (gloo on CPU, nccl on
 GPU), the rank's device, seeding, the groups a launch's ranks talk over (their operations:
 stages/common/groups.py), and the "one rank does it, the others follow" helpers (`run_on`,
-`rank0_do`, `every_rank_do`, `local_first`, `broadcast`).
+`every_rank_do`, `local_first`, `broadcast`).
 
 How the ranks of a stage are grouped. Normally all of them form torch.distributed's default
 process group, the world DeepSpeed trains over. A stage whose ranks have different jobs (RL
@@ -163,16 +163,6 @@ def run_on(group: Group, src: int, fn: Callable[[], Any], what: str, *, share: b
         result, err = group.broadcast_object((result, err), src)
     else:
         err = group.broadcast_object(err, src)
-    if err is not None:
-        raise StageError(err)
-    return result
-
-
-def rank0_do(rank: int, fn: Callable[[], Any], what: str) -> Any:
-    """`run_on` for the default world: `fn` runs where `rank` is 0, its failure reaches every
-    rank, the result stays there."""
-    result, err = _failure(fn, what) if rank == 0 else (None, None)
-    err = broadcast(err)
     if err is not None:
         raise StageError(err)
     return result

@@ -289,20 +289,7 @@ class Learner:
             raise ValueError("empty training batch")
         model = be.module
         ref_head = PolicyHead(self.ref_model) if self.ref_model is not None else None
-        lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
-
-        def head_calls(idx: list[int]) -> int:  # of a micro batch: its [B, R] response tokens in chunks
-            return chunks_for(len(idx) * max(len(samples[i].response_ids) for i in idx), cfg.logit_chunk) if idx else 1
-
-        updates = []
-        for members in self._split_updates(len(samples), version):
-            plan = [[[members[j] for j in mb] for mb in rank_plan]
-                    for rank_plan in plan_micro_batches([lengths[i] for i in members], be.world_size,
-                                                        cfg.micro_batch_tokens)]
-            # every rank plans every rank's micro batches, so all agree on the head calls of the
-            # j-th one without communicating (ZeRO-3: stages/common/fused_loss.py)
-            calls = [max(head_calls(rank_plan[j]) for rank_plan in plan) for j in range(len(plan[be.rank]))]
-            updates.append((len(members), plan[be.rank], calls))
+        updates = self._plan_updates(samples, version)
 
         # theta_old: one pass, no grad, in the same (train) mode as the update
         t0 = time.perf_counter()
@@ -354,6 +341,32 @@ class Learner:
                 grad_norms.append(be.step())
         t_update = time.perf_counter() - t0
 
+        return self._reduce(stats, sums, grad_norms, cfg.ppo_epochs * len(updates), t_old, t_update)
+
+    def _plan_updates(self, samples: Sequence[Any], version: int) -> list[tuple[int, list[list[int]], list[int]]]:
+        """Per update (mini-batch): (its sequences, this rank's micro batches of sample indices,
+        the LM-head calls of each of them)."""
+        be, cfg = self.backend, self.cfg
+        lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
+
+        def head_calls(idx: list[int]) -> int:  # of a micro batch: its [B, R] response tokens in chunks
+            return chunks_for(len(idx) * max(len(samples[i].response_ids) for i in idx), cfg.logit_chunk) if idx else 1
+
+        updates = []
+        for members in self._split_updates(len(samples), version):
+            plan = [[[members[j] for j in mb] for mb in rank_plan]
+                    for rank_plan in plan_micro_batches([lengths[i] for i in members], be.world_size,
+                                                        cfg.micro_batch_tokens)]
+            # every rank plans every rank's micro batches, so all agree on the head calls of the
+            # j-th one without communicating (ZeRO-3: stages/common/fused_loss.py)
+            calls = [max(head_calls(rank_plan[j]) for rank_plan in plan) for j in range(len(plan[be.rank]))]
+            updates.append((len(members), plan[be.rank], calls))
+        return updates
+
+    def _reduce(self, stats: MismatchStats, sums: dict[str, float], grad_norms: list[float], n_updates: int,
+                t_old: float, t_update: float) -> dict[str, float]:
+        """The step's metrics, reduced over ranks."""
+        be = self.backend
         # reduce over ranks
         keys = list(STAT_KEYS) + list(sums)
         vec = torch.tensor([stats.sums[k] if k in stats.sums else 0.0 for k in STAT_KEYS] + [sums[k] for k in sums],
@@ -364,7 +377,6 @@ class Learner:
         red = dict(zip(keys, vec.tolist()))
         merged = MismatchStats({k: red[k] for k in STAT_KEYS})
         merged.sums["abs_log_k_max"] = float(mx[0])
-        n_updates = cfg.ppo_epochs * len(updates)
         out = merged.finalize()
         out.update({
             "loss": red["loss"] / n_updates,

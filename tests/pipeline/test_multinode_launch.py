@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from pipeline.launch import build_command, run_job
+from pipeline.launch import build_command, launch_job
 from pipeline.torchrun_hosts import HostfileError, choose_nodes, read_hostfile
 from stages.common.contract import Resources, StageFailed
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 def _launch(tmp_path: Path, resources: Resources, *extra: str):
     job = tmp_path / "job.json"
     cmd = build_command("tests.pipeline.world_probe", job, resources, "torchrun", True) + list(extra)
-    return job, run_job(cmd, "probe", tmp_path / "probe.log", resources)
+    return job, launch_job(cmd, "probe", tmp_path / "probe.log", resources)
 
 
 def test_two_nodes_on_localhost_form_one_process_group(tmp_path):
