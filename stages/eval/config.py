@@ -157,7 +157,7 @@ class EvalConfig(StageConfig):
 
 
 KIND = register(StageKind(
-    name="eval", config=EvalConfig, version=1,
+    name="eval", config=EvalConfig, version=2,
     sources=("stages.eval", "stages.common", "stages.rl.engines", "stages.reasoning_rl.data", "verifiers"),
     distributed=False,
     description="accuracy (greedy, pass@k) of models on held-out verifiable sets, per set and domain"))

@@ -60,9 +60,11 @@ def load_set(job: StageJob, name: str, spec: EvalSet) -> list[dict[str, Any]]:
 
 
 class ModelUnderEval:
-    """A model's tokenizer, decoder and rollout engine (the engine's memory is freed by close)."""
+    """A model's tokenizer, decoder and rollout engine (the engine's memory is freed by close).
+    `cfg` gives trust_remote_code, rollout, prompt_max_len, max_new_tokens and seed (the
+    `distill` stage's config has them too); `key` is the config key errors name."""
 
-    def __init__(self, job: StageJob, cfg: EvalConfig, name: str, ref: str):
+    def __init__(self, job: StageJob, cfg: EvalConfig, name: str, ref: str, key: str | None = None):
         import torch
         from transformers.utils import logging as hf_logging
 
@@ -72,12 +74,13 @@ class ModelUnderEval:
         from stages.rl.decoding import make_decoder
         from stages.rl.engines import create_engine
 
+        where = f"{key or f'models.{name}'} = {ref}:"
         model_dir = Path(job.fetch(ref))
         if not (model_dir / "config.json").is_file():
-            raise StageError(f"models.{name} = {ref}: {model_dir} is not a Hugging Face model dir (no config.json)")
+            raise StageError(f"{where} {model_dir} is not a Hugging Face model dir (no config.json)")
         hf_logging.disable_progress_bar()
         trust = cfg.trust_remote_code
-        self.tokenizer = load_tokenizer(model_dir, trust_remote_code=trust, what=f"models.{name} = {ref}:")
+        self.tokenizer = load_tokenizer(model_dir, trust_remote_code=trust, what=where)
         require_chat_template(self.tokenizer, ref)
         self.decode = make_decoder(self.tokenizer, eos_token_ids_of(model_dir, trust_remote_code=trust))
         own = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
@@ -88,7 +91,7 @@ class ModelUnderEval:
                                         max_len=cfg.prompt_max_len + cfg.max_new_tokens, seed=cfg.seed,
                                         trust_remote_code=trust, **cfg.rollout.options)
         except (KeyError, ValueError, RuntimeError, FileNotFoundError) as e:
-            raise StageError(f"models.{name} = {ref}: cannot start the {cfg.rollout.engine} engine: {e}") from None
+            raise StageError(f"{where} cannot start the {cfg.rollout.engine} engine: {e}") from None
 
     def close(self) -> None:
         import torch
@@ -116,7 +119,9 @@ def evaluate(model: ModelUnderEval, cfg: EvalConfig, rows: list[dict], prompt_id
                            timeout_s=cfg.verifier_timeout_s)
     scored = []
     for i, text, reward in zip(row_of, texts, rewards):
-        scored.append(Scored(i, rows[i]["domain"], float(reward.score), text.n_tokens, text.ended_by_eos))
+        task = rows[i].get("task")
+        scored.append(Scored(i, rows[i]["domain"], float(reward.score), text.n_tokens, text.ended_by_eos,
+                             task if isinstance(task, str) and task else None))
         responses.write(json.dumps({**tag, "id": rows[i]["id"], "domain": rows[i]["domain"], "response": str(text),
                                     "score": reward.score, "reason": reward.reason, "tokens": text.n_tokens,
                                     "ended_by_eos": text.ended_by_eos}, ensure_ascii=False) + "\n")
