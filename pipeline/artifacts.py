@@ -21,6 +21,7 @@ from filelock import FileLock
 
 # the store's URLs are read the way curation reads its inputs' (one normalisation, one fsspec lookup)
 from data_curation.io import filesystem, is_local, join, normalise_url
+from pipeline import secrets
 
 MANIFEST = "manifest.json"
 SUCCESS = "_SUCCESS"
@@ -102,7 +103,7 @@ class ArtifactStore:
         with storage_errors(f"write {name} at", stage_url):
             self.fs.makedirs(self._path(stage_url), exist_ok=True)  # a job may fail before writing anything
             with self.fs.open(join(self._path(stage_url), name), "w") as f:
-                json.dump(data, f, default=str)
+                json.dump(secrets.public(data), f, default=str)
 
     def read_note(self, stage_url: str, name: str) -> dict[str, Any] | None:
         p = join(self._path(stage_url), name)
@@ -156,7 +157,7 @@ class ArtifactStore:
                 files.append({"path": rel, "size": path.stat().st_size, "sha256": sha256_file(path)})
                 self.fs.makedirs(join(dest, os.path.dirname(rel)) if "/" in rel else dest, exist_ok=True)
                 self.fs.put_file(str(path), join(dest, rel))
-            manifest = {**manifest, "files": files, "published_at": time.time()}
+            manifest = secrets.public({**manifest, "files": files, "published_at": time.time()})
             with self.fs.open(join(dest, MANIFEST), "w") as f:
                 json.dump(manifest, f, indent=2, sort_keys=True, default=str)
             with self.fs.open(join(dest, SUCCESS), "w") as f:

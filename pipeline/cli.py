@@ -31,9 +31,13 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _main(version: bool = typer.Option(False, "--version", "-V", is_eager=True, callback=_version,
+def _main(ctx: typer.Context,
+          version: bool = typer.Option(False, "--version", "-V", is_eager=True, callback=_version,
                                        help="print the version and exit")) -> None:
     """Run the Ring-1T training recipe as one declarative pipeline."""
+    from pipeline import secrets
+
+    ctx.with_resource(secrets.redact_console())  # no credential of a recipe reaches the terminal
 
 RecipeArg = typer.Argument(..., help="recipe YAML file")
 SetOpt = typer.Option([], "--set", help="override a recipe value: KEY.PATH=VALUE (repeatable)")

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import IO, Iterator
 
+from pipeline import secrets
 from pipeline.job_output import JobOutput, Line
 from pipeline.stage_metrics import KIND_METRICS, KindMetrics
 
@@ -89,6 +90,7 @@ class RunConsole:
     # -- lines -----------------------------------------------------------------------------
     def say(self, text: str, error: bool = False) -> None:
         """A line of its own (above the progress bars)."""
+        text = secrets.redact(text)
         with self._lock:
             if self._bars is not None:
                 self._bars.console.print(text, markup=False, highlight=False, style="red" if error else None)

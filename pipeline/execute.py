@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from pipeline import console, interrupt
+from pipeline import console, interrupt, secrets
 from pipeline.artifacts import (CHECKPOINTS, ArtifactError, ArtifactStore, StorageError, join,
                                 normalise_url, read_manifest)
 from pipeline.changes import code_record
@@ -182,7 +182,7 @@ def _execute_leased(target: StageTarget, store: ArtifactStore, work_root: Path, 
                    output_dir=str(output_dir), work_dir=str(scratch),
                    tracking_uri=tracker.uri if tracker else None, run_id=run_id, seed=target.seed)
     job_path = work / "job.json"
-    job.write(job_path)
+    job_env = secrets.job_env(job.write(job_path))  # credentials reach the job through its environment
     command = build_command(target.kind.entry, job_path, target.resources, target.launcher,
                             target.kind.distributed)
     show = console.current()
@@ -191,12 +191,13 @@ def _execute_leased(target: StageTarget, store: ArtifactStore, work_root: Path, 
     started = time.time()
     try:
         check_eval_suite(target.name, target.config, store.storage_options)
-        launched = run_job(command, target.name, log_path, target.resources, kind=target.kind.name,
+        launched = run_job(command, target.name, log_path, target.resources, kind=target.kind.name, extra_env=job_env,
                            must_stop=lambda: lease.lost and f"its {target.url}/_RUNNING lease was lost: {lease.lost}")
         if lease.lost:  # lost after the job's last poll: publishing could overwrite the new holder's
             raise StageInterrupted(f"stage {target.name!r} was stopped before publishing: its lease "
                                    f"was lost: {lease.lost}")
         finished = time.time()
+        secrets.scrub_files(output_dir)  # a summary or report that quotes a credential is published redacted
         (output_dir / "logs").mkdir(exist_ok=True)
         shutil.copy(log_path, output_dir / "logs" / "stage.log")
         summary_path = output_dir / "stage_summary.json"

@@ -24,7 +24,7 @@ import yaml
 from prefect import flow, get_run_logger, task
 from prefect.futures import wait
 
-from pipeline import console, interrupt
+from pipeline import console, interrupt, secrets
 from pipeline.execute import ExecutionPolicy, StageRun, StageTarget, execute
 from pipeline.failures import StageFailure
 from pipeline.loader import load_recipe
@@ -97,18 +97,21 @@ def run_stage_task(target: dict[str, Any], recipe_path: str, overrides: list[str
         interrupt.raise_if_stopping(f"stage {name!r}")
         plan = make_plan(load_recipe(recipe_path, overrides))
         stage = plan[name]
-        tracker = PipelineTracker.attach(**tracking) if tracking else None
+        # the handle's URI is public (a stored task parameter); the recipe has the real one
+        tracker = PipelineTracker.attach(**{**tracking, "uri": plan.recipe.tracking.uri,
+                                            "ui_url": plan.recipe.tracking.ui_url}) if tracking else None
         policy = ExecutionPolicy.of(plan.recipe.storage, wait_if_running=wait_if_running,
                                     flow_run_id=flow_run.id)
         result = execute(StageTarget.from_plan(plan, stage), plan.store,
                          Path(plan.recipe.defaults.work_dir), policy, tracker, force=force)
     except BaseException as e:
+        secrets.scrub_exception(e)  # Prefect stores its message and traceback
         if not isinstance(getattr(e, "failure", None), StageFailure):  # failed before its job: not reported yet
             e.failure = StageFailure.of(name, e)  # type: ignore[attr-defined]
             console.current().stage_failed(name, e.failure.report(), e.failure.verdict)
         failure = e.failure
-        logger.error("%s failed: %s", name, failure.report())
-        create_markdown_artifact(_stage_markdown(name, target["kind"], None, failure),
+        logger.error("%s failed: %s", name, secrets.redact(failure.report()))
+        create_markdown_artifact(secrets.redact(_stage_markdown(name, target["kind"], None, failure)),
                                  key=_artifact_key(target["recipe"], name), description=f"{name}: failed")
         retries, delay = _stage_retry(recipe_path, overrides, name)
         if failure.retryable and task_run.run_count <= retries and not interrupt.stop_requested():
@@ -116,12 +119,12 @@ def run_stage_task(target: dict[str, Any], recipe_path: str, overrides: list[str
                                                f"of {retries + 1})")
         raise
     what = "cached" if result.status == "skipped" else f"done in {result.seconds:.1f}s"
-    logger.info("%s %s", name, "  ".join(p for p in (what, describe(result.headline), f"-> {result.url}",
+    logger.info("%s %s", name, secrets.redact("  ".join(p for p in (what, describe(result.headline), f"-> {result.url}",
                                                      f"MLflow run: {result.run_link}" if result.run_link else "")
-                                          if p))
-    create_markdown_artifact(_stage_markdown(name, target["kind"], result, None),
+                                          if p)))
+    create_markdown_artifact(secrets.redact(_stage_markdown(name, target["kind"], result, None)),
                              key=_artifact_key(target["recipe"], name), description=f"{name}: {what}")
-    return result.as_dict()
+    return secrets.public(result.as_dict())  # persisted by Prefect
 
 
 def _stage_retry(recipe_path: str, overrides: list[str], name: str) -> tuple[int, float]:
@@ -163,8 +166,9 @@ def _open_tracker(recipe, recipe_path: str, overrides: list[str], selected: list
                               description=description, tags=tags,
                               artifact_location=recipe.tracking.artifact_location, ui_url=recipe.tracking.ui_url)
     tracker.attach_text(Path(recipe_path).read_text(), f"recipe/{Path(recipe_path).name}")
-    tracker.attach_text(yaml.safe_dump(recipe.model_dump(mode="json", exclude_defaults=False), sort_keys=False),
-                        "recipe/resolved.yaml")
+    # credentials as their `${env:NAME}` references, or masked (pipeline.secrets)
+    tracker.attach_text(yaml.safe_dump(secrets.public(recipe.model_dump(mode="json", exclude_defaults=False)),
+                                       sort_keys=False), "recipe/resolved.yaml")
     return tracker
 
 
@@ -249,7 +253,7 @@ def pipeline_flow(recipe_path: str, overrides: list[str] | None = None, only: li
                **{n: "not started" for n in not_started}}
     times = {n: r["seconds"] for n, r in results.items() if r["status"] == "ran"}
     nothing_ran = not times and not failures and not not_started
-    create_markdown_artifact(_plan_markdown(plan, selected, outcome, times, tracker, nothing_ran),
+    create_markdown_artifact(secrets.redact(_plan_markdown(plan, selected, outcome, times, tracker, nothing_ran)),
                              key=_artifact_key(recipe.name, "pipeline"),
                              description=f"{run_name}: {len(times)} ran, {len(failures)} failed, "
                                          f"{len(results) - len(times)} cached, {time.time() - started:.0f} s")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from pipeline import console, interrupt
+from pipeline import console, interrupt, secrets
 from pipeline.interrupt import StageInterrupted
 from pipeline.job_output import JobOutput
 from pipeline.stage_api import Launcher, Resources
@@ -151,6 +151,7 @@ def run_job(command: list[str], stage: str, log_path: Path, resources: Resources
     def pump() -> None:
         with open(log_path, "a", encoding="utf-8") as log:
             for line in proc.stdout:  # type: ignore[union-attr]
+                line = secrets.redact(line)  # a job may print a URL or error holding a credential
                 log.write(line)
                 log.flush()
                 show.stage_output(stage, kind, output.feed(line), output)

@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 from filelock import FileLock
 
+from pipeline import secrets
 from pipeline.artifacts import StorageError, filesystem, join, local_path, normalise_url, storage_errors
 
 RUNNING = "_RUNNING"
@@ -96,7 +97,7 @@ class _LocalBackend:
         return _parse(text, str(self.path)), text
 
     def _write(self, data: dict) -> Any:
-        text = json.dumps(data)
+        text = json.dumps(secrets.public(data))  # the holder's tracking URI: never its password
         tmp = self.path.with_name(f"{self.path.name}.{uuid.uuid4().hex[:8]}.tmp")
         tmp.write_text(text)
         os.replace(tmp, self.path)
@@ -143,7 +144,7 @@ class _S3Backend:
     def _put(self, data: dict, **condition: str) -> Any | None:
         try:
             out = self.fs.call_s3("put_object", Bucket=self.bucket, Key=self.key,
-                                  Body=json.dumps(data).encode(), **condition)
+                                  Body=json.dumps(secrets.public(data)).encode(), **condition)
         except OSError as e:
             if _precondition_failed(e):
                 return None
@@ -193,7 +194,7 @@ class _ReadBackBackend:
         return _parse(text, self.path), text
 
     def _write_and_confirm(self, data: dict) -> Any | None:
-        text = json.dumps(data)
+        text = json.dumps(secrets.public(data))  # the holder's tracking URI: never its password
         with self.fs.open(self.path, "w") as f:
             f.write(text)
         current, version = self.read()

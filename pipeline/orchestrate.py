@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline import interrupt
+from pipeline import interrupt, secrets
 from pipeline.console import Verbosity
 
 _AFTER_STOP_WAIT_S = 60.0  # the flow thread's time to record a stop before we exit anyway
@@ -111,6 +111,10 @@ def _console_logging(verbosity: Verbosity) -> Any:
     quiet = _PrefectConsoleFilter(verbosity)
     for h in handlers:
         h.addFilter(quiet)
+    every = {h for n in (None, *names) for h in logging.getLogger(n).handlers}  # the Prefect API's too
+    redacting = secrets.RedactingFilter()
+    for h in every:
+        h.addFilter(redacting)
     import mlflow  # noqa: F401 - configures its loggers on import: before ours is set below
 
     mlflow_logger = logging.getLogger("mlflow")
@@ -123,6 +127,8 @@ def _console_logging(verbosity: Verbosity) -> Any:
         mlflow_logger.setLevel(mlflow_level)
         for h in handlers:
             h.removeFilter(quiet)
+        for h in every:
+            h.removeFilter(redacting)
 
 
 def _run_flow(params: dict[str, Any], api: str, deployment_name: str | None, outcome: RunOutcome) -> None:

@@ -10,6 +10,7 @@ raising `StageError`.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 from pathlib import Path
@@ -116,10 +117,26 @@ class StageJob(BaseModel):
         # deepspeed's launcher appends --local_rank=N; accept and ignore it
         parser.add_argument("--local_rank", type=int, default=None)
         args, _ = parser.parse_known_args(argv)
-        return cls.model_validate_json(Path(args.job).read_text())
+        from pipeline import secrets
 
-    def write(self, path: str | os.PathLike) -> None:
-        Path(path).write_text(self.model_dump_json(indent=2))
+        data = json.loads(Path(args.job).read_text())
+        try:
+            return cls.model_validate(secrets.resolve(data))  # credentials come from the environment
+        except secrets.MissingSecret as e:
+            raise StageError(str(e.args[0])) from None
+
+    def write(self, path: str | os.PathLike) -> str:
+        """job.json, readable by its owner only, with every credential as a `${env:NAME}`
+        reference (pipeline.secrets); returns its text (`secrets.job_env` of it is what the
+        job's processes must be given)."""
+        from pipeline import secrets
+
+        text = json.dumps(secrets.for_job(self.model_dump(mode="json")), indent=2)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(fd, 0o600)  # an existing file keeps its mode under O_CREAT
+            f.write(text)
+        return text
 
     @property
     def rank(self) -> int:

@@ -21,9 +21,11 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
+
+from pipeline import secrets
 
 _MAX_PARAM = 500  # MLflow's limit on a param value's length
 _MAX_TAG = 5000  # and a tag value's (mlflow.note.content included)
@@ -108,9 +110,9 @@ def _described(tags: dict[str, str], description: str) -> dict[str, str]:
     """`tags` plus the run's description (shown atop its page) and the code's git commit."""
     from pipeline.changes import git_commit
 
-    out = dict(tags)
+    out = secrets.public(dict(tags))
     if description:
-        out["mlflow.note.content"] = description[:_MAX_TAG]
+        out["mlflow.note.content"] = secrets.redact(description)[:_MAX_TAG]
     commit = git_commit()
     if commit:
         out["mlflow.source.git.commit"] = commit
@@ -133,14 +135,16 @@ class PipelineTracker:
             self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(
                 experiment, artifact_location=artifact_location or default_artifact_location(uri),
                 tags=_EXPERIMENT_KIND)
-        run = self.client.create_run(self.experiment_id, run_name=run_name,
+        run = self.client.create_run(self.experiment_id, run_name=secrets.redact(run_name),
                                      tags=_described({"ring.kind": "pipeline", **(tags or {})}, description))
         self.parent_id = run.info.run_id
         self._log_params(self.parent_id, params)
 
     def handle(self) -> dict[str, str | None]:
-        return {"uri": self.uri, "experiment_id": self.experiment_id, "parent_id": self.parent_id,
-                "ui_url": self.ui_url}
+        """What a Prefect task needs to attach (a task parameter, stored by Prefect: the
+        tracking URI is in its public form; the task takes the real one from the recipe)."""
+        return {"uri": secrets.redact(self.uri), "experiment_id": self.experiment_id, "parent_id": self.parent_id,
+                "ui_url": secrets.redact(self.ui_url) if self.ui_url else None}
 
     @classmethod
     def attach(cls, uri: str, experiment_id: str, parent_id: str, ui_url: str | None = None) -> "PipelineTracker":
@@ -154,26 +158,26 @@ class PipelineTracker:
         """The run's page in the MLflow UI, when the UI's address is known."""
         if not self.ui_url:
             return None
-        return f"{self.ui_url}/#/experiments/{self.experiment_id}/runs/{run_id}"
+        return secrets.redact(f"{self.ui_url}/#/experiments/{self.experiment_id}/runs/{run_id}")
 
     def run_link(self, run_id: str) -> str:
         """The run's page, or how to open it (`mlflow ui` on a local tracking store)."""
-        return self.run_url(run_id) or f"{run_id} (open with: mlflow ui --backend-store-uri {self.uri})"
+        return self.run_url(run_id) or secrets.redact(f"{run_id} (open with: mlflow ui --backend-store-uri {self.uri})")
 
     def _log_params(self, run_id: str, params: dict[str, Any]) -> None:
         from mlflow.entities import Param
 
-        items = [Param(k, v) for k, v in flatten(params).items()]
+        items = [Param(k, v) for k, v in flatten(secrets.public(params)).items()]
         for i in range(0, len(items), 100):
             self.client.log_batch(run_id, params=items[i:i + 100])
 
     def set_tags(self, tags: dict[str, str], run_id: str | None = None) -> None:
         for k, v in tags.items():
-            self.client.set_tag(run_id or self.parent_id, k, str(v)[:_MAX_TAG])
+            self.client.set_tag(run_id or self.parent_id, k, secrets.redact(str(v))[:_MAX_TAG])
 
     def attach_text(self, text: str, name: str, run_id: str | None = None) -> None:
         """A text file among the run's artifacts (the recipe, as given and as resolved)."""
-        self.client.log_text(run_id or self.parent_id, text, name)
+        self.client.log_text(run_id or self.parent_id, secrets.redact(text), name)
 
     def start_stage(self, stage: str, kind: str, stage_hash: str, config: dict[str, Any],
                     inputs: list[InputRef] = (), description: str = "") -> str:
@@ -189,7 +193,8 @@ class PipelineTracker:
         stages recording one dataset at once collide in MLflow's get-or-create."""
         try:
             with _setup_lock(self.uri):
-                self.client.log_inputs(run_id, datasets=[_dataset_input(r) for r in inputs])
+                self.client.log_inputs(run_id, datasets=[_dataset_input(InputRef(*secrets.public(list(astuple(r)))))
+                                                         for r in inputs])
         except Exception as e:  # noqa: BLE001
             print(f"warning: could not record the input datasets of MLflow run {run_id}: {e}",
                   file=sys.stderr, flush=True)
@@ -216,7 +221,7 @@ class PipelineTracker:
     def mark_killed(self, holder: dict[str, Any]) -> None:
         """The MLflow runs of a dead executor whose stage lease was taken over: KILLED, not
         RUNNING forever (when they live in this tracking store)."""
-        if holder.get("tracking_uri") != self.uri:
+        if holder.get("tracking_uri") not in (self.uri, secrets.redact(self.uri)):  # notes hold it redacted
             return
         for run_id in (holder.get("run_id"), holder.get("parent_run_id")):
             if not run_id:
@@ -301,7 +306,7 @@ class StageLogger:
         if self.enabled and self.client:
             from mlflow.entities import Param
 
-            self.client.log_batch(self.run_id, params=[Param(k, v) for k, v in flatten(values).items()])
+            self.client.log_batch(self.run_id, params=[Param(k, v) for k, v in flatten(secrets.public(values)).items()])
 
     def artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
         if self.enabled and self.client:
@@ -309,7 +314,7 @@ class StageLogger:
 
     def text(self, text: str, name: str) -> None:
         if self.enabled and self.client:
-            self.client.log_text(self.run_id, text, name)
+            self.client.log_text(self.run_id, secrets.redact(text), name)
 
 
 def info(msg: str) -> None:
