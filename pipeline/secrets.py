@@ -80,8 +80,8 @@ def remember_env(name: str, value: str) -> None:
 
 def remember_credential(value: str) -> None:
     """A credential written in the recipe (or a `--set`) itself."""
-    if value and value not in _secrets:
-        with _lock:
+    if value and value not in _secrets and not any(s.value in value for s in _order if s.from_env):
+        with _lock:  # (one that holds a value from the environment keeps that value's reference)
             n = sum(1 for s in _order if not s.from_env) + 1
         _add(_Secret(value, f"{_JOB_PREFIX}{n}", False))
 
@@ -215,22 +215,26 @@ _SCRUB_MAX_BYTES = 64 << 20
 
 
 def scrub_files(root: str | os.PathLike) -> list[str]:
-    """Redact, in place, the text files under `root` (a stage's outputs before they are
-    published: summaries and reports may quote a config value). Returns those changed."""
+    """Redact, in place, the text files under `root` (or the file `root`): a stage's outputs
+    before they are published or logged (summaries and reports may quote a config value).
+    Returns those changed."""
     from pathlib import Path
 
+    root = Path(root)
     if not _order:
         return []
-    changed = []
-    for path in Path(root).rglob("*"):
-        if path.suffix not in _TEXT_SUFFIXES or not path.is_file() or path.stat().st_size > _SCRUB_MAX_BYTES:
-            continue
-        text = path.read_text(encoding="utf-8", errors="surrogateescape")
-        clean = redact(text)
-        if clean != text:
-            path.write_text(clean, encoding="utf-8", errors="surrogateescape")
-            changed.append(str(path))
-    return changed
+    paths = root.rglob("*") if root.is_dir() else [root]
+    return [str(p) for p in paths if _scrub_file(p)]
+
+
+def _scrub_file(path: Any) -> bool:
+    if path.suffix not in _TEXT_SUFFIXES or not path.is_file() or path.stat().st_size > _SCRUB_MAX_BYTES:
+        return False
+    text = path.read_text(encoding="utf-8", errors="surrogateescape")
+    clean = redact(text)
+    if clean != text:
+        path.write_text(clean, encoding="utf-8", errors="surrogateescape")
+    return clean != text
 
 
 class RedactingStream:

@@ -310,6 +310,7 @@ class StageLogger:
 
     def artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
         if self.enabled and self.client:
+            secrets.scrub_files(path)  # a report may quote an input's URL
             self.client.log_artifact(self.run_id, str(path), artifact_path)
 
     def text(self, text: str, name: str) -> None:
