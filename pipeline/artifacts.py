@@ -75,7 +75,8 @@ class ArtifactStore:
 
     def __post_init__(self) -> None:
         self.root = normalise_url(self.root)
-        self.fs, self.root_path = filesystem(self.root, self.storage_options)
+        with storage_errors("open the store at", self.root):  # an unknown protocol, a backend not installed
+            self.fs, self.root_path = filesystem(self.root, self.storage_options)
 
     def stage_url(self, stage: str, stage_hash: str) -> str:
         return join(self.root, f"{stage}-{stage_hash[:12]}")

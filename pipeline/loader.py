@@ -262,7 +262,31 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] = ()) -> Recipe:
     for assignment in overrides:
         apply_override(data, assignment, origins)
     secrets.scan(data)
-    return validate_data(data, origins, str(_display(Path(path).resolve())))
+    recipe = validate_data(data, origins, str(_display(Path(path).resolve())))
+    recipe._origins = {**origins, (): Origin(str(_display(Path(path).resolve())), None)}
+    return recipe
+
+
+def locate(recipe: Recipe, key: Path_) -> str:
+    """`file:line` of a key path of a loaded recipe (its closest written parent's)."""
+    origins = recipe._origins
+    return _locate(key, origins, str(origins.get((), "recipe")))
+
+
+def check_endpoints(recipe: Recipe) -> None:
+    """RecipeError (`file:line: key: problem`) when the store or the tracking server cannot be
+    used now: unreachable, no credentials, credentials refused, no bucket (pipeline.endpoints)."""
+    from pipeline.endpoints import probe_store, probe_tracking
+
+    problems = []
+    store = probe_store(recipe.storage.url, recipe.storage.options)
+    if store:
+        problems.append(f"{locate(recipe, ('storage', 'url'))}: storage.url: {store}")
+    tracking = probe_tracking(recipe.tracking.uri)
+    if tracking:
+        problems.append(f"{locate(recipe, ('tracking', 'uri'))}: tracking.uri: {tracking}")
+    if problems:
+        raise RecipeError(problems)
 
 
 def _locate(loc: Path_, origins: dict[Path_, Origin], fallback: str) -> str:

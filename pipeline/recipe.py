@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Iterator, Union
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
+from pipeline.endpoints import form_problem, tracking_form_problem
 from pipeline.stage_api import REFERENCE_RE, Launcher, Resources, RetryPolicy, StageConfig, Strict
 from stages.registry import STAGE_KINDS
 
@@ -17,6 +18,14 @@ class StorageConfig(Strict):
     lease_timeout_s: float = Field(60.0, gt=0, description="a running stage's `_RUNNING` lease whose "
                                    "heartbeat is older than this was left by a dead run and is taken over")
 
+    @field_validator("url")
+    @classmethod
+    def _known_protocol(cls, v: str) -> str:
+        problem = form_problem(v)
+        if problem:
+            raise ValueError(problem)
+        return v
+
 
 class TrackingConfig(Strict):
     uri: str = Field("sqlite:///.ring/mlflow.db", description="MLflow tracking URI")
@@ -26,6 +35,14 @@ class TrackingConfig(Strict):
         "SQLite tracking DB; the tracking server's choice otherwise)")
     ui_url: str | None = Field(None, description="the MLflow UI's address, for links to runs (default: the "
                                "tracking URI when it is a server; e.g. http://127.0.0.1:5000 for `mlflow ui`)")
+
+    @field_validator("uri")
+    @classmethod
+    def _known_scheme(cls, v: str) -> str:
+        problem = tracking_form_problem(v)
+        if problem:
+            raise ValueError(problem)
+        return v
 
 
 class Defaults(Strict):
@@ -84,6 +101,8 @@ class Recipe(Strict):
     tracking: TrackingConfig = TrackingConfig()
     defaults: Defaults = Defaults()
     stages: dict[str, StageSpec] = Field(min_length=1)  # type: ignore[valid-type]
+    # where each key path was written (pipeline.loader: `file:line`), for errors found later
+    _origins: dict = PrivateAttr(default_factory=dict)
 
     @field_validator("stages")
     @classmethod
