@@ -12,10 +12,11 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from filelock import FileLock
 
@@ -52,6 +53,52 @@ def storage_errors(operation: str, url: str) -> Iterator[None]:
         raise StorageError(f"cannot {operation} {url}: {type(e).__name__}: {e}") from e
 
 
+def within(seconds: float, fn: Callable[[], Any]) -> Any:
+    """fn() in a thread of its own; TimeoutError when it has not returned after `seconds` (a
+    store call blocked on a dead connection cannot be interrupted: it is left behind)."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            box["error"] = e
+
+    worker = threading.Thread(target=run, daemon=True, name="bounded store call")
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        raise TimeoutError(f"no answer within {seconds:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+@dataclass(frozen=True)
+class WritePolicy:
+    """How long one store write (a file) may take, and how often it is tried (with backoff:
+    1 s, 2 s, 4 s ... between tries). A network file system or object store that stops
+    answering fails the write with its cause instead of hanging the stage for hours."""
+
+    timeout_s: float = 1800.0
+    attempts: int = 3
+    backoff_s: float = 1.0
+
+    def run(self, operation: str, url: str, fn: Callable[[], Any]) -> Any:
+        last: BaseException | None = None
+        for attempt in range(self.attempts):
+            if attempt:
+                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+            try:
+                return within(self.timeout_s, fn)
+            except (FileNotFoundError, PermissionError, IsADirectoryError):
+                raise  # not a passing outage: another try would fail the same way
+            except Exception as e:  # noqa: BLE001 - every backend has its own errors
+                last = e
+        what = str(last) if isinstance(last, TimeoutError) else f"{type(last).__name__}: {last}"
+        raise StorageError(f"cannot {operation} {url}: {what} (tried {self.attempts} times)") from last
+
+
 def sha256_file(path: str | os.PathLike) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -72,6 +119,7 @@ class ArtifactStore:
 
     root: str
     storage_options: dict[str, Any]
+    writes: WritePolicy = WritePolicy()
 
     def __post_init__(self) -> None:
         self.root = normalise_url(self.root)
@@ -157,19 +205,20 @@ class ArtifactStore:
                     continue
                 files.append({"path": rel, "size": path.stat().st_size, "sha256": sha256_file(path)})
                 self.fs.makedirs(join(dest, os.path.dirname(rel)) if "/" in rel else dest, exist_ok=True)
-                self.fs.put_file(str(path), join(dest, rel))
+                self.writes.run(f"publish {rel} to", stage_url,
+                                lambda path=path, rel=rel: self.fs.put_file(str(path), join(dest, rel)))
             manifest = secrets.public({**manifest, "files": files, "published_at": time.time()})
-            with self.fs.open(join(dest, MANIFEST), "w") as f:
-                json.dump(manifest, f, indent=2, sort_keys=True, default=str)
-            with self.fs.open(join(dest, SUCCESS), "w") as f:
-                f.write("")
+            text = json.dumps(manifest, indent=2, sort_keys=True, default=str)
+            self.writes.run(f"write {MANIFEST} to", stage_url, lambda: self.fs.pipe_file(join(dest, MANIFEST),
+                                                                                      text.encode()))
+            self.writes.run(f"write {SUCCESS} to", stage_url, lambda: self.fs.pipe_file(join(dest, SUCCESS), b""))
         return manifest
 
     def prune_checkpoints(self, stage_url: str, keep: int, dry_run: bool = False) -> list[str]:
         """Keep the newest `keep` complete checkpoints of an artifact (0: none, the final model
         only); remove older and never-completed ones. Returns the URLs removed (or, with
         `dry_run`, that would be)."""
-        ckpt = CheckpointStore(stage_url, self.storage_options)
+        ckpt = CheckpointStore(stage_url, self.storage_options, writes=self.writes)
         with storage_errors("prune checkpoints of", stage_url):
             if not ckpt.fs.exists(ckpt.path):
                 return []
@@ -300,6 +349,7 @@ class CheckpointStore:
     stage_url: str
     storage_options: dict[str, Any]
     keep: int = 2
+    writes: WritePolicy = WritePolicy()
 
     def __post_init__(self) -> None:
         self.fs, self.path = filesystem(join(self.stage_url, CHECKPOINTS), self.storage_options)
@@ -340,12 +390,13 @@ class CheckpointStore:
         for path in sorted(p for p in Path(local_dir).rglob("*") if p.is_file()):
             rel = path.relative_to(local_dir).as_posix()
             self.fs.makedirs(join(dest, os.path.dirname(rel)) if "/" in rel else dest, exist_ok=True)
-            self.fs.put_file(str(path), join(dest, rel))
+            self.writes.run(f"upload checkpoint step {step}'s {rel} to", self.stage_url,
+                            lambda path=path, rel=rel: self.fs.put_file(str(path), join(dest, rel)))
         return dest
 
     def mark_complete(self, step: int) -> None:
-        with self.fs.open(join(self._step_path(step), "_COMPLETE"), "w") as f:
-            f.write(str(step))
+        self.writes.run(f"mark checkpoint step {step} complete at", self.stage_url,
+                        lambda: self.fs.pipe_file(join(self._step_path(step), "_COMPLETE"), str(step).encode()))
         for old in self.steps()[:-self.keep]:
             self.fs.rm(self._step_path(old), recursive=True)
 
@@ -359,5 +410,6 @@ class CheckpointStore:
             if rel == "_COMPLETE":
                 continue
             (local_dir / rel).parent.mkdir(parents=True, exist_ok=True)
-            self.fs.get_file(p, str(local_dir / rel))
+            self.writes.run(f"download checkpoint step {step}'s {rel} from", self.stage_url,
+                            lambda p=p, rel=rel: self.fs.get_file(p, str(local_dir / rel)))
         return local_dir

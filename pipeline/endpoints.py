@@ -13,11 +13,10 @@ import base64
 import importlib.util
 import os
 import socket
-import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from pipeline import secrets
@@ -65,26 +64,6 @@ def tracking_form_problem(uri: str) -> str | None:
     if scheme == "sqlite" and not uri.startswith("sqlite:///"):
         return f"a SQLite tracking URI is sqlite:///relative/path.db or sqlite:////absolute/path.db, not {uri!r}"
     return None
-
-
-def _within(seconds: float, what: str, fn: Callable[[], Any]) -> Any:
-    """fn() in a thread; TimeoutError naming `what` when it does not answer in time."""
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - handed to the caller
-            box["error"] = e
-
-    worker = threading.Thread(target=run, daemon=True, name=f"probe {what}")
-    worker.start()
-    worker.join(seconds)
-    if worker.is_alive():
-        raise TimeoutError(f"no answer within {seconds:.0f} s")
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
 
 
 def _chain(e: BaseException) -> list[BaseException]:
@@ -151,6 +130,7 @@ def probe_store(url: str, options: dict[str, Any]) -> str | None:
     """Why the store at `url` cannot be used now, or None. A missing root is fine (the first
     run creates it); its bucket must exist and answer with these credentials."""
     from data_curation.io import filesystem
+    from pipeline.artifacts import within
 
     if protocol_of(url) == "file":
         return _local_writable(Path(url.removeprefix("file://")), "the store")
@@ -161,7 +141,7 @@ def probe_store(url: str, options: dict[str, Any]) -> str | None:
         fs.ls(bucket, detail=False) if protocol_of(url) in ("s3", "s3a", "gs", "gcs") else fs.exists(path)
 
     try:
-        _within(PROBE_TIMEOUT_S, url, check)
+        within(PROBE_TIMEOUT_S, check)
     except FileNotFoundError:
         return f"the bucket of the store {secrets.redact(url)} does not exist: create it first"
     except Exception as e:  # noqa: BLE001 - every backend has its own errors

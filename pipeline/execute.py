@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from pipeline import console, interrupt, secrets
-from pipeline.artifacts import (CHECKPOINTS, ArtifactError, ArtifactStore, StorageError, join,
+from pipeline.artifacts import (CHECKPOINTS, ArtifactError, ArtifactStore, StorageError, WritePolicy, join,
                                 normalise_url, read_manifest)
 from pipeline.changes import code_record
 from pipeline.failures import StageFailure
@@ -80,12 +80,14 @@ class StageTarget:
     seed: int = 0
     hashed: dict[str, Any] = field(default_factory=dict)  # what the hash covers (pipeline.plan)
     inputs: dict[str, Fingerprint] = field(default_factory=dict)
+    progress_deadline_s: float | None = None  # pipeline.launch stops a job silent for longer
 
     @classmethod
     def from_plan(cls, plan: Plan, stage: PlannedStage) -> "StageTarget":
         return cls(plan.recipe.name, stage.name, stage.kind, stage.resolved_config(plan), stage.hash,
                    stage.url, {d: (plan[d].url, plan[d].hash) for d in stage.deps},
-                   stage.resources, stage.launcher, plan.recipe.defaults.seed, stage.hashed, stage.inputs)
+                   stage.resources, stage.launcher, plan.recipe.defaults.seed, stage.hashed, stage.inputs,
+                   plan.recipe.stage_progress_deadline_s(stage.name))
 
 
 @dataclass(frozen=True)
@@ -96,10 +98,12 @@ class ExecutionPolicy:
     lease_timeout_s: float
     wait_if_running: bool = True
     flow_run_id: str | None = None
+    writes: WritePolicy = WritePolicy()  # the stage job's store writes (checkpoints)
 
     @classmethod
     def of(cls, storage: StorageConfig, **kw: Any) -> "ExecutionPolicy":
-        return cls(storage.keep_checkpoints, storage.lease_timeout_s, **kw)
+        return cls(storage.keep_checkpoints, storage.lease_timeout_s, **kw,
+                   writes=WritePolicy(storage.write_timeout_s, storage.write_attempts))
 
 
 def execute(target: StageTarget, store: ArtifactStore, work_root: Path, policy: ExecutionPolicy,
@@ -180,7 +184,8 @@ def _execute_leased(target: StageTarget, store: ArtifactStore, work_root: Path, 
                    config=target.config, stage_url=target.url, storage_options=store.storage_options,
                    upstream={d: u for d, (u, _) in target.upstream.items()},
                    output_dir=str(output_dir), work_dir=str(scratch),
-                   tracking_uri=tracker.uri if tracker else None, run_id=run_id, seed=target.seed)
+                   tracking_uri=tracker.uri if tracker else None, run_id=run_id, seed=target.seed,
+                   store_timeout_s=policy.writes.timeout_s, store_attempts=policy.writes.attempts)
     job_path = work / "job.json"
     job_env = secrets.job_env(job.write(job_path))  # credentials reach the job through its environment
     command = build_command(target.kind.entry, job_path, target.resources, target.launcher,
@@ -192,6 +197,7 @@ def _execute_leased(target: StageTarget, store: ArtifactStore, work_root: Path, 
     try:
         check_eval_suite(target.name, target.config, store.storage_options)
         launched = run_job(command, target.name, log_path, target.resources, kind=target.kind.name, extra_env=job_env,
+                           progress_deadline_s=target.progress_deadline_s,
                            must_stop=lambda: lease.lost and f"its {target.url}/_RUNNING lease was lost: {lease.lost}")
         if lease.lost:  # lost after the job's last poll: publishing could overwrite the new holder's
             raise StageInterrupted(f"stage {target.name!r} was stopped before publishing: its lease "
@@ -305,9 +311,11 @@ def adhoc_target(kind: str, config: dict[str, Any], *, stage: str, storage: str,
     h = stage_hash(spec, cfg, up_hashes, inputs)
     url = ArtifactStore(join(storage, recipe), opts).stage_url(stage, h)
     resolved = resolve_references(cfg.model_dump(mode="json"), {n: u for n, (u, _) in up.items()})
+    deadline_min = cfg.progress_deadline_min or (Defaults().progress_deadline_min if spec.distributed else None)
     return StageTarget(recipe, stage, spec, resolved, h, url, up,
                        resources or cfg.resources or Resources(), cfg.launcher or launcher, seed,
-                       hash_payload(spec, cfg, up_hashes, inputs), inputs)
+                       hash_payload(spec, cfg, up_hashes, inputs), inputs,
+                       deadline_min * 60 if deadline_min else None)
 
 
 def run_stage(kind: str, config: dict[str, Any], *, stage: str, storage: str,
@@ -315,16 +323,18 @@ def run_stage(kind: str, config: dict[str, Any], *, stage: str, storage: str,
               launcher: Launcher = "deepspeed", recipe: str = "adhoc",
               storage_options: dict[str, Any] | None = None, tracking_uri: str | None = None,
               experiment: str = "adhoc", work_root: Path = Path(".ring/work"), seed: int = 0,
-              force: bool = False) -> StageRun:
-    """One stage without a recipe or Prefect (tests, benchmarks, debugging); see `adhoc_target`."""
+              force: bool = False, writes: WritePolicy = WritePolicy()) -> StageRun:
+    """One stage without a recipe or Prefect (tests, benchmarks, debugging); see `adhoc_target`.
+    `writes` bounds each store write (storage.write_timeout_s / write_attempts)."""
     opts = storage_options or {}
     target = adhoc_target(kind, config, stage=stage, storage=storage, upstream=upstream,
                           resources=resources, launcher=launcher, recipe=recipe,
                           storage_options=opts, seed=seed)
-    store = ArtifactStore(join(storage, recipe), opts)
+    store = ArtifactStore(join(storage, recipe), opts, writes)
     tracker = PipelineTracker(tracking_uri, experiment, timestamped(recipe), {},
                               tags={"ring.recipe": recipe}) if tracking_uri else None
-    policy = ExecutionPolicy.of(StorageConfig(url=storage, options=opts))
+    policy = ExecutionPolicy.of(StorageConfig(url=storage, options=opts, write_timeout_s=writes.timeout_s,
+                                              write_attempts=writes.attempts))
     try:
         result = execute(target, store, work_root, policy, tracker, force)
     except BaseException:

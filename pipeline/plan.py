@@ -16,7 +16,7 @@ from typing import Any, Iterable
 
 from pydantic import BaseModel
 
-from pipeline.artifacts import ArtifactStore, join
+from pipeline.artifacts import ArtifactStore, WritePolicy, join
 from pipeline.fingerprints import Fingerprint, fingerprint_inputs
 from pipeline.recipe import Recipe, iter_references, topological_order
 from pipeline.stage_api import Launcher, Resources, StageConfig
@@ -158,7 +158,8 @@ class Plan:
 
 def make_plan(recipe: Recipe, check_store: bool = True) -> Plan:
     """The ordered stages with hashes; `check_store` asks the store which are published."""
-    store = ArtifactStore(join(recipe.storage.url, recipe.name), recipe.storage.options)
+    store = ArtifactStore(join(recipe.storage.url, recipe.name), recipe.storage.options,
+                          WritePolicy(recipe.storage.write_timeout_s, recipe.storage.write_attempts))
     deps = recipe.dependencies()
     planned: dict[str, PlannedStage] = {}
     for name in topological_order(deps):

@@ -87,6 +87,9 @@ class StageConfig(Strict):
     launcher: Launcher | None = Field(None, description="overrides defaults.launcher")
     retry: RetryPolicy | None = Field(None, description="overrides defaults.retry")
     log_every: int = cosmetic(1, ge=1, description="metrics logging interval (steps)")
+    progress_deadline_min: float | None = cosmetic(
+        None, gt=0, description="overrides defaults.progress_deadline_min: a job that prints no step, "
+        "progress or heartbeat line for this long is stopped (its ranks' stacks dumped to its log)")
     eval_suite: EvalSuite | None = cosmetic(None, description="the evaluation suite this stage is "
                                             "judged on: the pipeline does not start the stage while "
                                             "its `data` overlaps the suite (stages/curate/gate.py)")
@@ -108,6 +111,9 @@ class StageJob(BaseModel):
     tracking_uri: str | None = None
     run_id: str | None = None
     seed: int = 0
+    store_timeout_s: float = Field(1800.0, gt=0, description="one store write (a file) that takes longer "
+                                   "is abandoned and retried (storage.write_timeout_s)")
+    store_attempts: int = Field(3, ge=1, description="tries of a store write (storage.write_attempts)")
 
     # -- helpers for the stage's own process ------------------------------------
     @classmethod

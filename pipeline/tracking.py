@@ -302,6 +302,12 @@ class StageLogger:
                 **({"unit": unit} if unit else {})}
         print("[progress] " + json.dumps(line), flush=True)
 
+    def heartbeat(self, what: str = "") -> None:
+        """Alive inside a long step (call it from the main loop, never a timer thread): resets
+        the stage's progress deadline (pipeline.job_output)."""
+        if self.enabled:
+            print(f"[heartbeat] {what}".rstrip(), flush=True)
+
     def params(self, values: dict[str, Any]) -> None:
         if self.enabled and self.client:
             from mlflow.entities import Param
