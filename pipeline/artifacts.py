@@ -96,7 +96,8 @@ class WritePolicy:
             except Exception as e:  # noqa: BLE001 - every backend has its own errors
                 last = e
         what = str(last) if isinstance(last, TimeoutError) else f"{type(last).__name__}: {last}"
-        raise StorageError(f"cannot {operation} {url}: {what} (tried {self.attempts} times)") from last
+        # the message carries the cause: a chained traceback would be reported first (pipeline.job_output)
+        raise StorageError(f"cannot {operation} {url}: {what} (tried {self.attempts} times)") from None
 
 
 def sha256_file(path: str | os.PathLike) -> str:

@@ -131,8 +131,8 @@ def _span(seconds: float) -> str:
 def hang_report(deadline_s: float, silent_s: float, last_line: str | None, dumps: list[RankStacks]) -> str:
     """Why the job was stopped: the deadline, its last line, and each rank's place; a rank
     outside any collective (its peers wait for it) is named first."""
-    lines = [f"no progress for {_span(silent_s)} (progress deadline {_span(deadline_s)}: no step, "
-             "progress or heartbeat line): the job's ranks were stopped, their stacks are in the stage log",
+    lines = [(f"no progress for {_span(silent_s)} (progress deadline {_span(deadline_s)}: no step, "
+              "progress or heartbeat line): the job's ranks were stopped, their stacks are in the stage log"),
              f"last line of the job: {last_line.strip() if last_line else '(none)'}"]
     culprits = [d for d in dumps if d.main_frames() and not d.in_collective()]
     waiting = [d for d in dumps if d not in culprits]

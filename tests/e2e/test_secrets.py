@@ -21,7 +21,6 @@ import sys
 import textwrap
 import threading
 import uuid
-from pathlib import Path
 from urllib.parse import quote, quote_plus
 
 import pytest
@@ -56,11 +55,11 @@ class _AuthFiles(http.server.SimpleHTTPRequestHandler):
         self.end_headers()
         return False
 
-    def do_GET(self):  # noqa: N802 - http.server's names
+    def do_GET(self):
         if self._authorised():
             super().do_GET()
 
-    def do_HEAD(self):  # noqa: N802
+    def do_HEAD(self):
         if self._authorised():
             super().do_HEAD()
 

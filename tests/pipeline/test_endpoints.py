@@ -99,7 +99,7 @@ def test_run_refuses_an_unreachable_store_before_starting_anything(tmp_path, no_
 class _Answer(http.server.BaseHTTPRequestHandler):
     status = 200
 
-    def do_GET(self):  # noqa: N802
+    def do_GET(self):
         seen.append(self.headers.get("Authorization"))
         self.send_response(self.status)
         self.end_headers()

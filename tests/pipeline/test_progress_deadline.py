@@ -3,12 +3,7 @@ is stopped, and fails naming the rank that stalls and where each rank is; a stor
 never returns fails within its timeout, naming the write (issue 37)."""
 from __future__ import annotations
 
-import http.server
-import socket
-import threading
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 
@@ -16,10 +11,10 @@ from pipeline.artifacts import CheckpointStore, StorageError, WritePolicy
 from pipeline.job_output import JobOutput
 from pipeline.launch import StageFailed, build_command, run_job
 from pipeline.stage_api import Resources, StageJob
+from tests.store_faults import StallingS3
 
-pytestmark = pytest.mark.slow
 
-
+@pytest.mark.slow
 def test_a_rank_blocked_in_a_collective_fails_the_stage_within_its_deadline(tmp_path):
     job = StageJob(recipe="t", stage="hang", kind="probe", hash="0" * 16, config={}, stage_url="file:///x",
                    output_dir=str(tmp_path / "out"), work_dir=str(tmp_path / "work"))
@@ -58,52 +53,9 @@ def test_progress_lines_and_heartbeats_reset_the_deadline():
         assert out.last_progress_at > before, line
 
 
-class _Blackhole:
-    """An S3 endpoint in front of moto that forwards every request but never answers a PUT
-    under `checkpoints/` (a write that never returns: a dead NFS, a stalled object store)."""
-
-    def __init__(self, upstream: str):
-        blackhole = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def _forward(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                if self.command == "PUT" and "/checkpoints/" in self.path:
-                    blackhole.stalled += 1
-                    time.sleep(3600)
-                req = urllib.request.Request(upstream + self.path, data=body or None, method=self.command,
-                                             headers={k: v for k, v in self.headers.items() if k.lower() != "host"})
-                try:
-                    with urllib.request.urlopen(req) as r:
-                        status, headers, data = r.status, r.headers, r.read()
-                except urllib.error.HTTPError as err:
-                    status, headers, data = err.code, err.headers, err.read()
-                self.send_response(status)
-                for k, v in headers.items():
-                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
-                        self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(data)
-
-            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
-
-            def log_message(self, *args):
-                pass
-
-        self.stalled = 0
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-
 def test_a_checkpoint_write_that_never_returns_fails_within_its_timeout(tmp_path, s3_bucket):
     bucket_url, opts = s3_bucket
-    proxy = _Blackhole(opts["endpoint_url"])
+    proxy = StallingS3(opts["endpoint_url"])
     options = {**opts, "endpoint_url": proxy.url, "config_kwargs": {"retries": {"max_attempts": 1}}}
     local = tmp_path / "ckpt"
     local.mkdir()
@@ -118,4 +70,3 @@ def test_a_checkpoint_write_that_never_returns_fails_within_its_timeout(tmp_path
     assert "upload checkpoint step 7's model.bin to" in message and f"{bucket_url}/runs/s-0123" in message
     assert "no answer within 2 s (tried 2 times)" in message, message
     assert proxy.stalled == 2 and took < 2 * 2 + 5, took
-    socket.setdefaulttimeout(None)
