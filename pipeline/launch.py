@@ -141,6 +141,8 @@ def run_job(command: list[str], stage: str, log_path: Path, resources: Resources
     (`RING_COLLECTIVE_TIMEOUT_S`, stages.common.distributed).
     """
     env = {**os.environ, **_CHILD_ENV, **(extra_env or {})}
+    if extra_env:  # the job's credentials reach remote nodes too (pipeline.torchrun_hosts)
+        env["RING_FORWARD_ENV"] = ",".join(sorted(extra_env))
     if resources.gpus_per_node == 0:
         # CPU ranks share the cores: one intra-op thread pool per rank avoids oversubscription.
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // resources.ranks_per_node)))

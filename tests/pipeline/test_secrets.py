@@ -112,3 +112,16 @@ def test_short_or_common_values_do_not_garble_text():
     secrets.remember_env("T_STEPS", "5")  # a value from the environment, but no credential by its look
     assert secrets.redact("step 5 of 50") == "step 5 of 50"
     assert secrets.public({"n": "5"}) == {"n": "${env:T_STEPS}"}  # a whole value is still its reference
+
+
+def test_a_remote_node_gets_the_job_credentials_on_stdin_not_argv(monkeypatch):
+    from pipeline.torchrun_hosts import Host, node_command
+
+    value = _secret("node")
+    monkeypatch.setenv("T_NODE_KEY", value)
+    monkeypatch.setenv("RING_FORWARD_ENV", "T_NODE_KEY")
+    command, script = node_command(Host("gpu-node-7", 8, 2), 1, 2, 8, "gpu-node-1", 29500, ["-m", "stages.sft.job"])
+    assert command[:4] == ["ssh", "-o", "BatchMode=yes", "gpu-node-7"] and value not in " ".join(command)
+    assert f"export T_NODE_KEY={value}" in script and script.rstrip().splitlines()[-1].startswith("exec ")
+    local, none = node_command(Host("localhost", 8, 1), 0, 2, 8, "127.0.0.1", 29500, ["-m", "stages.sft.job"])
+    assert none is None and value not in " ".join(local)
