@@ -136,7 +136,8 @@ def _stage_retry(recipe_path: str, overrides: list[str], name: str) -> tuple[int
 
 def _target_param(plan: Plan, name: str) -> dict[str, Any]:
     s = plan[name]  # shown in the Prefect UI; the task re-plans from the recipe itself
-    return {"recipe": plan.recipe.name, "stage": name, "kind": s.kind.name, "hash": s.hash, "url": s.url}
+    return secrets.public({"recipe": plan.recipe.name, "stage": name, "kind": s.kind.name, "hash": s.hash,
+                           "url": s.url})
 
 
 def _flow_run_name() -> str:

@@ -37,7 +37,6 @@ CREDENTIAL_KEY = re.compile(
 URL_USERINFO = re.compile(r"\b[a-z][a-z0-9+.-]*://([^/?#@\s]+)@", re.IGNORECASE)
 ENV_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
 MASK = "***"
-_MIN_TEXT_LEN = {True: 6, False: 4}  # shorter values are replaced only where a whole string equals them
 _JOB_PREFIX = "RING_SECRET_"
 
 
@@ -46,6 +45,13 @@ class _Secret:
     value: str
     env: str  # the variable that carries it into a job
     from_env: bool  # substituted from the environment (shown as its reference) or literal (masked)
+    credential: bool = True  # by its key name or place (a URL's user info); else only from the environment
+
+    @property
+    def min_text_len(self) -> int:
+        """Shorter values are replaced only where a whole string equals them (a `${env:N}` of
+        "5" must not rewrite every 5 in a log; a short password still goes)."""
+        return 3 if self.credential else 6
 
     @property
     def public(self) -> str:
@@ -75,15 +81,23 @@ def _add(secret: _Secret) -> _Secret:
 def remember_env(name: str, value: str) -> None:
     """A value the recipe took from the environment variable `name`."""
     if value:
-        _add(_Secret(value, name, True))
+        _add(_Secret(value, name, True, credential=False))
 
 
 def remember_credential(value: str) -> None:
-    """A credential written in the recipe (or a `--set`) itself."""
-    if value and value not in _secrets and not any(s.value in value for s in _order if s.from_env):
-        with _lock:  # (one that holds a value from the environment keeps that value's reference)
-            n = sum(1 for s in _order if not s.from_env) + 1
-        _add(_Secret(value, f"{_JOB_PREFIX}{n}", False))
+    """A credential written in the recipe (or a `--set`) itself, or a value from the
+    environment found to be one (under a credential's key name)."""
+    if not value:
+        return
+    with _lock:
+        known = _secrets.get(value)
+        if known is not None and not known.credential:  # from the environment: redacted more eagerly
+            _secrets[value] = _Secret(value, known.env, True, credential=True)
+            _order[_order.index(known)] = _secrets[value]
+        if value in _secrets or any(s.value in value for s in _order if s.from_env):
+            return  # (one that holds a value from the environment keeps that value's reference)
+        n = sum(1 for s in _order if not s.from_env) + 1
+    _add(_Secret(value, f"{_JOB_PREFIX}{n}", False))
 
 
 def url_credentials(text: str) -> list[str]:
@@ -130,13 +144,13 @@ def _replace(text: str, attr: str) -> str:
         if text == s.value:
             return getattr(s, attr)
     for s in order:
-        if len(s.value) < _MIN_TEXT_LEN[s.from_env]:
+        if len(s.value) < s.min_text_len:
             continue
         if s.value in text:
             text = text.replace(s.value, getattr(s, attr))
         if attr == "public":
             for form in _forms(s.value) - {s.value}:
-                if len(form) >= _MIN_TEXT_LEN[s.from_env] and form in text:
+                if len(form) >= s.min_text_len and form in text:
                     text = text.replace(form, s.public)
     return text
 

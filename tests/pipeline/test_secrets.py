@@ -125,3 +125,14 @@ def test_a_remote_node_gets_the_job_credentials_on_stdin_not_argv(monkeypatch):
     assert f"export T_NODE_KEY={value}" in script and script.rstrip().splitlines()[-1].startswith("exec ")
     local, none = node_command(Host("localhost", 8, 1), 0, 2, 8, "127.0.0.1", 29500, ["-m", "stages.sft.job"])
     assert none is None and value not in " ".join(local)
+
+
+def test_a_short_credential_from_the_environment_is_still_redacted_in_text(tmp_path, monkeypatch):
+    monkeypatch.setenv("T_SHORT", "q7Z")
+    load_recipe(_recipe(tmp_path, """\
+        name: t
+        storage: {options: {password: "${env:T_SHORT}"}}
+        stages:
+          data: {kind: synthetic_data, files: {a.jsonl: {generator: arithmetic_cot, n: 4}}}
+        """))
+    assert secrets.redact("login with q7Z failed") == "login with ${env:T_SHORT} failed"
