@@ -2,7 +2,7 @@
 read (an unknown protocol, a backend that is not installed: `form_problem`), their answer by
 `ring-pipeline validate` and before `run` starts anything (`probe_store`, `probe_tracking`:
 unreachable, no credentials, credentials refused, no such bucket), each as one sentence
-that names the URL (never its credentials: pipeline.secrets) and what to do.
+that names the URL (never its credentials: stages.common.secrets) and what to do.
 
 A probe waits at most `PROBE_TIMEOUT_S`: an endpoint that does not answer is reported, not
 waited for (botocore alone retries a dead endpoint for minutes).
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from pipeline import secrets
+from stages.common import secrets
 
 PROBE_TIMEOUT_S = float(os.environ.get("RING_PROBE_TIMEOUT_S", "20"))
 # MLflow's tracking stores by URI scheme (a DB scheme may name its driver: postgresql+psycopg2)
@@ -129,8 +129,8 @@ def _local_writable(path: Path, what: str) -> str | None:
 def probe_store(url: str, options: dict[str, Any]) -> str | None:
     """Why the store at `url` cannot be used now, or None. A missing root is fine (the first
     run creates it); its bucket must exist and answer with these credentials."""
-    from data_curation.io import filesystem
-    from pipeline.artifacts import within
+    from data_curation.urls import filesystem
+    from stages.common.store_writes import within
 
     if protocol_of(url) == "file":
         return _local_writable(Path(url.removeprefix("file://")), "the store")

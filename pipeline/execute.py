@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from pipeline import console, interrupt, secrets
-from pipeline.artifacts import (CHECKPOINTS, ArtifactError, ArtifactStore, StorageError, WritePolicy, join,
-                                normalise_url, read_manifest)
+from data_curation.urls import join, normalise_url
+from pipeline import console, interrupt
+from pipeline.artifacts import ArtifactStore
 from pipeline.changes import code_record
 from pipeline.failures import StageFailure
 from pipeline.fingerprints import Fingerprint
@@ -30,10 +30,12 @@ from pipeline.launch import build_command, run_job
 from pipeline.lease import Lease, LeaseHeld, describe_holder, try_acquire
 from pipeline.plan import Plan, PlannedStage, hash_payload, input_fingerprints, resolve_references, stage_hash
 from pipeline.recipe import Defaults, StorageConfig
-from pipeline.stage_api import Launcher, Resources, StageJob
 from pipeline.stage_metrics import describe, headline
 from pipeline.tracking import InputRef, PipelineTracker, timestamped
-from stages.curate.gate import check_eval_suite
+from stages.common import secrets
+from stages.common.artifact_inputs import CHECKPOINTS, ArtifactError, StorageError, read_manifest
+from stages.common.contract import Launcher, Resources, StageJob
+from stages.common.store_writes import WritePolicy
 from stages.registry import STAGE_KINDS, StageKind
 
 FAILED = "_FAILED"
@@ -195,9 +197,10 @@ def _execute_leased(target: StageTarget, store: ArtifactStore, work_root: Path, 
                                     "ranks" if target.kind.distributed else target.kind.name)
     started = time.time()
     try:
-        check_eval_suite(target.name, target.config, store.storage_options)
-        launched = run_job(command, target.name, log_path, target.resources, kind=target.kind.name, extra_env=job_env,
-                           progress_deadline_s=target.progress_deadline_s,
+        for check in target.kind.pre_launch:  # e.g. the eval-suite gate (stages/common/eval_suite_gate.py)
+            check(target.name, target.config, store.storage_options)
+        launched = run_job(command, target.name, log_path, target.resources, kind=target.kind.name,
+                           extra_env=job_env, progress_deadline_s=target.progress_deadline_s,
                            must_stop=lambda: lease.lost and f"its {target.url}/_RUNNING lease was lost: {lease.lost}")
         if lease.lost:  # lost after the job's last poll: publishing could overwrite the new holder's
             raise StageInterrupted(f"stage {target.name!r} was stopped before publishing: its lease "

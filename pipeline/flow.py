@@ -24,13 +24,14 @@ import yaml
 from prefect import flow, get_run_logger, task
 from prefect.futures import wait
 
-from pipeline import console, interrupt, secrets
+from pipeline import console, interrupt
 from pipeline.execute import ExecutionPolicy, StageRun, StageTarget, execute
 from pipeline.failures import StageFailure
 from pipeline.loader import load_recipe
 from pipeline.plan import Plan, make_plan
 from pipeline.stage_metrics import describe
 from pipeline.tracking import PipelineTracker, timestamped
+from stages.common import secrets
 
 
 class PipelineFailed(RuntimeError):
@@ -167,7 +168,7 @@ def _open_tracker(recipe, recipe_path: str, overrides: list[str], selected: list
                               description=description, tags=tags,
                               artifact_location=recipe.tracking.artifact_location, ui_url=recipe.tracking.ui_url)
     tracker.attach_text(Path(recipe_path).read_text(), f"recipe/{Path(recipe_path).name}")
-    # credentials as their `${env:NAME}` references, or masked (pipeline.secrets)
+    # credentials as their `${env:NAME}` references, or masked (stages.common.secrets)
     tracker.attach_text(yaml.safe_dump(secrets.public(recipe.model_dump(mode="json", exclude_defaults=False)),
                                        sort_keys=False), "recipe/resolved.yaml")
     return tracker

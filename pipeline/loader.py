@@ -14,9 +14,9 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from pipeline import secrets
-from pipeline.secrets import CREDENTIAL_KEY
 from pipeline.recipe import Recipe, RecipeGraphError
+from stages.common import secrets
+from stages.common.secrets import CREDENTIAL_KEY
 
 _ENV_RE = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
 Path_ = tuple  # a key path inside the recipe, e.g. ("stages", "sft", "lr")
@@ -87,7 +87,7 @@ def _interpolate_env(value: str, where: str, problems: list[str]) -> str:
     def sub(m: re.Match) -> str:
         var, default = m.group(1), m.group(2)
         if var in os.environ:
-            secrets.remember_env(var, os.environ[var])  # kept out of everything written (pipeline.secrets)
+            secrets.remember_env(var, os.environ[var])  # kept out of everything written (stages.common.secrets)
             return os.environ[var]
         if default is not None:
             return default

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline import interrupt, secrets
+from pipeline import interrupt
 from pipeline.console import Verbosity
+from stages.common import secrets
 
 _AFTER_STOP_WAIT_S = 60.0  # the flow thread's time to record a stop before we exit anyway
 
@@ -89,9 +90,9 @@ class _PrefectConsoleFilter(logging.Filter):
         self.verbosity = verbosity
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from pipeline.artifacts import ArtifactError
         from pipeline.flow import PipelineFailed
-        from pipeline.launch import StageFailed
+        from stages.common.artifact_inputs import ArtifactError
+        from stages.common.contract import StageFailed
 
         if self.verbosity < Verbosity.VERBOSE and record.name.startswith(("prefect.flow_runs", "prefect.task_runs")):
             return False

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Iterator, Union
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from pipeline.endpoints import form_problem, tracking_form_problem
-from pipeline.stage_api import REFERENCE_RE, Launcher, Resources, RetryPolicy, StageConfig, Strict
+from stages.common.contract import REFERENCE_RE, Launcher, Resources, RetryPolicy, StageConfig, Strict
 from stages.registry import STAGE_KINDS
 
 

@@ -10,7 +10,7 @@ host one `torchrun --nnodes N --node-rank i --nproc-per-node P` starts: as a chi
 this machine when the host is this machine (localhost, a loopback address, its own name), over
 `ssh host` elsewhere (in the same directory, with the launch environment: PYTHON*, NCCL_*,
 TORCH_*, HF_*, MLFLOW_*, AWS_*, RING_*, ... as the DeepSpeed launcher exports it, and the
-variables named in $RING_FORWARD_ENV (the job's credentials, pipeline.secrets), sent on the
+variables named in $RING_FORWARD_ENV (the job's credentials, stages.common.secrets), sent on the
 ssh session's stdin as a script, never on a command line that `ps` shows; the hosts need
 passwordless ssh and the same checkout path, as for DeepSpeed). When one node's torchrun fails
 the others are stopped (SIGTERM, SIGKILL after STOP_GRACE_S), and this process exits with the

@@ -1,18 +1,21 @@
-"""Verifiable rewards: math, code (sandboxed), logic games, instruction following.
+"""Verifiable rewards: math, code (sandboxed), logic games, instruction following,
+reasoning-gym tasks (scored by each family's own grader).
 
     from verifiers import Reward, verify, verify_batch, get_verifier, register_verifier, VERIFIERS
 
 See verifiers/README.md. This package imports nothing from the rest of the repository.
 """
+# domain modules register themselves on import
+from . import (
+    code_exec,  # noqa: E402,F401
+    ifeval,  # noqa: E402,F401
+    math_answer,  # noqa: E402,F401
+    rgym,  # noqa: E402,F401
+)
 from .api import VerifierPool, VerifierPoolError, shutdown_pool, verify, verify_batch
+from .logic import arc, countdown, knights_knaves, maze, sudoku  # noqa: E402,F401
 from .registry import VERIFIERS, get_verifier, register_verifier
 from .schema import Reward, TaskRow
-
-# domain modules register themselves on import
-from . import math_answer  # noqa: E402,F401
-from . import code_exec  # noqa: E402,F401
-from . import ifeval  # noqa: E402,F401
-from .logic import arc, countdown, knights_knaves, maze, sudoku  # noqa: E402,F401
 
 __all__ = [
     "Reward",

@@ -5,10 +5,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-
 # Which path produced a reward (``Reward.source``). Stable names: RL monitors group by them.
 SOURCES = {
     "boxed": "the last \\boxed{} of the final answer",
+    "answer_tag": "the last <answer> </answer> of the final answer (reasoning_gym)",
     "answer_is": 'a marker: "the answer is", "final answer:", "answer:"',
     "bare": "the final answer is one short line of mathematics",
     "last_number": "FALLBACK: the last number anywhere in the final answer",

@@ -35,9 +35,10 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from pipeline.artifacts import CheckpointStore, WritePolicy
-from pipeline.stage_api import StageError, StageJob
+from stages.common.checkpoint_store import CheckpointStore
+from stages.common.contract import StageError, StageJob
 from stages.common.distributed import Ranks
+from stages.common.store_writes import WritePolicy
 
 STATE_FILE = "state.json.gz"
 

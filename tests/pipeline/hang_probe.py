@@ -10,9 +10,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from pipeline.tracking import StageLogger
 from stages.common.entry import run_job
 from stages.common.groups import collective_timeout
+from stages.common.stage_log import StageLogger
 
 
 def stall_forever() -> None:

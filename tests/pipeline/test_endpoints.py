@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from pipeline.launch import free_port
+from stages.common.ports import free_port
 
 runner = CliRunner()
 STAGES = """\

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from pipeline.launch import StageFailed, build_command, run_job
-from pipeline.stage_api import Resources
+from pipeline.launch import build_command, run_job
 from pipeline.torchrun_hosts import HostfileError, choose_nodes, read_hostfile
+from stages.common.contract import Resources, StageFailed
 
 pytestmark = pytest.mark.slow
 

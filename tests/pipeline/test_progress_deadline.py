@@ -7,10 +7,12 @@ import time
 
 import pytest
 
-from pipeline.artifacts import CheckpointStore, StorageError, WritePolicy
 from pipeline.job_output import JobOutput
-from pipeline.launch import StageFailed, build_command, run_job
-from pipeline.stage_api import Resources, StageJob
+from pipeline.launch import build_command, run_job
+from stages.common.artifact_inputs import StorageError
+from stages.common.checkpoint_store import CheckpointStore
+from stages.common.contract import Resources, StageFailed, StageJob
+from stages.common.store_writes import WritePolicy
 from tests.store_faults import StallingS3
 
 

@@ -11,9 +11,9 @@ from urllib.parse import quote
 
 import pytest
 
-from pipeline import secrets
 from pipeline.loader import RecipeError, load_recipe
-from pipeline.stage_api import StageError, StageJob
+from stages.common import secrets
+from stages.common.contract import StageError, StageJob
 
 
 def _secret(prefix: str) -> str:

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from pipeline.artifacts import WritePolicy
 from pipeline.execute import run_stage
-from pipeline.launch import StageFailed
+from stages.common.contract import StageFailed
+from stages.common.store_writes import WritePolicy
 from tests.stages.conftest import ONE
 from tests.store_faults import StallingS3
 
