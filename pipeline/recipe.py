@@ -10,6 +10,13 @@ from stages.common.contract import REFERENCE_RE, Launcher, Resources, RetryPolic
 from stages.registry import STAGE_KINDS
 
 
+def _refused(problem: str | None, value: str) -> str:
+    """`value`, or the ValueError pydantic reports with the key's `file:line` (pipeline.loader)."""
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
 class StorageConfig(Strict):
     url: str = Field("file://./.ring/artifacts", description="fsspec URL of the artifact store")
     options: dict[str, Any] = Field({}, description="fsspec storage options (s3: endpoint_url, key, ...)")
@@ -24,10 +31,7 @@ class StorageConfig(Strict):
     @field_validator("url")
     @classmethod
     def _known_protocol(cls, v: str) -> str:
-        problem = form_problem(v)
-        if problem:
-            raise ValueError(problem)
-        return v
+        return _refused(form_problem(v), v)
 
 
 class TrackingConfig(Strict):
@@ -42,10 +46,7 @@ class TrackingConfig(Strict):
     @field_validator("uri")
     @classmethod
     def _known_scheme(cls, v: str) -> str:
-        problem = tracking_form_problem(v)
-        if problem:
-            raise ValueError(problem)
-        return v
+        return _refused(tracking_form_problem(v), v)
 
 
 class Defaults(Strict):
