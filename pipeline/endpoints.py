@@ -25,6 +25,7 @@ PROBE_TIMEOUT_S = float(os.environ.get("RING_PROBE_TIMEOUT_S", "20"))
 # MLflow's tracking stores by URI scheme (a DB scheme may name its driver: postgresql+psycopg2)
 TRACKING_SCHEMES = {"", "file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks"}
 _DB_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
+_BUCKETED = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl"}
 # botocore's signals, by exception class name (no botocore import: a file store needs none)
 _NO_CREDENTIALS = {"NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"}
 _REFUSED_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken",
@@ -53,6 +54,8 @@ def form_problem(url: str) -> str | None:
     module = impl.get("class", "").split(".", 1)[0]
     if module and importlib.util.find_spec(module) is None:
         return f"{protocol}:// needs the package {module}, which is not installed ({impl.get('err', '')})"
+    if protocol in _BUCKETED and not url.split("://", 1)[1].split("/", 1)[0]:
+        return f"{secrets.redact(url)} names no bucket ({protocol}://BUCKET/prefix)"
     return None
 
 
@@ -63,6 +66,14 @@ def tracking_form_problem(uri: str) -> str | None:
                 "sqlite:///path, a directory, http(s)://server, postgresql://, mysql://, mssql://, databricks)")
     if scheme == "sqlite" and not uri.startswith("sqlite:///"):
         return f"a SQLite tracking URI is sqlite:///relative/path.db or sqlite:////absolute/path.db, not {uri!r}"
+    if scheme in ("http", "https", *_DB_PORTS):
+        try:
+            parts = urlsplit(uri)
+            parts.port  # noqa: B018 - raises on a port that is not a number
+        except ValueError as e:
+            return f"{secrets.redact(uri)} is not a valid URL: {e}"
+        if not parts.hostname:
+            return f"{secrets.redact(uri)} names no host"
     return None
 
 

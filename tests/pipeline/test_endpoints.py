@@ -46,6 +46,7 @@ def no_aws_credentials(monkeypatch, tmp_path):
 @pytest.mark.parametrize("url, fragment", [
     ("s4://bucket/x", "unknown storage protocol 's4'"),
     ("nosuchfs://b/x", "unknown storage protocol 'nosuchfs'"),
+    ("s3:///x", "s3:///x names no bucket"),
 ])
 def test_an_unknown_store_protocol_is_a_recipe_error(tmp_path, url, fragment):
     path = _recipe(tmp_path, f"storage: {{url: {url}}}")
@@ -56,7 +57,8 @@ def test_an_unknown_store_protocol_is_a_recipe_error(tmp_path, url, fragment):
 
 def test_an_unknown_tracking_scheme_is_a_recipe_error(tmp_path):
     for uri, fragment in (("mlfow://host:5000", "unknown tracking URI scheme 'mlfow'"),
-                          ("sqlite://relative.db", "sqlite:///relative/path.db")):
+                          ("sqlite://relative.db", "sqlite:///relative/path.db"),
+                          ("http://host:port5000", "is not a valid URL"), ("http:///api", "names no host")):
         res = _invoke("validate", str(_recipe(tmp_path, "", uri)), "--offline")
         assert res.exit_code == 2 and "r.yaml:3: tracking.uri:" in res.output and fragment in res.output, res.output
 
