@@ -279,12 +279,14 @@ def check_endpoints(recipe: Recipe) -> None:
     from pipeline.endpoints import probe_store, probe_tracking
 
     problems = []
-    store = probe_store(recipe.storage.url, recipe.storage.options)
-    if store:
-        problems.append(f"{locate(recipe, ('storage', 'url'))}: storage.url: {store}")
-    tracking = probe_tracking(recipe.tracking.uri)
-    if tracking:
-        problems.append(f"{locate(recipe, ('tracking', 'uri'))}: tracking.uri: {tracking}")
+    for key, probe in ((("storage", "url"), lambda: probe_store(recipe.storage.url, recipe.storage.options)),
+                       (("tracking", "uri"), lambda: probe_tracking(recipe.tracking.uri))):
+        try:
+            problem = probe()
+        except Exception as e:  # noqa: BLE001 - a probe's own failure is still the URL's problem
+            problem = f"cannot be checked: {type(e).__name__}: {e}"
+        if problem:
+            problems.append(f"{locate(recipe, key)}: {'.'.join(key)}: {problem}")
     if problems:
         raise RecipeError(problems)
 

@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from data_curation.benchmarks import EvalSuite
+from stages.common import secrets
 from stages.common.artifact_inputs import ArtifactError, fetch_input
 
 
@@ -141,8 +142,6 @@ class StageJob(BaseModel):
         # deepspeed's launcher appends --local_rank=N; accept and ignore it
         parser.add_argument("--local_rank", type=int, default=None)
         args, _ = parser.parse_known_args(argv)
-        from stages.common import secrets
-
         data = json.loads(Path(args.job).read_text())
         try:
             return cls.model_validate(secrets.resolve(data))  # credentials come from the environment
@@ -153,8 +152,6 @@ class StageJob(BaseModel):
         """job.json, readable by its owner only, with every credential as a `${env:NAME}`
         reference (stages.common.secrets); returns its text (`secrets.job_env` of it is what the
         job's processes must be given)."""
-        from stages.common import secrets
-
         text = json.dumps(secrets.for_job(self.model_dump(mode="json")), indent=2)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
