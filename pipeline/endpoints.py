@@ -44,7 +44,9 @@ def form_problem(url: str) -> str | None:
     from fsspec.registry import known_implementations, registry
 
     protocol = protocol_of(url)
-    if protocol in registry:
+    if protocol in _BUCKETED and not url.split("://", 1)[1].split("/", 1)[0]:
+        return f"{secrets.redact(url)} names no bucket ({protocol}://BUCKET/prefix)"
+    if protocol in registry:  # imported already
         return None
     if protocol not in fsspec.available_protocols():
         common = ", ".join(sorted(p for p in ("file", "s3", "gs", "gcs", "az", "abfs", "hdfs", "memory")
@@ -54,8 +56,6 @@ def form_problem(url: str) -> str | None:
     module = impl.get("class", "").split(".", 1)[0]
     if module and importlib.util.find_spec(module) is None:
         return f"{protocol}:// needs the package {module}, which is not installed ({impl.get('err', '')})"
-    if protocol in _BUCKETED and not url.split("://", 1)[1].split("/", 1)[0]:
-        return f"{secrets.redact(url)} names no bucket ({protocol}://BUCKET/prefix)"
     return None
 
 
