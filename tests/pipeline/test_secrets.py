@@ -16,6 +16,17 @@ from stages.common import secrets
 from stages.common.contract import StageError, StageJob
 
 
+@pytest.fixture(autouse=True)
+def _registry_restored():
+    """Each test's credentials leave the process's registry with it: a later test in this
+    worker must not find its job files rewritten to reference them."""
+    saved = dict(secrets._secrets), list(secrets._order)
+    yield
+    secrets._secrets.clear()
+    secrets._secrets.update(saved[0])
+    secrets._order[:] = saved[1]
+
+
 def _secret(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:16]}"
 
