@@ -19,6 +19,7 @@ for the rest of the process, whatever recipe printed it.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import re
@@ -128,13 +129,14 @@ def is_reference_only(text: str) -> bool:
     return bool(ENV_REF.fullmatch(text.strip()))
 
 
-def _forms(value: str) -> set[str]:
+@functools.lru_cache(maxsize=1024)
+def _forms(value: str) -> frozenset[str]:
     """How a value can appear in text: as it is, URL-encoded, JSON-escaped, base64."""
     raw = value.encode()
     forms = {value, quote(value, safe=""), quote(value), quote_plus(value), json.dumps(value)[1:-1]}
     for enc in (base64.b64encode, base64.urlsafe_b64encode):
         forms.add(enc(raw).decode().rstrip("="))
-    return {f for f in forms if f}
+    return frozenset(f for f in forms if f)
 
 
 def _replace(text: str, attr: str) -> str:
