@@ -18,6 +18,10 @@ for user errors):
   `[rank N] `: its message explains the failure too (rank 0 may be stuck in a collective the
   failed ranks never reached, and be stopped by the launcher without a word).
 - `<name>: warning: <text>`: something the operator should see even on a quiet console.
+- `[heartbeat] <text>`: the job is alive and making progress inside a long step (a stage
+  prints it from its main loop, never from a timer thread: a rank blocked in a collective
+  must stop heartbeating). With `[metrics]` and `[progress]` it resets the job's progress
+  deadline (pipeline.launch, pipeline.hang).
 
 Anything else is text: launcher chatter (DeepSpeed's timestamped log lines, deprecation
 warnings, library progress bars) is recognised so that a failure report leaves it out.
@@ -31,7 +35,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from stages.common.stage_log import METRICS_MARKER, PROGRESS_MARKER
+from stages.common.stage_log import HEARTBEAT_MARKER, METRICS_MARKER, PROGRESS_MARKER
 
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")  # torchrun's per-rank prefix
 _REPORTING_RANK = re.compile(r"^\[rank (\d+)\] ")  # run_job's prefix of a user error on rank N > 0
@@ -53,7 +57,7 @@ FAILURE_LINES = 10  # lines of context shown for a job that crashed
 class Line:
     """One line of a job's output, as the pipeline reads it."""
 
-    kind: str  # metrics | progress | error | warning | chatter | text | blank
+    kind: str  # metrics | progress | heartbeat | error | warning | chatter | text | blank
     text: str
     data: dict[str, Any] = field(default_factory=dict)
 
@@ -62,6 +66,8 @@ def classify(raw: str, user_error_prefixes: tuple[str, ...] = ()) -> Line:
     text = _RANK_PREFIX.sub("", raw.rstrip("\r\n"))
     if not text.strip():
         return Line("blank", text)
+    if text.startswith(HEARTBEAT_MARKER):
+        return Line("heartbeat", text)
     for marker, kind in ((METRICS_MARKER, "metrics"), (PROGRESS_MARKER, "progress")):
         if text.startswith(marker):
             try:
@@ -144,9 +150,18 @@ class JobOutput:
         self._error_rank: int | None = None  # the rank whose user error error_lines hold
         self._in_error = False
         self.relevant: deque[str] = deque(maxlen=self._KEEP)
+        self.last_progress_at = time.monotonic()  # the job's start, then its last step / progress / heartbeat
+        self.last_line: str | None = None
+        self.tap: list[str] | None = None  # while set, every line is appended (pipeline.hang's stack dumps)
 
     def feed(self, raw: str) -> Line:
         line = classify(raw, self.user_error_prefixes)
+        if self.tap is not None:
+            self.tap.append(line.text)
+        if line.kind in ("metrics", "progress", "heartbeat"):
+            self.last_progress_at = time.monotonic()
+        if line.kind != "blank":
+            self.last_line = line.text
         if self._in_error:  # a user error's message continues until something else speaks
             if line.kind == "text" and not line.text.startswith(_TRACEBACK) \
                     and len(self.error_lines) < self._MAX_ERROR_LINES:

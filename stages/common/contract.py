@@ -11,6 +11,7 @@ raising `StageError`; the pipeline reports a stage that did not finish as `Stage
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from data_curation.benchmarks import EvalSuite
+from stages.common import secrets
 from stages.common.artifact_inputs import ArtifactError, fetch_input
 
 
@@ -104,6 +106,9 @@ class StageConfig(Strict):
     launcher: Launcher | None = Field(None, description="overrides defaults.launcher")
     retry: RetryPolicy | None = Field(None, description="overrides defaults.retry")
     log_every: int = cosmetic(1, ge=1, description="metrics logging interval (steps)")
+    progress_deadline_min: float | None = cosmetic(
+        None, gt=0, description="overrides defaults.progress_deadline_min: a job that prints no step, "
+        "progress or heartbeat line for this long is stopped (its ranks' stacks dumped to its log)")
     eval_suite: EvalSuite | None = cosmetic(None, description="the evaluation suite this stage is "
                                             "judged on: the pipeline does not start the stage while "
                                             "its `data` overlaps the suite (stages/common/eval_suite_gate.py)")
@@ -125,6 +130,9 @@ class StageJob(BaseModel):
     tracking_uri: str | None = None
     run_id: str | None = None
     seed: int = 0
+    store_timeout_s: float = Field(1800.0, gt=0, description="one store write (a file) that takes longer "
+                                   "is abandoned and retried (storage.write_timeout_s)")
+    store_attempts: int = Field(3, ge=1, description="tries of a store write (storage.write_attempts)")
 
     # -- helpers for the stage's own process ------------------------------------
     @classmethod
@@ -134,10 +142,22 @@ class StageJob(BaseModel):
         # deepspeed's launcher appends --local_rank=N; accept and ignore it
         parser.add_argument("--local_rank", type=int, default=None)
         args, _ = parser.parse_known_args(argv)
-        return cls.model_validate_json(Path(args.job).read_text())
+        data = json.loads(Path(args.job).read_text())
+        try:
+            return cls.model_validate(secrets.resolve(data))  # credentials come from the environment
+        except secrets.MissingSecret as e:
+            raise StageError(str(e.args[0])) from None
 
-    def write(self, path: str | os.PathLike) -> None:
-        Path(path).write_text(self.model_dump_json(indent=2))
+    def write(self, path: str | os.PathLike) -> str:
+        """job.json, readable by its owner only, with every credential as a `${env:NAME}`
+        reference (stages.common.secrets); returns its text (`secrets.job_env` of it is what the
+        job's processes must be given)."""
+        text = json.dumps(secrets.for_job(self.model_dump(mode="json")), indent=2)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(fd, 0o600)  # an existing file keeps its mode under O_CREAT
+            f.write(text)
+        return text
 
     @property
     def rank(self) -> int:
