@@ -8,7 +8,7 @@ import time
 import pytest
 
 from pipeline.job_output import JobOutput
-from pipeline.launch import build_command, run_job
+from pipeline.launch import build_command, launch_job
 from stages.common.artifact_inputs import StorageError
 from stages.common.checkpoint_store import CheckpointStore
 from stages.common.contract import Resources, StageFailed, StageJob
