@@ -30,7 +30,7 @@ from pipeline.launch import build_command, run_job
 from pipeline.lease import Lease, LeaseHeld, describe_holder, try_acquire
 from pipeline.plan import Plan, PlannedStage, hash_payload, input_fingerprints, resolve_references, stage_hash
 from pipeline.recipe import Defaults, StorageConfig
-from pipeline.stage_api import Launcher, Resources, StageJob
+from pipeline.stage_api import Launcher, RaySettings, Resources, StageJob, launch_problem
 from pipeline.stage_metrics import describe, headline
 from pipeline.tracking import InputRef, PipelineTracker, timestamped
 from stages.curate.gate import check_eval_suite
@@ -80,12 +80,14 @@ class StageTarget:
     seed: int = 0
     hashed: dict[str, Any] = field(default_factory=dict)  # what the hash covers (pipeline.plan)
     inputs: dict[str, Fingerprint] = field(default_factory=dict)
+    ray: RaySettings | None = None  # the cluster of a `launcher: ray` stage
 
     @classmethod
     def from_plan(cls, plan: Plan, stage: PlannedStage) -> "StageTarget":
         return cls(plan.recipe.name, stage.name, stage.kind, stage.resolved_config(plan), stage.hash,
                    stage.url, {d: (plan[d].url, plan[d].hash) for d in stage.deps},
-                   stage.resources, stage.launcher, plan.recipe.defaults.seed, stage.hashed, stage.inputs)
+                   stage.resources, stage.launcher, plan.recipe.defaults.seed, stage.hashed, stage.inputs,
+                   stage.ray)
 
 
 @dataclass(frozen=True)
@@ -184,7 +186,7 @@ def _execute_leased(target: StageTarget, store: ArtifactStore, work_root: Path, 
     job_path = work / "job.json"
     job.write(job_path)
     command = build_command(target.kind.entry, job_path, target.resources, target.launcher,
-                            target.kind.distributed)
+                            target.kind.distributed, target.ray)
     show = console.current()
     show.stage_started(target.name, f"{target.kind.name}, {target.launcher} on {target.resources.world_size} "
                                     "ranks" if target.kind.distributed else target.kind.name)
@@ -296,6 +298,10 @@ def adhoc_target(kind: str, config: dict[str, Any], *, stage: str, storage: str,
     """
     spec = STAGE_KINDS[kind]
     cfg = spec.config.model_validate({"kind": kind, **config})
+    resources, launcher = resources or cfg.resources or Resources(), cfg.launcher or launcher
+    problem = launch_problem(resources, launcher) if spec.distributed else None
+    if problem:
+        raise ValueError(f"stage {stage!r}: {problem}")
     opts = storage_options or {}
     up = {n: (u, read_manifest(u, opts)["hash"])
           for n, u in ((n, normalise_url(u)) for n, u in (upstream or {}).items())}
@@ -304,9 +310,8 @@ def adhoc_target(kind: str, config: dict[str, Any], *, stage: str, storage: str,
     h = stage_hash(spec, cfg, up_hashes, inputs)
     url = ArtifactStore(join(storage, recipe), opts).stage_url(stage, h)
     resolved = resolve_references(cfg.model_dump(mode="json"), {n: u for n, (u, _) in up.items()})
-    return StageTarget(recipe, stage, spec, resolved, h, url, up,
-                       resources or cfg.resources or Resources(), cfg.launcher or launcher, seed,
-                       hash_payload(spec, cfg, up_hashes, inputs), inputs)
+    return StageTarget(recipe, stage, spec, resolved, h, url, up, resources, launcher, seed,
+                       hash_payload(spec, cfg, up_hashes, inputs), inputs, cfg.ray)
 
 
 def run_stage(kind: str, config: dict[str, Any], *, stage: str, storage: str,

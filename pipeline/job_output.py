@@ -17,6 +17,10 @@ stage job speaks (the stage side of it is `pipeline.tracking.StageLogger`):
   `[rank N] `: its message explains the failure too (rank 0 may be stuck in a collective the
   failed ranks never reached, and be stopped by the launcher without a word).
 - `<name>: warning: <text>`: something the operator should see even on a quiet console.
+- `[launcher] <text>`: a launcher's account of the worker that failed first (the Ray launcher,
+  pipeline/ray_launch.py: its rank, node and pid, and that worker's own error); it is the
+  reason a crashed job is reported with, since the failed worker may have printed nothing
+  (kill -9) while its peers print the errors of losing it.
 
 Anything else is text: launcher chatter (DeepSpeed's timestamped log lines, deprecation
 warnings, library progress bars) is recognised so that a failure report leaves it out.
@@ -34,6 +38,7 @@ _RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")  # torchrun's per-rank prefix
 _REPORTING_RANK = re.compile(r"^\[rank (\d+)\] ")  # run_job's prefix of a user error on rank N > 0
 _WARNING = re.compile(r"^(?:[\w.-]+: )?warning: ", re.IGNORECASE)
 _TRACEBACK = "Traceback (most recent call last):"
+_LAUNCHER = "[launcher] "
 # Lines that explain nothing about a failure (the launcher and libraries talking)
 _CHATTER = tuple(re.compile(p) for p in (
     r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\] \[(?:INFO|WARNING|DEBUG|ERROR)\] \[[\w.]+:\d+:\w+\]",  # DeepSpeed
@@ -50,7 +55,7 @@ FAILURE_LINES = 10  # lines of context shown for a job that crashed
 class Line:
     """One line of a job's output, as the pipeline reads it."""
 
-    kind: str  # metrics | progress | error | warning | chatter | text | blank
+    kind: str  # metrics | progress | error | warning | launcher | chatter | text | blank
     text: str
     data: dict[str, Any] = field(default_factory=dict)
 
@@ -59,6 +64,8 @@ def classify(raw: str, user_error_prefixes: tuple[str, ...] = ()) -> Line:
     text = _RANK_PREFIX.sub("", raw.rstrip("\r\n"))
     if not text.strip():
         return Line("blank", text)
+    if text.startswith(_LAUNCHER):
+        return Line("launcher", text, {"message": text[len(_LAUNCHER):].strip()})
     for marker, kind in (("[metrics] ", "metrics"), ("[progress] ", "progress")):
         if text.startswith(marker):
             try:
@@ -139,6 +146,7 @@ class JobOutput:
         self._error_rank: int | None = None  # the rank whose user error error_lines hold
         self._in_error = False
         self.relevant: deque[str] = deque(maxlen=self._KEEP)
+        self.launcher_verdict: str | None = None  # which worker failed first, when a launcher says
 
     def feed(self, raw: str) -> Line:
         line = classify(raw, self.user_error_prefixes)
@@ -167,6 +175,8 @@ class JobOutput:
                 self._in_error = True
         elif line.kind in ("text", "warning"):
             self.relevant.append(line.text)
+        elif line.kind == "launcher":
+            self.launcher_verdict = line.data["message"]
         return line
 
     def failure(self, exit_code: int) -> JobFailure:
@@ -181,6 +191,9 @@ class JobOutput:
         # launcher, or losing their collective) print tracebacks of their own later
         # (with only such tracebacks, the cause printed none: the last lines say more)
         causes = [b for b in blocks if not _CONSEQUENCE.search(b[-1])]
+        if self.launcher_verdict:  # the launcher knows which worker failed; the lines may be its peers'
+            excerpt = causes[0][-FAILURE_LINES - 1:-1] if causes else lines[-FAILURE_LINES:]
+            return JobFailure(f"{self.launcher_verdict} (exit code {exit_code})", excerpt, False)
         if causes:
             block = causes[0]
             return JobFailure(f"{block[-1]} (exit code {exit_code})", block[-FAILURE_LINES - 1:-1] or block, False)

@@ -19,11 +19,11 @@ from pydantic import BaseModel
 from pipeline.artifacts import ArtifactStore, join
 from pipeline.fingerprints import Fingerprint, fingerprint_inputs
 from pipeline.recipe import Recipe, iter_references, topological_order
-from pipeline.stage_api import Launcher, Resources, StageConfig
+from pipeline.stage_api import Launcher, RaySettings, Resources, StageConfig
 from stages.registry import STAGE_KINDS, StageKind
 
 # StageConfig keys that never change results
-_EXECUTION_KEYS = {"resources", "launcher", "retry"}
+_EXECUTION_KEYS = {"resources", "launcher", "ray", "retry"}
 
 
 def result_config(model: BaseModel) -> Any:
@@ -96,6 +96,7 @@ class PlannedStage:
     inputs: dict[str, Fingerprint]
     upstream: dict[str, str]  # dep name -> its hash
     done: bool
+    ray: RaySettings | None = None  # the cluster of a `launcher: ray` stage
 
     @property
     def short_hash(self) -> str:
@@ -172,7 +173,7 @@ def make_plan(recipe: Recipe, check_store: bool = True) -> Plan:
         planned[name] = PlannedStage(
             name=name, kind=kind, config=cfg, deps=deps[name], hash=h, url=url,
             resources=recipe.stage_resources(name), launcher=recipe.stage_launcher(name),
-            inputs=inputs, upstream=upstream, done=False)
+            inputs=inputs, upstream=upstream, done=False, ray=recipe.stage_ray(name))
     plan = Plan(recipe, store, list(planned.values()))
     if check_store:
         for s in plan.stages:

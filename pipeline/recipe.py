@@ -5,7 +5,8 @@ from typing import Annotated, Any, Iterator, Union
 
 from pydantic import Field, field_validator, model_validator
 
-from pipeline.stage_api import REFERENCE_RE, Launcher, Resources, RetryPolicy, StageConfig, Strict
+from pipeline.stage_api import (REFERENCE_RE, Launcher, RaySettings, Resources, RetryPolicy, StageConfig, Strict,
+                                launch_problem)
 from stages.registry import STAGE_KINDS
 
 
@@ -31,6 +32,7 @@ class TrackingConfig(Strict):
 class Defaults(Strict):
     resources: Resources = Resources()
     launcher: Launcher = "deepspeed"
+    ray: RaySettings = Field(RaySettings(), description="the Ray cluster of `launcher: ray` stages")
     retry: RetryPolicy = RetryPolicy()
     seed: int = 0
     work_dir: str = Field(".ring/work", description="local scratch for stage jobs")
@@ -70,7 +72,8 @@ class ReferenceSyntaxError(ValueError):
 
 
 class RecipeGraphError(ValueError):
-    """A reference to a missing stage, or a cycle; `path` locates it in the recipe."""
+    """A reference to a missing stage, a cycle, or settings that contradict each other across
+    sections (a stage's launcher and its resources); `path` locates it in the recipe."""
 
     def __init__(self, path: tuple, message: str):
         self.path = path
@@ -96,7 +99,19 @@ class Recipe(Strict):
     @model_validator(mode="after")
     def _graph(self) -> "Recipe":
         self.dependencies()  # raises RecipeGraphError on a missing stage or a cycle
+        self._check_launches()
         return self
+
+    def _check_launches(self) -> None:
+        """Each distributed stage's resources can be started by its launcher (both may come
+        from `defaults`: the error names the section the resources came from)."""
+        for name, spec in self.stages.items():
+            if not STAGE_KINDS[spec.kind].distributed:
+                continue
+            problem = launch_problem(self.stage_resources(name), self.stage_launcher(name))
+            if problem:
+                where = ("stages", name, "resources") if spec.resources else ("defaults", "resources")
+                raise RecipeGraphError(where, f"stage {name!r}: {problem}")
 
     def dependencies(self) -> dict[str, list[str]]:
         """stage -> the stages it reads, in recipe order; checks references and cycles."""
@@ -125,6 +140,9 @@ class Recipe(Strict):
 
     def stage_launcher(self, name: str) -> Launcher:
         return self.stages[name].launcher or self.defaults.launcher
+
+    def stage_ray(self, name: str) -> RaySettings:
+        return self.stages[name].ray or self.defaults.ray
 
     def stage_retry(self, name: str) -> tuple[int, float]:
         """(retries, delay in seconds) of a stage: its own `retry`, else `defaults.retry`;
