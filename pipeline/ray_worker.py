@@ -7,9 +7,9 @@ artifact store), then starts the job exactly as the other launchers do,
 `python -m stages.<kind>.job --job job.json` with the torch.distributed variables the driver
 computed, and hands its output lines to the driver as they come.
 
-The job runs under `pipeline.job_guard` with this actor as its parent: when Ray kills the actor
-(the driver died, the job was stopped, the node is being drained) the guard takes the rank down
-with it, kill -9 of the actor included. `stop` signals the job's process group itself.
+The job is this actor's own child, started through `pipeline.job_guard --exec`: it gets SIGKILL
+when the actor dies (Ray kills a dead driver's actors; kill -9 of the actor included), and its
+children in turn lose it. `stop` signals the job's process group itself.
 """
 from __future__ import annotations
 
@@ -77,7 +77,9 @@ class RankWorker:
 
     def start(self, program: list[str], env: dict[str, str], cwd: str) -> int:
         """Start `python <program>` (the job entry) under the job guard; returns its pid."""
-        guarded = [sys.executable, "-m", "pipeline.job_guard", str(os.getpid()), "--", sys.executable, *program]
+        # the rank itself is this actor's child, SIGKILLed when the actor dies (job_guard --exec)
+        guarded = [sys.executable, "-m", "pipeline.job_guard", "--exec", str(os.getpid()), "--",
+                   sys.executable, *program]
         self._proc = subprocess.Popen(guarded, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       env={**os.environ, **env}, cwd=cwd, start_new_session=True, text=True,
                                       errors="replace", bufsize=1)

@@ -27,7 +27,7 @@ from tests.conftest import REPO
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
 
-SFT_STEPS, RL_STEPS = 6, 2
+SFT_STEPS, RL_STEPS = 4, 2
 
 
 def _free_port() -> int:
@@ -56,11 +56,11 @@ def _start_node(args: list[str], log: Path, timeout_s: float = 90) -> subprocess
 
 def _stop_node(proc: subprocess.Popen) -> None:
     """The node's whole process group (raylet, GCS, agents, workers): these only, by group id."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    for sig, grace_s in ((signal.SIGTERM, 3), (signal.SIGKILL, 10)):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
         with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=10)
+            proc.wait(timeout=grace_s)
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +88,7 @@ def _recipe(root: Path, address: str, base_dir: Path, data_dir: Path, policy: di
     sft = {**tiny["sft"], "model": str(base_dir), "data": f"{data_dir}/sft.jsonl", "max_steps": SFT_STEPS,
            "checkpoint_every": 2, "max_seq_len": 256}
     rl = {**tiny["reasoning_rl"], "model": str(policy["model"]), "data": str(policy["data"]), "steps": RL_STEPS,
-          "checkpoint_every": 1, "rollout": {**tiny["reasoning_rl"]["rollout"], "device": "auto", "gpus": 1}}
+          "checkpoint_every": RL_STEPS, "rollout": {**tiny["reasoning_rl"]["rollout"], "device": "auto", "gpus": 1}}
     recipe = {"name": "raytiny", "storage": {"url": f"file://{root}/store", "keep_checkpoints": 1},
               "tracking": {"uri": f"sqlite:///{root}/mlflow.db"},
               "defaults": {"work_dir": str(root / "work"), "launcher": "ray",
@@ -152,3 +152,95 @@ def test_ray_stages_kill_a_worker_fail_fast_and_resume(ray_cluster, tmp_path, ba
     rl_dir = Path(glob.glob(f"{tmp_path}/store/raytiny/reasoning_rl-*")[0])
     rl = json.loads((rl_dir / "manifest.json").read_text())["summary"]
     assert rl["steps"] == RL_STEPS and rl["placement"] == "split" and rl["trainer_ranks"] == 1
+
+
+# -- the launcher alone (no stage): stops, failures and refusals, in seconds ------------------------
+def _job_file(root: Path, *, lease: bool = True) -> Path:
+    """A job file as pipeline.execute writes it, its stage dir holding the `_RUNNING` lease."""
+    stage_dir = root / "store" / "adhoc" / "s-0"
+    stage_dir.mkdir(parents=True)
+    if lease:
+        (stage_dir / "_RUNNING").write_text("{}")
+    job = root / "job.json"
+    job.write_text(json.dumps({"stage": "probe", "kind": "sft", "stage_url": f"file://{stage_dir}",
+                               "output_dir": str(root / "output"), "work_dir": str(root / "scratch")}))
+    return job
+
+
+def _launch(address: str, job: Path, code: str) -> subprocess.Popen:
+    """pipeline.ray_launch of `python -c code --job job` on 2 nodes x 1 CPU rank."""
+    return subprocess.Popen([sys.executable, "-m", "pipeline.ray_launch", "--address", address, "--nodes", "2",
+                             "--cpu-ranks", "1", "--placement-timeout", "30", "--", "-c", code, "--job", str(job)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+_SLEEPER = "import os, time; print('rank', os.environ['RANK'], 'up', flush=True); time.sleep(600)"
+
+
+def _wait_for_ranks(proc: subprocess.Popen, n: int = 2) -> list[str]:
+    seen: list[str] = []
+    while sum(" up" in s for s in seen) < n:
+        line = proc.stdout.readline()
+        assert line, "".join(seen)
+        seen.append(line)
+    return seen
+
+
+def _sleepers_alive() -> bool:
+    import psutil
+
+    return any((p.info["cmdline"] or [])[1:3] == ["-c", _SLEEPER] for p in psutil.process_iter(["cmdline"]))
+
+
+def test_a_stop_signal_stops_every_worker(ray_cluster, tmp_path):
+    proc = _launch(ray_cluster, _job_file(tmp_path), _SLEEPER)
+    _wait_for_ranks(proc)
+    os.killpg(proc.pid, signal.SIGINT)  # as pipeline.launch.stop_group does (Ctrl-C, a Prefect cancel)
+    assert proc.wait(timeout=30) == 128 + signal.SIGINT
+    assert not _sleepers_alive()
+
+
+def test_the_driver_killed_takes_its_workers_down(ray_cluster, tmp_path):
+    proc = _launch(ray_cluster, _job_file(tmp_path), _SLEEPER)
+    _wait_for_ranks(proc)
+    proc.kill()  # kill -9: Ray kills the dead driver's actors, each actor's job guard its rank
+    proc.wait()
+    deadline = time.time() + 60
+    while _sleepers_alive():
+        assert time.time() < deadline, "ranks outlived their driver by 60 s"
+        time.sleep(0.5)
+
+
+def test_a_failing_worker_stops_its_peer_and_is_named(ray_cluster, tmp_path):
+    code = ("import os, sys, time\nif os.environ['RANK'] == '1':\n    time.sleep(1); "
+            "raise ValueError('rank one broke')\ntime.sleep(600)")
+    proc = _launch(ray_cluster, _job_file(tmp_path), code)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1, out
+    verdict = [ln for ln in out.splitlines() if ln.startswith("[launcher] ")]
+    assert len(verdict) == 1 and "worker rank 1 (node" in verdict[0] and "ValueError: rank one broke" in verdict[0]
+
+    from pipeline.job_output import JobOutput
+
+    output = JobOutput("probe", "sft")
+    for line in out.splitlines():
+        output.feed(line)
+    failure = output.failure(proc.returncode)
+    assert failure.reason.startswith("worker rank 1 (node") and not failure.user_error
+
+
+def test_a_node_that_cannot_see_the_store_is_refused_before_any_rank_starts(ray_cluster, tmp_path):
+    proc = _launch(ray_cluster, _job_file(tmp_path, lease=False), _SLEEPER)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2, out
+    assert "probe (sft) failed: " in out and "cannot see the stage's artifact dir" in out
+    assert "the artifact store is a local path" in out and " up" not in out
+
+
+def test_a_cluster_without_room_fails_naming_what_it_asked_for(ray_cluster, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "pipeline.ray_launch", "--address", ray_cluster, "--nodes", "3",
+                           "--cpu-ranks", "1", "--placement-timeout", "3", "--", "-c", "pass", "--job",
+                           str(_job_file(tmp_path))], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "no room for 3 node(s) of {'CPU': 1.0}" in proc.stderr and "2 node(s)" in proc.stderr, proc.stderr
