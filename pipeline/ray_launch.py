@@ -118,13 +118,19 @@ def place_workers(layout: Layout, timeout_s: float) -> tuple[Any, list[Worker]]:
         runtime_env=env, scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=b),
     ).remote()) for b in range(layout.nodes) for _ in range(layout.per_node)]
     wheres = ray.get([a.where.remote() for _, a in actors])
+    return pg, number_ranks(layout, [(b, a, w) for (b, a), w in zip(actors, wheres)])
+
+
+def number_ranks(layout: Layout, placed: list[tuple[int, Any, dict[str, Any]]]) -> list[Worker]:
+    """Ranks node by node (bundle b holds ranks b x per_node ...); inside a GPU node the local
+    rank is the index of the worker's GPU among the node's, so LOCAL_RANK names its cuda device."""
     workers: list[Worker] = []
     for b in range(layout.nodes):
-        mine = [(a, w) for (bb, a), w in zip(actors, wheres) if bb == b]
-        if layout.gpus_per_node:  # local rank = the index of the worker's GPU among the node's
+        mine = [(a, w) for bb, a, w in placed if bb == b]
+        if layout.gpus_per_node:
             mine.sort(key=lambda aw: _gpu_key(aw[1]["gpus"][0]))
         workers += [Worker(b * layout.per_node + i, i, b, a, w) for i, (a, w) in enumerate(mine)]
-    return pg, workers
+    return workers
 
 
 def _gpu_key(gpu: str) -> tuple[int, str]:
