@@ -73,6 +73,10 @@ class RankWorker:
             path.write_text(job_text)
             for key in ("output_dir", "work_dir"):
                 Path(job[key]).mkdir(parents=True, exist_ok=True)
+        if rank == 0:
+            problem = _tracking_problem(job.get("tracking_uri"), Path(cwd))
+            if problem:
+                return problem
         return _store_problem(job["stage_url"], job.get("storage_options") or {})
 
     def start(self, program: list[str], env: dict[str, str], cwd: str) -> int:
@@ -123,6 +127,19 @@ class RankWorker:
         except ProcessLookupError:
             pass
         return proc.wait()
+
+
+def _tracking_problem(uri: str | None, cwd: Path) -> str | None:
+    """Rank 0 logs the stage's MLflow run: a SQLite tracking DB must be on its node (a relative
+    path is the run directory's, where the job runs)."""
+    if not uri or not uri.startswith("sqlite:///"):
+        return None
+    db = cwd / uri[len("sqlite:///"):]
+    if db.is_file():
+        return None
+    return (f"rank 0 runs on node {socket.gethostname()}, which does not see the MLflow database {db} "
+            "(tracking.uri): use an MLflow server (tracking.uri: http://...) or put the database on a file "
+            "system every node mounts at the same path")
 
 
 def _store_problem(stage_url: str, options: dict[str, Any]) -> str | None:

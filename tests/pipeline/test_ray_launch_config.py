@@ -110,3 +110,14 @@ def test_the_launchers_verdict_explains_a_crash_but_not_a_user_error():
 def test_ray_settings_defaults():
     assert RaySettings().address == "auto"
     assert Resources(nodes=3).world_size == 3  # the hostfile check moved to where the launcher is known
+
+
+def test_ring1t_on_ray_is_ring1t_with_another_launcher():
+    from tests.conftest import REPO
+
+    on_ray = make_plan(load_recipe(REPO / "recipes" / "ring1t-ray.yaml"), check_store=False)
+    hostfile = make_plan(load_recipe(REPO / "recipes" / "ring1t.yaml"), check_store=False)
+    assert [(s.name, s.hash) for s in on_ray.stages] == [(s.name, s.hash) for s in hostfile.stages]
+    sft = on_ray["sft"]
+    assert sft.launcher == "ray" and sft.resources.world_size == 256 and sft.resources.hostfile is None
+    assert on_ray["curate"].launcher == "ray"  # a data stage: still one local process (build_command)
