@@ -72,8 +72,10 @@ def test_launch_settings_that_cannot_work_are_located(tmp_path, edit, line, frag
 
 def test_ranks_are_numbered_node_by_node_and_local_ranks_follow_the_gpus(tmp_path):
     layout = Layout(nodes=2, gpus_per_node=2, cpu_ranks=1, cpus_per_worker=1.0)
-    where = lambda node, gpu: {"node_id": node * 8, "ip": f"10.0.0.{node[0] == 'b' and 2 or 1}", "host": node,
-                               "pid": 1, "gpus": [gpu]}
+    def where(node: str, gpu: str) -> dict:
+        return {"node_id": node * 8, "ip": "10.0.0.2" if node == "b" else "10.0.0.1", "host": node, "pid": 1,
+                "gpus": [gpu]}
+
     # Ray handed out the GPUs in no particular order, and bundle 1's actors came back first
     placed = [(1, "b-x", where("b", "7")), (1, "b-y", where("b", "6")), (0, "a-x", where("a", "3")),
               (0, "a-y", where("a", "1"))]

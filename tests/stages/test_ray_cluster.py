@@ -10,9 +10,7 @@ import contextlib
 import glob
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +20,7 @@ from typing import Iterator
 import pytest
 import yaml
 
+from benchmarks._ray_cluster import Node, local_ray_cluster
 from tests.conftest import REPO
 
 ray = pytest.importorskip("ray")
@@ -30,56 +29,11 @@ pytestmark = pytest.mark.slow
 SFT_STEPS, RL_STEPS = 4, 2
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start_node(args: list[str], log: Path, timeout_s: float = 90) -> subprocess.Popen:
-    """`ray start ... --block` in its own process group; returns once the node is up."""
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    out = open(log, "w")
-    proc = subprocess.Popen(["ray", "start", "--block", "--disable-usage-stats", "--num-cpus=2", "--num-gpus=0",
-                             "--object-store-memory=80000000", "--node-ip-address=127.0.0.1",
-                             f"--dashboard-agent-listen-port={_free_port()}",
-                             f"--dashboard-agent-grpc-port={_free_port()}", f"--metrics-export-port={_free_port()}",
-                             f"--runtime-env-agent-port={_free_port()}", *args],
-                            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    deadline = time.time() + timeout_s
-    while "Ray runtime started" not in log.read_text():
-        assert proc.poll() is None, f"ray start exited with {proc.returncode}:\n{log.read_text()[-3000:]}"
-        assert time.time() < deadline, f"ray start not up in {timeout_s}s:\n{log.read_text()[-3000:]}"
-        time.sleep(0.2)
-    return proc
-
-
-def _stop_node(proc: subprocess.Popen) -> None:
-    """The node's whole process group (raylet, GCS, agents, workers): these only, by group id."""
-    for sig, grace_s in ((signal.SIGTERM, 3), (signal.SIGKILL, 10)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=grace_s)
-
-
 @pytest.fixture(scope="module")
 def ray_cluster(tmp_path_factory) -> Iterator[str]:
-    """The GCS address of a two-node local cluster."""
-    root = tmp_path_factory.mktemp("ray")
-    temp = Path("/tmp") / f"ring-ray-{os.getpid()}"  # Ray's socket paths must stay short
-    port = _free_port()
-    nodes = []
-    try:
-        nodes.append(_start_node(["--head", f"--port={port}", f"--temp-dir={temp}", "--include-dashboard=false",
-                                  f"--dashboard-port={_free_port()}"],
-                                 root / "head.log"))
-        nodes.append(_start_node([f"--address=127.0.0.1:{port}"], root / "node2.log"))
-        yield f"127.0.0.1:{port}"
-    finally:
-        for proc in reversed(nodes):
-            _stop_node(proc)
-        shutil.rmtree(temp, ignore_errors=True)
+    """The GCS address of a two-node local cluster (two CPUs each)."""
+    with local_ray_cluster(tmp_path_factory.mktemp("ray"), [Node(cpus=2), Node(cpus=2)]) as address:
+        yield address
 
 
 def _recipe(root: Path, address: str, base_dir: Path, data_dir: Path, policy: dict[str, Path]) -> Path:
@@ -147,7 +101,7 @@ def test_ray_stages_kill_a_worker_fail_fast_and_resume(ray_cluster, tmp_path, ba
     assert summary["world_size"] == 2 and summary["steps"] == SFT_STEPS
     assert summary["resumed_from_step"] and summary["resumed_from_step"] >= 2
     log = (sft_dir / "logs" / "stage.log").read_text()
-    nodes = {line.split("Ray node ")[1].split(",")[0] for line in log.splitlines() if line.startswith("ray_launch: worker")}
+    nodes = {ln.split("Ray node ")[1].split(",")[0] for ln in log.splitlines() if ln.startswith("ray_launch: worker")}
     assert len(nodes) == 2, log[:2000]  # one rank per Ray node
     rl_dir = Path(glob.glob(f"{tmp_path}/store/raytiny/reasoning_rl-*")[0])
     rl = json.loads((rl_dir / "manifest.json").read_text())["summary"]
