@@ -58,13 +58,16 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "pipeline.cli", *args]
 
 
-def _rank_process(rank: int, entry: str):
+def _rank_process(rank: int, entry: str, under: Path):
+    """The process of `entry` with $RANK = rank whose job file is under `under` (this test's own:
+    other runs on this machine may have ranks of the same entry)."""
     import psutil
 
     for p in psutil.process_iter(["cmdline"]):
         with contextlib.suppress(psutil.Error):
             cmd = p.info["cmdline"] or []
-            if entry in cmd and "pipeline.job_guard" not in cmd and p.environ().get("RANK") == str(rank):
+            if entry in cmd and "pipeline.job_guard" not in cmd and str(under) in " ".join(cmd) \
+                    and p.environ().get("RANK") == str(rank):
                 return p
     return None
 
@@ -79,7 +82,7 @@ def test_ray_stages_kill_a_worker_fail_fast_and_resume(ray_cluster, tmp_path, ba
             assert first.poll() is None, first.stdout.read()[-4000:]
             assert time.time() < deadline, "no sft checkpoint within 240 s"
             time.sleep(0.1)
-        victim = _rank_process(1, "stages.sft.job")
+        victim = _rank_process(1, "stages.sft.job", tmp_path)
         assert victim is not None, "rank 1's job process not found"
         victim.kill()
         killed_at = time.time()
@@ -141,27 +144,31 @@ def _wait_for_ranks(proc: subprocess.Popen, n: int = 2) -> list[str]:
     return seen
 
 
-def _sleepers_alive() -> bool:
+def _sleepers_alive(job: Path) -> bool:
+    """Whether a rank of the launch of `job` still runs."""
     import psutil
 
-    return any((p.info["cmdline"] or [])[1:3] == ["-c", _SLEEPER] for p in psutil.process_iter(["cmdline"]))
+    return any((p.info["cmdline"] or [])[1:] == ["-c", _SLEEPER, "--job", str(job)]
+               for p in psutil.process_iter(["cmdline"]))
 
 
 def test_a_stop_signal_stops_every_worker(ray_cluster, tmp_path):
-    proc = _launch(ray_cluster, _job_file(tmp_path), _SLEEPER)
+    job = _job_file(tmp_path)
+    proc = _launch(ray_cluster, job, _SLEEPER)
     _wait_for_ranks(proc)
     os.killpg(proc.pid, signal.SIGINT)  # as pipeline.launch.stop_group does (Ctrl-C, a Prefect cancel)
     assert proc.wait(timeout=30) == 128 + signal.SIGINT
-    assert not _sleepers_alive()
+    assert not _sleepers_alive(job)
 
 
 def test_the_driver_killed_takes_its_workers_down(ray_cluster, tmp_path):
-    proc = _launch(ray_cluster, _job_file(tmp_path), _SLEEPER)
+    job = _job_file(tmp_path)
+    proc = _launch(ray_cluster, job, _SLEEPER)
     _wait_for_ranks(proc)
-    proc.kill()  # kill -9: Ray kills the dead driver's actors, each actor's job guard its rank
+    proc.kill()  # kill -9: Ray kills the dead driver's actors, and each rank dies with its actor
     proc.wait()
     deadline = time.time() + 60
-    while _sleepers_alive():
+    while _sleepers_alive(job):
         assert time.time() < deadline, "ranks outlived their driver by 60 s"
         time.sleep(0.5)
 
