@@ -4,6 +4,10 @@ Python stacks (stages.common.entry: SIGUSR2) before it is killed."""
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import psutil
 
 
 def ranks_of(root_pid: int, module: str) -> dict[str, "psutil.Process"]:

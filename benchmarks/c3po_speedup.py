@@ -179,7 +179,8 @@ def run_mode(mode: str, a, engine, init_state, policy, device, rows, prompt_ids,
                       "engine_prefill_tokens": es.get("prefill_tokens", float("nan")),
                       "engine_prefill_padded_tokens": es.get("prefill_padded_tokens", float("nan")),
                       "engine_decode_steps": es.get("decode_steps", float("nan")),
-                      "engine_decode_ms_per_step": 1e3 * decode_s / es["decode_steps"] if es.get("decode_steps") else float("nan")}
+                      "engine_decode_ms_per_step": (1e3 * decode_s / es["decode_steps"] if es.get("decode_steps")
+                                                    else float("nan"))}
         rec = {**engine_rec,
             "step": step, "timed": step >= a.warmup,
             "rollout_s": batch.stats["rollout_seconds"], "rollout_phase_s": t_roll_phase, "e2e_s": t_e2e,

@@ -126,7 +126,7 @@ def generate(n_docs: int, out_dir: Path, seed: int = 0) -> dict:
         kinds.append("contam")
         source.append(-1)
         contam_info.append((name, row, mode))
-    for i in range(n_decoy):
+    for _ in range(n_decoy):
         a, b, c = rng.integers(2, 90, 3)
         item = vocab[rng.integers(len(vocab))]
         prompt = (f"A shop sells {a} boxes of {item} on Monday and {b} boxes on Tuesday. Each box "
@@ -262,8 +262,7 @@ def score_ours(ours: dict, truth: dict, n: int) -> dict:
 # -- datatrove (runs in the datatrove Python) --------------------------------------------
 def datatrove_worker(corpus: str, out: str, workers: int) -> None:
     from datatrove.executor import LocalPipelineExecutor
-    from datatrove.pipeline.dedup import (MinhashDedupBuckets, MinhashDedupCluster, MinhashDedupFilter,
-                                          MinhashDedupSignature)
+    from datatrove.pipeline.dedup import MinhashDedupBuckets, MinhashDedupCluster, MinhashDedupFilter, MinhashDedupSignature
     from datatrove.pipeline.dedup.minhash import MinhashConfig
     from datatrove.pipeline.readers import JsonlReader
     from datatrove.pipeline.writers.jsonl import JsonlWriter

@@ -198,9 +198,10 @@ def main() -> None:
     a = parse()
     if a.threads:
         torch.set_num_threads(a.threads)
+    import transformers
+
     from stages.rl.engines import RolloutRequest, SamplingParams, create_engine
     from stages.rl.engines.torch_engine import resolve_dtype
-    import transformers
 
     device = torch.device(a.device)
     dtype = resolve_dtype(a.dtype, device)

@@ -25,7 +25,7 @@ def main() -> None:
     from moto.server import ThreadedMotoServer
 
     from pipeline.fingerprints import fingerprint
-    from pipeline.launch import free_port
+    from stages.common.ports import free_port
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # not a line per request
     port = free_port()

@@ -117,16 +117,16 @@ class Run:
         return recipe, make_plan(recipe)
 
     def summary(self, plan, stage: str) -> dict[str, Any] | None:
-        from pipeline.artifacts import local_path
+        from data_curation.urls import local_path
 
         s = plan[stage]
-        path = local_path(s.url) / "stage_summary.json"
+        path = Path(local_path(s.url)) / "stage_summary.json"
         return json.loads(path.read_text()) if s.done and path.exists() else None
 
     def metrics(self, url: str) -> list[dict[str, float]]:
-        from pipeline.artifacts import local_path
+        from data_curation.urls import local_path
 
-        path = local_path(url) / "metrics.jsonl"
+        path = Path(local_path(url)) / "metrics.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
     # -- running -------------------------------------------------------------------------------
@@ -223,9 +223,9 @@ def collect_recipe(run: Run) -> list[Path]:
 
 
 def stage_seconds(url: str) -> float | None:
-    from pipeline.artifacts import local_path
+    from data_curation.urls import local_path
 
-    path = local_path(url) / "manifest.json"
+    path = Path(local_path(url)) / "manifest.json"
     if not path.exists():
         return None
     timings = json.loads(path.read_text()).get("timings", {})
@@ -263,7 +263,7 @@ def run_arm(args: argparse.Namespace) -> None:
     """One ablation arm, in its own process (its GPU chosen by CUDA_VISIBLE_DEVICES): the RL
     stage from the SFT artifact, then the eval of its model; prints one JSON line."""
     from pipeline.execute import run_stage
-    from pipeline.stage_api import Resources
+    from stages.common.contract import Resources
 
     # the arm's own Run writes nothing of interest: keep it out of $OUT (8 files at most come back)
     run = Run(argparse.Namespace(**{**vars(args), "out": str(Path(args.root) / "arms")}), f"arm_{args.arm}")

@@ -64,9 +64,9 @@ def architecture(name: str, smoke: bool) -> dict:
 
 def train_models(args) -> dict[str, str]:
     """{model name: its SFT'd model dir}, each built through run_stage."""
-    from pipeline.artifacts import local_path
+    from data_curation.urls import local_path
     from pipeline.execute import run_stage
-    from pipeline.stage_api import Resources
+    from stages.common.contract import Resources
 
     gpu = not args.smoke
     kw = dict(storage=str(args.work / "store"), work_root=args.work / "work", recipe="moe-mismatch",
@@ -90,7 +90,7 @@ def train_models(args) -> dict[str, str]:
                                 "max_steps": args.sft_steps, "micro_batch_size": 8, "lr": 2.0e-3,
                                 "warmup_steps": 2, "zero_stage": 0, "checkpoint_every": 1000},
                         stage=f"sft-{name}", upstream={"base": base.url, "data": data.url}, resources=res, **kw)
-        out[name] = str(local_path(sft.url))
+        out[name] = str(Path(local_path(sft.url)))
         log(f"{name}: init_model + {args.sft_steps} SFT steps in {time.perf_counter() - t0:.0f}s -> {out[name]}")
     return out
 

@@ -213,7 +213,8 @@ class Runner:
         with self.cond:
             self.cond.wait_for(lambda: len(self.free) >= spec.gpus)
             ids, self.free = self.free[:spec.gpus], self.free[spec.gpus:]
-        self.report.log(f"start {spec.name} ({spec.kind}) on {'GPUs ' + str(ids) if not self.args.smoke else f'{spec.gpus} CPU rank(s)'}")
+        where = f"GPUs {ids}" if not self.args.smoke else f"{spec.gpus} CPU rank(s)"
+        self.report.log(f"start {spec.name} ({spec.kind}) on {where}")
         t0 = time.time()
         try:
             return self.result(spec, self.start(spec, ids))
@@ -226,7 +227,7 @@ class Runner:
 
 def stage_worker(payload: dict[str, Any]) -> None:
     from pipeline.execute import run_stage
-    from pipeline.stage_api import Resources
+    from stages.common.contract import Resources
 
     kind, config = payload.pop("kind"), payload.pop("config")
     payload["work_root"] = Path(payload["work_root"])
@@ -304,7 +305,7 @@ class Bench:
         policy_body, fault_body = (TINY_BODY, TINY_BODY) if a.smoke else (BODY_05B, SMALL_BODY)
         vocab = 512 if a.smoke else 8192
         runs = self.parallel([base("base", policy_body, vocab), base("small", fault_body, vocab)])
-        for name, run in runs.items():
+        for run in runs.values():
             if isinstance(run, Exception):
                 raise run
         self.base_url, self.small_url = runs["base"]["url"], runs["small"]["url"]
@@ -439,9 +440,9 @@ class Bench:
     def faults(self) -> None:
         import psutil
 
-        from pipeline.artifacts import CheckpointStore
         from pipeline.execute import adhoc_target
-        from stages.common.checkpoint import read_state, rank_state_file
+        from stages.common.checkpoint import rank_state_file, read_state
+        from stages.common.checkpoint_store import CheckpointStore
 
         cfg = self.rl_config("c3po", small=True, steps=4, checkpoint_every=1)
         spec = StageSpec("faults", "reasoning_rl", cfg, self.n, self.upstream(small=True))
@@ -681,7 +682,7 @@ def _param_count(cfg) -> int:
 
 
 def _free_port() -> int:
-    from pipeline.launch import free_port
+    from stages.common.ports import free_port
 
     return free_port()
 

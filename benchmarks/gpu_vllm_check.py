@@ -106,7 +106,7 @@ def random_model_dir(d: Path, args) -> Path:
 
 # -- part 3: reasoning_rl with engine vllm -------------------------------------------------------
 def _stage_kwargs(args) -> tuple[dict, object]:
-    from pipeline.stage_api import Resources
+    from stages.common.contract import Resources
 
     gpu = not args.smoke
     res = Resources(gpus_per_node=1) if gpu else Resources(cpu_ranks=1)

@@ -77,7 +77,7 @@ def _run(kind: str, launcher: str, config: dict[str, Any], work: Path, upstream:
          address: str, repeat: int) -> dict[str, Any]:
     """One stage run under `launcher` on all 4 GPUs (smoke: 2 CPU ranks); its rates."""
     from pipeline.execute import run_stage
-    from pipeline.stage_api import Resources
+    from stages.common.contract import Resources
 
     if launcher == "ray":
         resources = Resources(nodes=2, cpu_ranks=1) if smoke else Resources(nodes=2, gpus_per_node=2)

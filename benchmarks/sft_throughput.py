@@ -100,9 +100,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from benchmarks._record import SAFE_ENV, ResultFile, device_name, log, versions  # noqa: E402 - needs ROOT on sys.path
 from stages.common.compile_layers import BACKEND_ENV  # noqa: E402
 from stages.common.step_profile import StepProfiler  # noqa: E402
-from benchmarks._record import SAFE_ENV, ResultFile, device_name, log, versions  # noqa: E402 - needs ROOT on sys.path
 
 os.environ.update(SAFE_ENV)  # this process and every one it starts
 
@@ -168,7 +168,7 @@ def mfu(flops_per_s: float, peak: float | None) -> float | None:
 # -- set-up: data, tokenizer, model dirs -----------------------------------------------------------
 def prepare(args, work: Path) -> tuple[Path, Path]:
     """(sft rows file, tokenizer dir), made by the project's own stages."""
-    from pipeline.artifacts import local_path
+    from data_curation.urls import local_path
     from pipeline.execute import run_stage
 
     kw = dict(storage=f"file://{work}/store", work_root=work / "runs", launcher="local")
@@ -181,7 +181,7 @@ def prepare(args, work: Path) -> tuple[Path, Path]:
                          "max_position_embeddings": 1024},
         "tokenizer": {"corpus": ["${stages.data.output}/sft.jsonl"], "vocab_size": 512}},
         stage="tokenizer", upstream={"data": data.url}, **kw)
-    return local_path(data.url) / "sft.jsonl", local_path(base.url)
+    return Path(local_path(data.url)) / "sft.jsonl", Path(local_path(base.url))
 
 
 def model_dir(shape: str, tokenizer_dir: Path | None, root: Path, device: str) -> Path:
@@ -273,15 +273,16 @@ def run_plain(path: Path, shape: str, pack_ids: list[list[int]], tokens: int, ck
 
 def run_stage_variant(variant: str, path: Path, rows_file: Path, shape: str, tokens: int, ckpt: bool,
                       pack_lengths: list[list[int]], args, work: Path, gpu: bool, peak: float | None) -> dict:
-    from pipeline.artifacts import local_path
+    from data_curation.urls import local_path
     from pipeline.execute import run_stage
-    from pipeline.stage_api import Resources
+    from stages.common.contract import Resources
 
     overrides = {k: tokens if v is TOKENS else v for k, v in VARIANTS[variant].items()}
     env = overrides.pop("_env", {})  # for the stage's processes (they inherit ours)
     packs_per_micro = overrides.get("micro_batch_size", 1)  # tokens per optimizer step held equal
     config = {"model": str(path), "data": str(rows_file), "max_seq_len": tokens, "micro_batch_size": 1,
-              "grad_accum": max(1, args.grad_accum // packs_per_micro), "max_steps": args.total_steps, "warmup_steps": 1, "lr": 1e-5,
+              "grad_accum": max(1, args.grad_accum // packs_per_micro), "max_steps": args.total_steps,
+              "warmup_steps": 1, "lr": 1e-5,
               "zero_stage": 0, "gradient_checkpointing": ckpt, "checkpoint_every": 10 ** 6, "log_every": 1,
               **overrides}
     if args.profile:
@@ -298,7 +299,7 @@ def run_stage_variant(variant: str, path: Path, rows_file: Path, shape: str, tok
                 os.environ.pop(k)
             else:
                 os.environ[k] = v
-    out_dir = local_path(run.url)
+    out_dir = Path(local_path(run.url))
     steps = [json.loads(line.split("[metrics] ", 1)[1])  # the stage's per-step metrics lines
              for line in (out_dir / "logs" / "stage.log").read_text().splitlines() if "[metrics] " in line]
     timed = [m for m in steps if args.skip < m["step"] <= args.skip + args.steps]
@@ -422,7 +423,7 @@ def run_learner(path: Path, shape: str, args, device: str, peak: float | None) -
             if device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
             times = []
-            for step in range(1 + args.learner_steps):  # the first: warm-up (and compiles)
+            for _ in range(1 + args.learner_steps):  # the first: warm-up (and compiles)
                 sync(device)
                 t0 = time.perf_counter()
                 learner.train(samples, version=0)

@@ -45,7 +45,7 @@ def workload(domain: str, n: int):
             rows.append(r)
             resp.append(T + (r["reference"]["example"] if i % 2 == 0 else "1+2"))
     elif domain == "sudoku":
-        for i, r in enumerate(sudoku.generate(n, seed=0, size=9)):
+        for r in sudoku.generate(n, seed=0, size=9):
             rows.append(r)
             resp.append(T + "\n".join(" ".join(str(v or 1) for v in row) for row in r["reference"]["puzzle"]))
     elif domain == "maze":

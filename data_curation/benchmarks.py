@@ -47,7 +47,7 @@ def load_benchmark_list(url: str, storage_options: dict | None = None) -> list[B
     are relative to the list file."""
     import yaml
 
-    from data_curation.io import filesystem, is_local, local_path, normalise_url
+    from data_curation.urls import filesystem, is_local, local_path, normalise_url
 
     full = normalise_url(url)
     fs, p = filesystem(full, storage_options)
@@ -93,7 +93,8 @@ def iter_benchmark_rows(spec: BenchmarkSpec, storage_options: dict | None
 
     import fsspec
 
-    from data_curation.io import discover, iter_batches
+    from data_curation.discovery import discover
+    from data_curation.row_reading import iter_batches
 
     sources = discover([spec.path], storage_options)
     if spec.split is not None:

@@ -46,12 +46,12 @@ class CurateFileConfig(Strict):
 def load_config(path: str, storage_options: dict[str, Any] | None = None) -> CurateFileConfig:
     import yaml
 
-    from data_curation import io
+    from data_curation import io, urls
 
-    url = io.normalise_url(path)
+    url = urls.normalise_url(path)
     if not io.exists(url, storage_options):
         raise CurationError(f"curation config {path} does not exist")
-    fs, p = io.filesystem(url, storage_options)
+    fs, p = urls.filesystem(url, storage_options)
     with fs.open(p, "r", encoding="utf-8") as f:
         try:
             data = yaml.safe_load(f) or {}

@@ -86,7 +86,8 @@ class DecontaminateConfig(StepConfig):
 
 def _content_identity(spec: BenchmarkSpec, ctx: RunContext) -> list[Any]:
     """sha256 of local benchmark files; size/etag/mtime of remote ones and dataset dirs."""
-    from data_curation.io import discover, is_local, local_path
+    from data_curation.discovery import discover
+    from data_curation.urls import is_local, local_path
 
     out: list[Any] = []
     for s in discover([spec.path], ctx.storage_options):

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from data_curation import io
+from data_curation import discovery, urls
 from data_curation._base import CurationError, merge_stats, stable_hash
 from data_curation.outputs import AccountingError, write_outputs, write_reports
 from data_curation.read_step import run_read
@@ -61,7 +61,7 @@ def run_curation(input_urls: list[str] | str, steps: list[StepConfig | dict], ou
     t_start = time.time()
     so = dict(storage_options or {})
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    urls = [input_urls] if isinstance(input_urls, str) else list(input_urls)
+    inputs = [input_urls] if isinstance(input_urls, str) else list(input_urls)
     step_cfgs = parse_steps(list(steps))
     fm = fields if isinstance(fields, FieldMap) else FieldMap.model_validate(fields or {})
     policy = row_policy if isinstance(row_policy, RowPolicy) else RowPolicy.model_validate(row_policy or {})
@@ -69,10 +69,10 @@ def run_curation(input_urls: list[str] | str, steps: list[StepConfig | dict], ou
         raise CurationError(f"output_format must be jsonl or parquet, not {output_format!r}")
     if batch_size < 1 or num_proc < 1:
         raise CurationError("batch_size and num_proc must be >= 1")
-    out_url = io.normalise_url(out_url)
-    cache = io.normalise_url(cache_url) if cache_url else out_url
+    out_url = urls.normalise_url(out_url)
+    cache = urls.normalise_url(cache_url) if cache_url else out_url
     reuse = [reuse_from] if isinstance(reuse_from, str) else list(reuse_from or [])
-    roots = [cache] + [io.normalise_url(r) for r in reuse]
+    roots = [cache] + [urls.normalise_url(r) for r in reuse]
     labels = [s.label for s in step_cfgs]
     if only:
         unknown = [o for o in only if o not in labels]
@@ -87,9 +87,9 @@ def run_curation(input_urls: list[str] | str, steps: list[StepConfig | dict], ou
     ctx = RunContext(fm, so, work, num_proc, batch_size, progress)
 
     try:
-        sources = io.discover(urls, so)
+        sources = discovery.discover(inputs, so)
         if input_names:
-            sources = [io.rename_source(s, {io.normalise_url(k): v for k, v in input_names.items()})
+            sources = [discovery.rename_source(s, {urls.normalise_url(k): v for k, v in input_names.items()})
                        for s in sources]
         input_identity = stable_hash({
             "sources": input_identity if input_identity is not None else [s.as_dict() for s in sources],
@@ -106,9 +106,9 @@ def run_curation(input_urls: list[str] | str, steps: list[StepConfig | dict], ou
             if first_only is not None:
                 raise CurationError(
                     f"--only {only}: the input has not been read into the step cache yet "
-                    f"({io.join(cache, 'steps', read_dir)} has no {DONE}); run the full curation "
+                    f"({urls.join(cache, 'steps', read_dir)} has no {DONE}); run the full curation "
                     "once before rerunning single steps")
-            located = run_read(sources, io.join(cache, "steps", read_dir), read_hash, ctx, policy, log)
+            located = run_read(sources, urls.join(cache, "steps", read_dir), read_hash, ctx, policy, log)
             reused = False
         else:
             log(f"[curate] read: reusing {located.url}")
@@ -131,12 +131,12 @@ def run_curation(input_urls: list[str] | str, steps: list[StepConfig | dict], ou
                 if first_only is not None and i - 1 < first_only:
                     raise CurationError(
                         f"--only {only}: earlier step {i:02d} {cfg.label!r} is not cached "
-                        f"(no {DONE} in {io.join(cache, 'steps', dirname)}"
+                        f"(no {DONE} in {urls.join(cache, 'steps', dirname)}"
                         + (f" nor under {reuse}" if reuse else "") + "); run the full curation "
                         "once (same inputs and earlier-step config) before rerunning single steps")
                 prev = locs[-1] if locs else read_loc
                 ctx.total_rows = prev.done["kept"]
-                found = _run_step(cfg, i, h, prev.part_urls(), io.join(cache, "steps", dirname), ctx, log)
+                found = _run_step(cfg, i, h, prev.part_urls(), urls.join(cache, "steps", dirname), ctx, log)
                 reused = False
             locs.append(found)
             rep = found.report(so)

@@ -41,7 +41,8 @@ class CategoryRules(Strict):
     min_hits: int = Field(1, ge=1, description="matches needed for a score of 1")
 
 
-_HOW = r"(?:how (?:do|can|would|should) (?:i|you|we|one)|how to|steps? (?:to|for)|instructions? (?:to|for)|guide (?:to|for)|teach me (?:to|how to)|help me)"
+_HOW = (r"(?:how (?:do|can|would|should) (?:i|you|we|one)|how to|steps? (?:to|for)|instructions? (?:to|for)"
+        r"|guide (?:to|for)|teach me (?:to|how to)|help me)")
 DEFAULT_CATEGORIES: dict[str, CategoryRules] = {
     "weapons": CategoryRules(patterns=[
         _HOW + r" (?:make|build|assemble|construct|manufacture) (?:a |an |my own )?(?:pipe ?bomb|bomb|"

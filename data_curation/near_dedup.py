@@ -239,7 +239,7 @@ class NearDedup(StepRunner):
             members.setdefault(uf.find(k), []).append(k)
 
         decisions = []
-        for p, rows in enumerate(part_rows):
+        for rows in part_rows:
             decisions.append(Decision(np.ones(len(rows), dtype=bool), [None] * len(rows),
                                       [None] * len(rows)))
         hist: dict[str, int] = {}

@@ -7,7 +7,8 @@ characters folded to the ASCII letter or digit they imitate (Unicode's confusabl
 UTS #39, through `confusable_homoglyphs`: Cyrillic `а`/`е`/`і`, Greek `Ο`, ... become
 `a`/`e`/`i`/`O`), apostrophes inside words dropped (`brown's` = `browns`, so a copy that
 drops them keeps its tokens), case-folded, LaTeX presentation noise folded (`\\dfrac` =
-`\\frac`, `\\left(` = `(`, `\\,` = space), then split into runs of letters/digits. Punctuation is a separator ("remove", the default),
+`\\frac`, `\\left(` = `(`, `\\,` = space), then split into runs of letters/digits. Punctuation is a
+separator ("remove", the default),
 or kept as single-character tokens after folding Unicode variants to ASCII ("fold") or
 as is ("keep"). Digits are kept, mapped to 0, or dropped. The normalised text is the
 tokens joined by single spaces. The rows written out are never touched by this module.

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from data_curation import io
+from data_curation import io, row_reading, urls
 from data_curation.step_api import RunContext
 from data_curation.step_cache import StepDir
 
@@ -30,8 +30,8 @@ def write_outputs(sources, step_cfgs, read_loc: StepDir, locs: list[StepDir],
             step_reports: list[dict[str, Any]], out_url: str, ctx: RunContext,
             output_format: str, log) -> dict[str, Any]:
     so = ctx.storage_options
-    fs, out_path = io.filesystem(out_url, so)
-    if io.is_local(out_url):
+    fs, out_path = urls.filesystem(out_url, so)
+    if urls.is_local(out_url):
         os.makedirs(out_path, exist_ok=True)
     acc_sum, acc_xor = np.uint64(0), np.uint64(0)
 
@@ -54,7 +54,7 @@ def write_outputs(sources, step_cfgs, read_loc: StepDir, locs: list[StepDir],
     n_kept = 0
     curated_name = "curated.jsonl"
     curated_local = ctx.work_dir / "curated.jsonl" if output_format == "parquet" else None
-    target = str(curated_local) if curated_local else io.join(out_path, curated_name)
+    target = str(curated_local) if curated_local else urls.join(out_path, curated_name)
     opener = open(target, "w", encoding="utf-8") if curated_local else fs.open(target, "w", encoding="utf-8")
     with opener as f:
         for _, u in final:
@@ -70,13 +70,13 @@ def write_outputs(sources, step_cfgs, read_loc: StepDir, locs: list[StepDir],
                     mix_after[d] = mix_after.get(d, 0) + 1
     outputs = {}
     if output_format == "parquet":
-        outputs["curated"] = _jsonl_to_parquet(curated_local, io.join(out_url, "curated.parquet"), ctx)
+        outputs["curated"] = _jsonl_to_parquet(curated_local, urls.join(out_url, "curated.parquet"), ctx)
     else:
-        outputs["curated"] = io.join(out_url, curated_name)
+        outputs["curated"] = urls.join(out_url, curated_name)
 
     # removed rows, step by step
     n_removed = 0
-    with fs.open(io.join(out_path, "removed.jsonl"), "w", encoding="utf-8") as f:
+    with fs.open(urls.join(out_path, "removed.jsonl"), "w", encoding="utf-8") as f:
         for loc, cfg in zip(locs, step_cfgs):
             for u in loc.removed_urls():
                 t = io.read_table(u, so)
@@ -84,10 +84,10 @@ def write_outputs(sources, step_cfgs, read_loc: StepDir, locs: list[StepDir],
                 cols = {c: t.column(c).to_pylist() for c in
                         ("_row", "_src", "_line", "_id", "_raw", "_reason", "_detail")}
                 lines = []
-                for row, src, line, rid, raw, reason, detail in zip(*cols.values()):
+                for row, _src, line, rid, raw, reason, detail in zip(*cols.values()):
                     lines.append('{"row": %d, "source": %s, "line": %d, "id": %s, "step": %s, '
                                  '"reason": %s, "detail": %s, "data": %s}' % (
-                                     row, json.dumps(io.row_label(sources, row), ensure_ascii=False), line,
+                                     row, json.dumps(row_reading.row_label(sources, row), ensure_ascii=False), line,
                                      json.dumps(rid, ensure_ascii=False), json.dumps(cfg.label),
                                      json.dumps(reason), detail, raw))
                 f.write("\n".join(lines) + "\n")
@@ -96,24 +96,24 @@ def write_outputs(sources, step_cfgs, read_loc: StepDir, locs: list[StepDir],
                     m = mix_removed.setdefault(cfg.label, {})
                     for d in tagger.domains(t):
                         m[d] = m.get(d, 0) + 1
-    outputs["removed"] = io.join(out_url, "removed.jsonl")
+    outputs["removed"] = urls.join(out_url, "removed.jsonl")
 
     # quarantine
     n_quar = 0
     examples = []
-    with fs.open(io.join(out_path, "quarantine.jsonl"), "w", encoding="utf-8") as f:
+    with fs.open(urls.join(out_path, "quarantine.jsonl"), "w", encoding="utf-8") as f:
         for u in read_loc.quarantine_urls():
             t = io.read_table(u, so)
             account(t.column("_row").to_numpy())
-            for row, src, line, reason, raw in zip(*(t.column(c).to_pylist() for c in
+            for row, _src, line, reason, raw in zip(*(t.column(c).to_pylist() for c in
                                                      ("_row", "_src", "_line", "_reason", "_rawtext"))):
-                rec = {"row": row, "source": io.row_label(sources, row), "line": line,
+                rec = {"row": row, "source": row_reading.row_label(sources, row), "line": line,
                        "reason": reason, "raw": raw}
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
                 if len(examples) < 5:
                     examples.append({**rec, "raw": raw[:200]})
                 n_quar += 1
-    outputs["quarantine"] = io.join(out_url, "quarantine.jsonl")
+    outputs["quarantine"] = urls.join(out_url, "quarantine.jsonl")
 
     # the accounting identity
     n_input = read_loc.done["rows_in"]
@@ -131,9 +131,9 @@ def write_outputs(sources, step_cfgs, read_loc: StepDir, locs: list[StepDir],
         "accounting": acc,
         "quarantine": {"reasons": step_reports[0].get("quarantine_reasons", {}), "examples": examples},
         "steps": step_reports,
-        "outputs": {**outputs, "report_json": io.join(out_url, "report.json"),
-                    "report_md": io.join(out_url, "report.md"),
-                    "report_html": io.join(out_url, "report.html")},
+        "outputs": {**outputs, "report_json": urls.join(out_url, "report.json"),
+                    "report_md": urls.join(out_url, "report.md"),
+                    "report_html": urls.join(out_url, "report.html")},
     }
     if tagger:
         before = dict(mix_after)
@@ -152,7 +152,7 @@ def _jsonl_to_parquet(local_jsonl: Path, url: str, ctx: RunContext) -> str:
     import datasets
 
     ds = datasets.Dataset.from_json(str(local_jsonl), cache_dir=str(ctx.work_dir / "hf-cache"))
-    ds.to_parquet(url if not io.is_local(url) else io.local_path(url),
+    ds.to_parquet(url if not urls.is_local(url) else urls.local_path(url),
                   storage_options=ctx.storage_options or None)
     return url
 
@@ -183,10 +183,10 @@ def write_reports(report: dict[str, Any], out_url: str, so: dict) -> None:
 
     manifest = contamination_manifest(report)
     if manifest is not None:
-        report["outputs"]["contamination"] = io.join(out_url, "contamination.json")
+        report["outputs"]["contamination"] = urls.join(out_url, "contamination.json")
         io.write_text(report["outputs"]["contamination"],
                       json.dumps(manifest, indent=2, ensure_ascii=False, default=str), so)
-    io.write_text(io.join(out_url, "report.json"),
+    io.write_text(urls.join(out_url, "report.json"),
                   json.dumps(report, indent=2, ensure_ascii=False, default=str), so)
-    io.write_text(io.join(out_url, "report.md"), render_markdown(report), so)
-    io.write_text(io.join(out_url, "report.html"), render_html(report), so)
+    io.write_text(urls.join(out_url, "report.md"), render_markdown(report), so)
+    io.write_text(urls.join(out_url, "report.html"), render_html(report), so)

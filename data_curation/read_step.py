@@ -2,7 +2,7 @@
 used, then check row ids across the whole input.
 
 Reading runs in the worker pool, one task per source or per line-aligned byte range of a
-big JSON lines file (io.py); no row can fail the run (io.RowReader). The id check runs in
+big JSON lines file (row_reading.plan_reads); no row can fail the run (row_reading.RowReader). The id check runs in
 the main process over the parts' `_id` column, in row order: an id seen on an earlier row
 is a repeat, reported with where the id first occurred, and under
 `row_policy.duplicate_ids` the repeats (or every row of a repeated id) are moved from the
@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from data_curation import io
+from data_curation import discovery, io, row_reading, urls
 from data_curation.row_schema import RowPolicy
 from data_curation.step_api import RunContext
 from data_curation.step_cache import StepDir, mark_done, start_dir
@@ -22,15 +22,15 @@ from data_curation.worker_pool import WorkerPool, progress
 MAX_EXAMPLES = 5
 
 
-def run_read(sources: list[io.Source], url: str, h: str, ctx: RunContext, policy: RowPolicy,
+def run_read(sources: list[discovery.Source], url: str, h: str, ctx: RunContext, policy: RowPolicy,
              log: Callable[[str], None]) -> StepDir:
     t0 = time.time()
     so = ctx.storage_options
     start_dir(url, so)
     target = max(1 << 20, min(64 << 20, ctx.batch_size * 1024))
-    tasks = io.plan_reads(sources, so, ctx.work_dir, target)
+    tasks = row_reading.plan_reads(sources, so, ctx.work_dir, target)
     log(f"[curate] read: {len(sources)} source(s), {len(tasks)} task(s) -> {url}")
-    pool = WorkerPool(ctx.num_proc, {"read_tasks": tasks, "reader": io.RowReader(ctx.fields, policy),
+    pool = WorkerPool(ctx.num_proc, {"read_tasks": tasks, "reader": row_reading.RowReader(ctx.fields, policy),
                                      "dir": url, "storage_options": so, "batch_size": ctx.batch_size})
     parts: list[dict[str, Any]] = []
     reasons: dict[str, int] = {}
@@ -71,7 +71,7 @@ def run_read(sources: list[io.Source], url: str, h: str, ctx: RunContext, policy
 
 
 def _duplicate_ids(parts: list[dict[str, Any]], url: str, so: dict, policy: RowPolicy,
-                   sources: list[io.Source]) -> dict[str, Any]:
+                   sources: list[discovery.Source]) -> dict[str, Any]:
     """Repeated ids in row order: counts, examples and, when the policy quarantines, the
     rows to move per part ({part name: {index in part: reason}})."""
     first: dict[str, int] = {}       # id -> row id of its first row
@@ -79,7 +79,7 @@ def _duplicate_ids(parts: list[dict[str, Any]], url: str, so: dict, policy: RowP
     kept = [p for p in parts if p["rows"]]
 
     def ids(p: dict[str, Any]) -> tuple[list, list]:
-        t = io.read_table(io.join(url, "kept", p["name"] + ".parquet"), so, columns=["_id", "_row"])
+        t = io.read_table(urls.join(url, "kept", p["name"] + ".parquet"), so, columns=["_id", "_row"])
         return t.column("_id").to_pylist(), t.column("_row").to_pylist()
 
     for p in kept:
@@ -88,7 +88,7 @@ def _duplicate_ids(parts: list[dict[str, Any]], url: str, so: dict, policy: RowP
                 continue
             if first.setdefault(rid, row) != row:
                 repeats[rid] = repeats.get(rid, 0) + 1
-    where = lambda row: io.row_label(sources, row)  # noqa: E731
+    where = lambda row: row_reading.row_label(sources, row)  # noqa: E731
     out: dict[str, Any] = {
         "repeated_ids": len(repeats), "repeat_rows": sum(repeats.values()),
         "policy": policy.duplicate_ids,

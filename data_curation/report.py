@@ -4,7 +4,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from data_curation.io import ROW_SHIFT
+from data_curation.row_reading import ROW_SHIFT
 
 Block = tuple  # ("h", level, text) | ("p", text) | ("table", headers, rows)
 

@@ -12,8 +12,8 @@ columns of the kept rows were rewritten (cleaning, tagging) and carries mergeabl
 """
 from __future__ import annotations
 
-import importlib.util
 import hashlib
+import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -29,7 +29,9 @@ if TYPE_CHECKING:
 
 # modules whose source enters every step's cache key (besides the step's own module)
 CORE_MODULES = ("data_curation._base", "data_curation.normalize", "data_curation.hashing",
-                "data_curation.row_schema", "data_curation.step_api", "data_curation.io")
+                "data_curation.row_schema", "data_curation.step_api", "data_curation.io",
+                "data_curation.urls", "data_curation.hub", "data_curation.discovery",
+                "data_curation.row_reading")
 
 
 def code_version(*modules: str) -> str:

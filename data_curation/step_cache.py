@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from data_curation import io
+from data_curation import io, urls
 
 DONE = "_DONE"
 
@@ -26,25 +26,25 @@ class StepDir:
 
     def part_urls(self) -> list[tuple[str, str]]:
         """(part name, URL) of the parts holding the rows the step kept."""
-        return [(p["name"], io.join(self.url, "kept", p["name"] + ".parquet"))
+        return [(p["name"], urls.join(self.url, "kept", p["name"] + ".parquet"))
                 for p in self.done["parts"] if p["rows"]]
 
     def removed_urls(self) -> list[str]:
-        return [io.join(self.url, "removed", p["name"] + ".parquet")
+        return [urls.join(self.url, "removed", p["name"] + ".parquet")
                 for p in self.done["parts"] if p.get("removed")]
 
     def quarantine_urls(self) -> list[str]:
-        return [io.join(self.url, "quarantine", p["name"] + ".parquet")
+        return [urls.join(self.url, "quarantine", p["name"] + ".parquet")
                 for p in self.done["parts"] if p.get("quarantined")]
 
     def report(self, storage_options: dict) -> dict[str, Any]:
-        return io.read_json(io.join(self.url, "report.json"), storage_options)
+        return io.read_json(urls.join(self.url, "report.json"), storage_options)
 
 
 def find_done(dirname: str, roots: list[str], storage_options: dict) -> StepDir | None:
     for root in roots:
-        url = io.join(root, "steps", dirname)
-        marker = io.join(url, DONE)
+        url = urls.join(root, "steps", dirname)
+        marker = urls.join(url, DONE)
         if io.exists(marker, storage_options):
             return StepDir(url, io.read_json(marker, storage_options))
     return None
@@ -55,6 +55,6 @@ def start_dir(url: str, storage_options: dict) -> None:
 
 
 def mark_done(url: str, done: dict[str, Any], report: dict[str, Any], storage_options: dict) -> StepDir:
-    io.write_text(io.join(url, "report.json"), json.dumps(report, indent=2, default=str), storage_options)
-    io.write_text(io.join(url, DONE), json.dumps(done, default=str), storage_options)
+    io.write_text(urls.join(url, "report.json"), json.dumps(report, indent=2, default=str), storage_options)
+    io.write_text(urls.join(url, DONE), json.dumps(done, default=str), storage_options)
     return StepDir(url, done)

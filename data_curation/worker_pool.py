@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from data_curation import io
+from data_curation import io, row_reading, urls
 from data_curation._base import bump
 from data_curation.step_api import Decision
 
@@ -35,13 +35,13 @@ def _dispatch(task: tuple[str, tuple]) -> Any:
 
 def _task_read(i: int) -> dict[str, Any]:
     st = _STATE
-    task: io.ReadTask = st["read_tasks"][i]
+    task: row_reading.ReadTask = st["read_tasks"][i]
     parts, quarantine_reasons = [], {}
     n_rows = n_bad = 0
     row_sum, row_xor = np.uint64(0), np.uint64(0)
     k = 0
     response_only = 0
-    for b in io.iter_read(task, st["reader"], st["storage_options"], st["batch_size"]):
+    for b in row_reading.iter_read(task, st["reader"], st["storage_options"], st["batch_size"]):
         response_only += b.response_only
         ids = np.array(b.rows["_row"] + b.quarantine["_row"], dtype=np.int64).view(np.uint64)
         row_sum += ids.sum(dtype=np.uint64)
@@ -49,13 +49,13 @@ def _task_read(i: int) -> dict[str, Any]:
         name = f"part-{i:05d}-{k:04d}"
         nr, nq = len(b.rows["_row"]), len(b.quarantine["_row"])
         if nr:
-            io.write_table(io.batch_table(b.rows), io.join(st["dir"], "kept", name + ".parquet"),
+            io.write_table(io.batch_table(b.rows), urls.join(st["dir"], "kept", name + ".parquet"),
                            st["storage_options"])
         if nq:
-            io.write_table(io.batch_table(b.quarantine), io.join(st["dir"], "quarantine", name + ".parquet"),
+            io.write_table(io.batch_table(b.quarantine), urls.join(st["dir"], "quarantine", name + ".parquet"),
                            st["storage_options"])
             for r in b.quarantine["_reason"]:
-                bump(quarantine_reasons, io.reason_key(r))
+                bump(quarantine_reasons, row_reading.reason_key(r))
         if nr or nq:
             parts.append({"name": name, "rows": nr, "quarantined": nq})
             k += 1
@@ -72,8 +72,8 @@ def _task_quarantine(name: str, moves: dict[int, str]) -> tuple[str, dict[str, i
 
     st = _STATE
     so = st["storage_options"]
-    kept_url = io.join(st["dir"], "kept", name + ".parquet")
-    quarantine_url = io.join(st["dir"], "quarantine", name + ".parquet")
+    kept_url = urls.join(st["dir"], "kept", name + ".parquet")
+    quarantine_url = urls.join(st["dir"], "quarantine", name + ".parquet")
     table = io.read_table(kept_url, so)
     mask = np.zeros(table.num_rows, dtype=bool)
     mask[list(moves)] = True
@@ -94,7 +94,7 @@ def _task_quarantine(name: str, moves: dict[int, str]) -> tuple[str, dict[str, i
         io.remove_tree(kept_url, so)
     counts: dict[str, int] = {}
     for r in reasons:
-        bump(counts, io.reason_key(r))
+        bump(counts, row_reading.reason_key(r))
     return name, {"rows": rest.num_rows, "quarantined": quarantine.num_rows}, counts
 
 
@@ -123,11 +123,11 @@ def _apply(table, d: Decision, name: str) -> dict[str, Any]:
         removed = removed.append_column("_step", pa.array([st["label"]] * len(rs), pa.string()))
         removed = removed.append_column("_reason", pa.array(rs, pa.string()))
         removed = removed.append_column("_detail", pa.array(ds, pa.string()))
-        io.write_table(removed, io.join(st["dir"], "removed", name + ".parquet"), st["storage_options"])
+        io.write_table(removed, urls.join(st["dir"], "removed", name + ".parquet"), st["storage_options"])
         for r in rs:
             reasons[r] = reasons.get(r, 0) + 1
     if kept.num_rows:
-        io.write_table(kept, io.join(st["dir"], "kept", name + ".parquet"), st["storage_options"])
+        io.write_table(kept, urls.join(st["dir"], "kept", name + ".parquet"), st["storage_options"])
     return {"name": name, "rows_in": n, "rows": kept.num_rows, "removed": len(removed_idx),
             "reasons": reasons, "stats": d.stats}
 

@@ -13,7 +13,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifacts import ArtifactError, ArtifactStore
+from pipeline.artifacts import ArtifactStore
+from stages.common.artifact_inputs import ArtifactError
 from stages.registry import StageKind
 
 _MAX_CONFIG_CHANGES = 5

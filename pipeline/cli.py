@@ -52,8 +52,8 @@ def _load(recipe: Path, overrides: list[str]):
 
 
 def _plan(recipe):
-    from pipeline.artifacts import ArtifactError
     from pipeline.plan import make_plan
+    from stages.common.artifact_inputs import ArtifactError
 
     try:
         return make_plan(recipe)
@@ -71,10 +71,10 @@ def validate(recipe: Path = RecipeArg, set_: list[str] = SetOpt) -> None:
 @app.command()
 def plan(recipe: Path = RecipeArg, set_: list[str] = SetOpt) -> None:
     """Stages in order with their hashes, what is done / to run and why, and each launch command."""
-    from pipeline.artifacts import ArtifactError
     from pipeline.changes import code_drift, previous_manifest, why_rerun
     from pipeline.launch import build_command
     from pipeline.plan import make_plan
+    from stages.common.artifact_inputs import ArtifactError
 
     r = _load(recipe, set_)
     try:
@@ -141,11 +141,11 @@ def run(recipe: Path = RecipeArg, set_: list[str] = SetOpt,
     Per stage: a start line, a progress line, a finish line; a failed stage is reported once,
     and every failed stage is listed at the end (exit 1). Stage output is in each stage's
     log. Ctrl-C or SIGTERM stops every running stage job (exit 130 / 143); nothing is published."""
-    from pipeline.artifacts import ArtifactError
     from pipeline.console import RunConsole, Verbosity, installed
     from pipeline.flow import PipelineFailed
-    from pipeline.launch import StageFailed
     from pipeline.orchestrate import run_recipe
+    from stages.common.artifact_inputs import ArtifactError
+    from stages.common.contract import StageFailed
 
     if quiet and verbose:
         _fail("run: --quiet and --verbose exclude each other", 2)
@@ -216,8 +216,8 @@ def gc(recipe: Path = RecipeArg, set_: list[str] = SetOpt,
        older_than: float = typer.Option(7.0, "--older-than", min=0, help="days unchanged before an "
                                         "unreferenced artifact or unfinished attempt is removed")) -> None:
     """List (or with --delete remove) work dirs, checkpoints and artifacts nothing needs."""
-    from pipeline.artifacts import ArtifactError
     from pipeline.gc import GcPolicy, find_leftovers, remove
+    from stages.common.artifact_inputs import ArtifactError
 
     r = _load(recipe, set_)
     p = _plan(r)
@@ -291,36 +291,27 @@ def curate(target: list[str] = typer.Argument(..., help="a recipe YAML, or data 
 
 def _curate_recipe_stage(recipe: Path, overrides: list[str], stage: str | None, only: list[str],
                          benchmarks: str | None):
-    """Run one `curate` stage of a recipe with `--only` / `--benchmarks` applied. The stage
-    hash follows the (possibly new) benchmark list, so the result is the artifact a recipe
-    with that list would use; earlier steps come from the stage's step cache."""
-    from pipeline.artifacts import ArtifactError
+    """Run one stage of a recipe whose kind reruns under this command (`StageKind.rerun_config`:
+    the `curate` kind) with `--only` / `--benchmarks` applied. The stage hash follows the
+    (possibly new) benchmark list, so the result is the artifact a recipe with that list would
+    use; earlier steps come from the stage's step cache."""
     from pipeline.execute import ExecutionPolicy, StageTarget, execute
-    from pipeline.launch import StageFailed
-    from pipeline.plan import hash_payload, input_fingerprints, resolve_references, stage_hash
     from pipeline.tracking import PipelineTracker, timestamped
-    from stages.curate.config import CurateConfig, rerun_config
+    from stages.common.artifact_inputs import ArtifactError
+    from stages.common.contract import StageFailed
 
     r = _load(recipe, overrides)
-    p = _plan(r)
-    candidates = [s for s in p.stages if s.kind.name == "curate" and (stage is None or s.name == stage)]
+    rerunnable = [s for s in _plan(r).stages if s.kind.rerun_config is not None]
+    candidates = [s for s in rerunnable if stage is None or s.name == stage]
     if len(candidates) != 1:
-        names = [s.name for s in p.stages if s.kind.name == "curate"]
+        names = [s.name for s in rerunnable]
         _fail(f"curate: recipe {r.name} has curate stages {names or 'none'}; "
               + ("name one with --stage" if names else "add a `kind: curate` stage"), 2)
     s = candidates[0]
-    cfg = CurateConfig.model_validate(rerun_config(s.config.model_dump(mode="json"), only or None, benchmarks))
-    upstream = {d: p[d].hash for d in s.deps}
-    try:
-        inputs = input_fingerprints(cfg, r.storage.options, r.defaults.input_hash_max_bytes)
-    except ArtifactError as e:
-        _fail(str(e), 2)
-    h = stage_hash(s.kind, cfg, upstream, inputs)
-    target = StageTarget(r.name, s.name, s.kind,
-                         resolve_references(cfg.model_dump(mode="json"), {d: p[d].url for d in s.deps}),
-                         h, p.store.stage_url(s.name, h), {d: (p[d].url, p[d].hash) for d in s.deps},
-                         s.resources, s.launcher, r.defaults.seed, hash_payload(s.kind, cfg, upstream, inputs),
-                         inputs)
+    rerun = s.kind.config.model_validate(s.kind.rerun_config(s.config.model_dump(mode="json"), only or None,
+                                                             benchmarks))
+    p = _plan(r.model_copy(update={"stages": {**r.stages, s.name: rerun}}))
+    target = StageTarget.from_plan(p, p[s.name])
     tracker = PipelineTracker(r.tracking.uri, r.tracking.experiment or r.name, timestamped(f"{r.name} curate"),
                               {"command": "curate", "stage": s.name, "only": only, "benchmarks": benchmarks},
                               tags={"ring.recipe": r.name}, artifact_location=r.tracking.artifact_location,

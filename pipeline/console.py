@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import IO, Iterator
 
 from pipeline.job_output import JobOutput, Line
-from pipeline.stage_metrics import KIND_METRICS, KindMetrics
+from pipeline.stage_metrics import kind_metrics
 
 PLAIN_EVERY_S = 60.0
 _NAME_WIDTH = 14
@@ -53,7 +53,7 @@ def rate_text(rate: float, unit: str) -> str:
 
 def _current_number(kind: str | None, output: JobOutput) -> str:
     """The latest value of the kind's first headline metric, e.g. `loss 1.013`."""
-    for curve in KIND_METRICS.get(kind or "", KindMetrics()).headline[:1]:
+    for curve in kind_metrics(kind).headline[:1]:
         name = curve.find(output.last)
         if name is not None:
             return f"{curve.name} {output.last[name]:.4g}"

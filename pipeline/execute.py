@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from data_curation.urls import join, normalise_url
 from pipeline import console, interrupt
-from pipeline.artifacts import (CHECKPOINTS, ArtifactError, ArtifactStore, StorageError, join,
-                                normalise_url, read_manifest)
+from pipeline.artifacts import ArtifactStore
 from pipeline.changes import code_record
 from pipeline.failures import StageFailure
 from pipeline.fingerprints import Fingerprint
@@ -30,10 +30,10 @@ from pipeline.launch import build_command, run_job
 from pipeline.lease import Lease, LeaseHeld, describe_holder, try_acquire
 from pipeline.plan import Plan, PlannedStage, hash_payload, input_fingerprints, resolve_references, stage_hash
 from pipeline.recipe import Defaults, StorageConfig
-from pipeline.stage_api import Launcher, RaySettings, Resources, StageJob, launch_problem
 from pipeline.stage_metrics import describe, headline
 from pipeline.tracking import InputRef, PipelineTracker, timestamped
-from stages.curate.gate import check_eval_suite
+from stages.common.artifact_inputs import CHECKPOINTS, ArtifactError, StorageError, read_manifest
+from stages.common.contract import Launcher, RaySettings, Resources, StageJob, launch_problem
 from stages.registry import STAGE_KINDS, StageKind
 
 FAILED = "_FAILED"
@@ -192,7 +192,8 @@ def _execute_leased(target: StageTarget, store: ArtifactStore, work_root: Path, 
                                     "ranks" if target.kind.distributed else target.kind.name)
     started = time.time()
     try:
-        check_eval_suite(target.name, target.config, store.storage_options)
+        for check in target.kind.pre_launch:  # e.g. the eval-suite gate (stages/common/eval_suite_gate.py)
+            check(target.name, target.config, store.storage_options)
         launched = run_job(command, target.name, log_path, target.resources, kind=target.kind.name,
                            must_stop=lambda: lease.lost and f"its {target.url}/_RUNNING lease was lost: {lease.lost}")
         if lease.lost:  # lost after the job's last poll: publishing could overwrite the new holder's

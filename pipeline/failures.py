@@ -12,9 +12,9 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pipeline.artifacts import ArtifactError
 from pipeline.interrupt import StageInterrupted
-from pipeline.launch import StageFailed
+from stages.common.artifact_inputs import ArtifactError
+from stages.common.contract import StageFailed
 
 # what happened, by exception type (most specific first); anything else is a bug of ours
 _CATEGORIES: tuple[tuple[type[BaseException], str], ...] = (

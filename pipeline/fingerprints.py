@@ -28,7 +28,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from pipeline.artifacts import StorageError, filesystem, normalise_url, sha256_file, storage_errors
+from data_curation.urls import filesystem, normalise_url
+from stages.common.artifact_inputs import StorageError, sha256_file, storage_errors
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")

@@ -20,9 +20,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from pipeline.artifacts import ArtifactError, ArtifactStore, filesystem, storage_errors
+from data_curation.urls import filesystem
+from pipeline.artifacts import ArtifactStore
 from pipeline.lease import is_live, read_lease
 from pipeline.plan import Plan
+from stages.common.artifact_inputs import ArtifactError, storage_errors
 
 
 @dataclass
@@ -67,7 +69,7 @@ def _store_leftovers(plan: Plan, policy: GcPolicy, now: float) -> list[Leftover]
             for url in store.prune_checkpoints(stage.url, policy.keep_checkpoints, dry_run=True):
                 out.append(Leftover("checkpoint", url, f"beyond the newest {policy.keep_checkpoints} "
                                                        "of a published artifact"))
-    for name, urls in sorted(store.stage_dirs().items()):
+    for _stage, urls in sorted(store.stage_dirs().items()):
         old = [u for u in urls if u not in current and not _leased(store, u)]
         published = []
         for url in old:

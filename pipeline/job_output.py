@@ -3,7 +3,8 @@ a warning, launcher chatter or plain text.
 
 Every line goes to the stage's log unchanged; the console (pipeline.console) shows only what
 the operator needs, and a failed job is explained from what this module kept. The protocol a
-stage job speaks (the stage side of it is `pipeline.tracking.StageLogger`):
+stage job speaks (its writer: `stages.common.stage_log.StageLogger`, and `stages.common.entry.run_job`
+for user errors):
 
 - `[metrics] {"step": N, "name": value, ...}`: one step's metrics (rank 0). The step also
   counts as progress: N steps done.
@@ -33,6 +34,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
+
+from stages.common.stage_log import METRICS_MARKER, PROGRESS_MARKER
 
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")  # torchrun's per-rank prefix
 _REPORTING_RANK = re.compile(r"^\[rank (\d+)\] ")  # run_job's prefix of a user error on rank N > 0
@@ -66,7 +69,7 @@ def classify(raw: str, user_error_prefixes: tuple[str, ...] = ()) -> Line:
         return Line("blank", text)
     if text.startswith(_LAUNCHER):
         return Line("launcher", text, {"message": text[len(_LAUNCHER):].strip()})
-    for marker, kind in (("[metrics] ", "metrics"), ("[progress] ", "progress")):
+    for marker, kind in ((METRICS_MARKER, "metrics"), (PROGRESS_MARKER, "progress")):
         if text.startswith(marker):
             try:
                 data = json.loads(text[len(marker):])

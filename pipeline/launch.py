@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,7 +25,8 @@ from typing import Callable
 from pipeline import console, interrupt
 from pipeline.interrupt import StageInterrupted
 from pipeline.job_output import JobOutput
-from pipeline.stage_api import Launcher, RaySettings, Resources
+from stages.common.contract import Launcher, RaySettings, Resources, StageFailed
+from stages.common.ports import free_port
 
 # Keep NVLink multicast off in every process we start (see the device notes); harmless on CPU.
 _CHILD_ENV = {
@@ -38,28 +38,6 @@ _CHILD_ENV = {
 }
 _POLL_S = 0.5
 _GRACE_S = 5.0  # per step of SIGINT -> SIGTERM -> SIGKILL
-
-
-class StageFailed(RuntimeError):
-    """A stage did not finish: its job exited non-zero, or a check refused to start it.
-
-    `str()` is one line (Prefect shows it as the task's state message); `reason` is the
-    whole explanation (a user error's message may span lines), `excerpt` the log lines that
-    explain a crash, `user_error` whether the user can fix it (nothing to retry)."""
-
-    def __init__(self, reason: str, *, stage: str | None = None, exit_code: int | None = None,
-                 excerpt: list[str] | None = None, user_error: bool = True, log_path: Path | None = None):
-        self.reason, self.stage, self.exit_code = reason, stage, exit_code
-        self.excerpt, self.user_error, self.log_path = list(excerpt or []), user_error, log_path
-        lines = [ln.strip() for ln in reason.splitlines() if ln.strip()]
-        one_line = " / ".join(lines)
-        super().__init__(f"stage {stage!r} failed: {one_line}" if stage else one_line)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def build_command(entry: str, job_path: Path, resources: Resources, launcher: Launcher,

@@ -33,7 +33,8 @@ from typing import Any, Callable
 
 from filelock import FileLock
 
-from pipeline.artifacts import StorageError, filesystem, join, local_path, normalise_url, storage_errors
+from data_curation.urls import filesystem, join, local_path, normalise_url
+from stages.common.artifact_inputs import StorageError, storage_errors
 
 RUNNING = "_RUNNING"
 
@@ -85,7 +86,7 @@ class _LocalBackend:
     """Under a lock file; the version of a lease is its exact content."""
 
     def __init__(self, url: str, _options: dict[str, Any]):
-        self.path = local_path(url)
+        self.path = Path(local_path(url))
         self.lock = FileLock(str(self.path) + ".lock")
 
     def read(self) -> tuple[dict | None, Any]:

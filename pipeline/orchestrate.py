@@ -89,9 +89,9 @@ class _PrefectConsoleFilter(logging.Filter):
         self.verbosity = verbosity
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from pipeline.artifacts import ArtifactError
         from pipeline.flow import PipelineFailed
-        from pipeline.launch import StageFailed
+        from stages.common.artifact_inputs import ArtifactError
+        from stages.common.contract import StageFailed
 
         if self.verbosity < Verbosity.VERBOSE and record.name.startswith(("prefect.flow_runs", "prefect.task_runs")):
             return False

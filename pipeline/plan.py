@@ -16,10 +16,11 @@ from typing import Any, Iterable
 
 from pydantic import BaseModel
 
-from pipeline.artifacts import ArtifactStore, join
+from data_curation.urls import join
+from pipeline.artifacts import ArtifactStore
 from pipeline.fingerprints import Fingerprint, fingerprint_inputs
 from pipeline.recipe import Recipe, iter_references, topological_order
-from pipeline.stage_api import Launcher, RaySettings, Resources, StageConfig
+from stages.common.contract import Launcher, RaySettings, Resources, StageConfig
 from stages.registry import STAGE_KINDS, StageKind
 
 # StageConfig keys that never change results

@@ -7,7 +7,7 @@ import math
 import tempfile
 from pathlib import Path
 
-from pipeline.stage_metrics import KIND_METRICS, KindMetrics
+from pipeline.stage_metrics import kind_metrics
 
 _PANEL_INCHES = (4.0, 2.8)
 _COLUMNS = 3
@@ -47,7 +47,7 @@ def render(title: str, curves: dict[str, tuple[list[int], list[float]]], path: P
 def log_main_curves(client, run_id: str, kind: str, stage: str) -> str | None:
     """Plot the kind's main curves that the run logged; the artifact path, or None when the
     kind declares none or the run logged none of them."""
-    declared = KIND_METRICS.get(kind, KindMetrics()).curves
+    declared = kind_metrics(kind).curves
     if not declared:
         return None
     logged = client.get_run(run_id).data.metrics.keys()

@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator
 
-from pipeline.launch import free_port
+from stages.common.ports import free_port
 
 _STOP_GRACE_S = 10.0
 

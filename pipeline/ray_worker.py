@@ -146,7 +146,7 @@ def _store_problem(stage_url: str, options: dict[str, Any]) -> str | None:
     """None when this node sees the stage's artifact dir (its `_RUNNING` lease, written by the
     pipeline before the launch), else why not: a local-path store that is not shared, or an
     object store this node cannot reach or has no credentials for."""
-    from pipeline.artifacts import filesystem, join
+    from data_curation.urls import filesystem, join
     from pipeline.lease import RUNNING
 
     try:

@@ -5,8 +5,16 @@ from typing import Annotated, Any, Iterator, Union
 
 from pydantic import Field, field_validator, model_validator
 
-from pipeline.stage_api import (REFERENCE_RE, Launcher, RaySettings, Resources, RetryPolicy, StageConfig, Strict,
-                                launch_problem)
+from stages.common.contract import (
+    REFERENCE_RE,
+    Launcher,
+    RaySettings,
+    Resources,
+    RetryPolicy,
+    StageConfig,
+    Strict,
+    launch_problem,
+)
 from stages.registry import STAGE_KINDS
 
 

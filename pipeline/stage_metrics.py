@@ -1,59 +1,17 @@
-"""Which of a stage kind's metrics tell its story: the headline numbers of its finish line
-and the main curves plotted when it ends. Declared as data, per stage kind; a kind that is
-not listed has neither.
-
-RL metrics reach MLflow grouped by prefix (`reward/`, `icepop/`, `rollout/`, `perf/`, `loss/`:
-`stages.rl.metrics.mlflow_name`), so MLflow shows each group as one section, while the stage
-log's `[metrics]` lines keep the flat names. A curve names its MLflow metric and, in `also`,
-the flat name the same metric has in the stage log.
-"""
+"""A stage's headline numbers, from what its kind declares (`StageKind.metrics`,
+stages/common/kind_metrics.py) and what its job logged."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Mapping
+
+from stages.common.kind_metrics import KindMetrics
+from stages.registry import STAGE_KINDS
 
 
-@dataclass(frozen=True)
-class Curve:
-    name: str
-    also: tuple[str, ...] = ()
-
-    def find(self, available: Iterable[str]) -> str | None:
-        """The name this metric has among `available` (the grouped one first)."""
-        names = set(available)
-        return next((n for n in (self.name, *self.also) if n in names), None)
-
-
-@dataclass(frozen=True)
-class KindMetrics:
-    headline: tuple[Curve, ...] = ()
-    curves: tuple[Curve, ...] = ()
-
-
-def _rl(*extra_headline: Curve) -> KindMetrics:
-    reward = Curve("reward/mean", ("reward_mean",))
-    return KindMetrics(
-        headline=(reward, *extra_headline),
-        curves=(reward,
-                Curve("icepop/masked_fraction", ("masked_fraction",)),
-                Curve("icepop/mismatch_kl", ("mismatch_kl",)),
-                Curve("loss/pg", ("pg_loss",)),
-                Curve("loss/grad_norm", ("grad_norm",)),
-                Curve("rollout/response_len_mean", ("response_len_mean",)),
-                Curve("perf/step_seconds", ("step_seconds",))))
-
-
-KIND_METRICS: dict[str, KindMetrics] = {
-    "curate": KindMetrics(headline=(Curve("kept"), Curve("removed"), Curve("quarantined"))),
-    "sft": KindMetrics(headline=(Curve("loss"),),
-                       curves=(Curve("loss"), Curve("lr"), Curve("grad_norm"), Curve("tokens_per_s"))),
-    "reward_model": KindMetrics(headline=(Curve("train/loss"), Curve("eval/accuracy")),
-                                curves=(Curve("train/loss"), Curve("train/accuracy"), Curve("eval/accuracy"),
-                                        Curve("lr"))),
-    "reasoning_rl": _rl(Curve("icepop/masked_fraction", ("masked_fraction",))),
-    "general_rl": _rl(Curve("reasoning_eval/delta")),
-}
+def kind_metrics(kind: str | None) -> KindMetrics:
+    """What the kind declares (nothing for an unknown kind: a stage of a test's own kind)."""
+    return STAGE_KINDS[kind].metrics if kind and kind in STAGE_KINDS else KindMetrics()
 
 
 def _number(v: float) -> str:
@@ -68,7 +26,7 @@ def headline(kind: str, first: Mapping[str, float], last: Mapping[str, float]) -
     """metric -> [first, last] (or [value] when it was logged once or never changed) of the
     kind's headline metrics that the stage logged."""
     out: dict[str, list[float]] = {}
-    for curve in KIND_METRICS.get(kind, KindMetrics()).headline:
+    for curve in kind_metrics(kind).headline:
         name = curve.find(last)
         if name is not None:
             out[curve.name] = [last[name]] if first[name] == last[name] else [first[name], last[name]]

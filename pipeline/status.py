@@ -13,12 +13,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from pipeline.artifacts import ArtifactError, ArtifactStore
+from pipeline.artifacts import ArtifactStore
 from pipeline.changes import code_drift
 from pipeline.execute import read_failure
 from pipeline.failures import StageFailure
 from pipeline.lease import describe_holder, is_live, read_lease
 from pipeline.plan import PlannedStage
+from stages.common.artifact_inputs import ArtifactError
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """MLflow: one parent run per pipeline run, one nested run per stage.
 
 The pipeline process opens the runs; a stage's own processes log into their stage run
-by id (`StageLogger`), rank 0 only, so no process needs an active-run context.
+by id (`stages.common.stage_log.StageLogger`), rank 0 only, so no process needs an
+active-run context.
 
 A parent run is named `{recipe} {time}` (the Prefect flow run has the same name), carries
 the recipe's description, the git commit and the recipe as given and as resolved, and
@@ -17,28 +18,17 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
-import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
-_MAX_PARAM = 500  # MLflow's limit on a param value's length
+from stages.common.stage_log import flatten, mlflow_client
+
 _MAX_TAG = 5000  # and a tag value's (mlflow.note.content included)
 # MLflow 3's UI opens an experiment without this tag on its GenAI overview
 _EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
-
-
-def _client(uri: str):
-    from mlflow.tracking import MlflowClient
-
-    if uri.startswith("sqlite:///"):
-        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
-    elif uri.startswith("file:") or "://" not in uri:
-        Path(uri.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
-    return MlflowClient(tracking_uri=uri)
 
 
 @contextlib.contextmanager
@@ -66,18 +56,6 @@ def default_artifact_location(uri: str) -> str | None:
 def timestamped(name: str, when: float | None = None) -> str:
     """`tiny 2026-11-26 10:35:55`: how runs of a recipe are told apart (Prefect and MLflow)."""
     return f"{name} {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(when))}"
-
-
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
-    out: dict[str, str] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, key + "."))
-        else:
-            s = json.dumps(v) if not isinstance(v, str) else v
-            out[key] = s if len(s) <= _MAX_PARAM else s[: _MAX_PARAM - 3] + "..."
-    return out
 
 
 @dataclass(frozen=True)
@@ -128,7 +106,7 @@ class PipelineTracker:
                  artifact_location: str | None = None, ui_url: str | None = None):
         self.uri, self.ui_url = uri, _ui_url(uri, ui_url)
         with _setup_lock(uri):
-            self.client = _client(uri)
+            self.client = mlflow_client(uri)
             exp = self.client.get_experiment_by_name(experiment)
             self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(
                 experiment, artifact_location=artifact_location or default_artifact_location(uri),
@@ -147,7 +125,7 @@ class PipelineTracker:
         self = cls.__new__(cls)
         self.uri, self.experiment_id, self.parent_id = uri, experiment_id, parent_id
         self.ui_url = _ui_url(uri, ui_url)
-        self.client = _client(uri)
+        self.client = mlflow_client(uri)
         return self
 
     def run_url(self, run_id: str) -> str | None:
@@ -245,73 +223,3 @@ def _ui_url(uri: str, ui_url: str | None) -> str | None:
     if ui_url:
         return ui_url.rstrip("/")
     return uri.rstrip("/") if uri.startswith(("http://", "https://")) else None
-
-
-class StageLogger:
-    """Used inside a stage's processes: metrics per step, progress and artifacts, from rank 0.
-
-    Metrics and progress also go to stdout, one line each (`[metrics] {...}`, `[progress]
-    {...}`: the protocol of pipeline.job_output), which the pipeline saves in the stage's
-    log and turns into the console's progress line. A stage declares its total once at its
-    start, `log.progress(start_step, total=steps)`; each `metrics(step, ...)` then moves the
-    progress to `step`. A stage without per-step metrics (curation steps, generated files)
-    calls `progress(done)` as it goes.
-    """
-
-    def __init__(self, tracking_uri: str | None, run_id: str | None, rank: int = 0):
-        self.enabled = rank == 0
-        self.run_id = run_id
-        self.client = _client(tracking_uri) if self.talks_to_mlflow(tracking_uri, run_id, rank) else None
-
-    @staticmethod
-    def talks_to_mlflow(tracking_uri: str | None, run_id: str | None, rank: int) -> bool:
-        """Whether the stage process of this rank logs to MLflow (rank 0 of a tracked run)."""
-        return rank == 0 and bool(tracking_uri and run_id)
-
-    @classmethod
-    def for_job(cls, job) -> "StageLogger":
-        return cls(job.tracking_uri, job.run_id, job.rank)
-
-    def metrics(self, step: int, values: dict[str, float],
-                mlflow_name: Callable[[str], str] | None = None) -> None:
-        """One step's metrics: a `[metrics]` line with their names, and MLflow, where
-        `mlflow_name` may file each under a section (`group/name`)."""
-        if not self.enabled:
-            return
-        clean = {k: float(v) for k, v in values.items()
-                 if v is not None and math.isfinite(float(v))}
-        print("[metrics] " + json.dumps({"step": step, **clean}), flush=True)
-        if self.client:
-            from mlflow.entities import Metric
-
-            ts = int(time.time() * 1000)
-            name = mlflow_name or (lambda k: k)
-            self.client.log_batch(self.run_id, metrics=[Metric(name(k), v, ts, step) for k, v in clean.items()])
-
-    def progress(self, done: int, total: int | None = None, unit: str | None = None) -> None:
-        """How far the stage is: `done` units of `total` (say the total once, at the start;
-        `unit` names what is counted, "step" unless said)."""
-        if not self.enabled:
-            return
-        line = {"done": int(done), **({"total": int(total)} if total is not None else {}),
-                **({"unit": unit} if unit else {})}
-        print("[progress] " + json.dumps(line), flush=True)
-
-    def params(self, values: dict[str, Any]) -> None:
-        if self.enabled and self.client:
-            from mlflow.entities import Param
-
-            self.client.log_batch(self.run_id, params=[Param(k, v) for k, v in flatten(values).items()])
-
-    def artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
-        if self.enabled and self.client:
-            self.client.log_artifact(self.run_id, str(path), artifact_path)
-
-    def text(self, text: str, name: str) -> None:
-        if self.enabled and self.client:
-            self.client.log_text(self.run_id, text, name)
-
-
-def info(msg: str) -> None:
-    """Progress line from a stage process (rank-prefixing is done by the launcher)."""
-    print(msg, file=sys.stdout, flush=True)

@@ -7,6 +7,10 @@ A kind = a package `stages/<kind>/` with
 - `job.py`: `main(job: StageJob)`, run as `python -m stages.<kind>.job --job job.json`
   through `stages.common.entry.run_job` (the stage contract; CONTRIBUTING.md).
 
+What the pipeline does differently per kind is declared on its `StageKind` (never an `if
+kind == ...` in pipeline/): the checks before a launch (`pre_launch`), the headline numbers
+and curves (`metrics`), how `ring-pipeline curate` reruns a stage (`rerun_config`).
+
 The registry is lazy: `STAGE_KINDS[name]` imports `stages.<name>.config` the first time the
 kind is asked for, and iterating `STAGE_KINDS` imports every kind package's config. Nothing
 depends on import order: a config module may import another kind's config (or shared
@@ -23,8 +27,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Any, Callable
 
-from pipeline.stage_api import StageConfig
+from stages.common.contract import StageConfig
+from stages.common.eval_suite_gate import check_eval_suite
+from stages.common.kind_metrics import KindMetrics
 
 _KIND_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -48,6 +55,14 @@ class StageKind:
     # the job module; by the stage contract `stages.<name>.job` (left unset). Only a kind that
     # lives outside `stages/` (a test's own kind) names another module.
     entry: str = field(default="")
+    # run by the pipeline right before it launches a stage of this kind, with (stage name,
+    # resolved config, storage options); a check refuses the launch by raising StageFailed
+    pre_launch: tuple[Callable[[str, dict[str, Any], dict[str, Any]], Any], ...] = (check_eval_suite,)
+    # the headline numbers of the stage's finish line and the curves plotted when it ends
+    metrics: KindMetrics = KindMetrics()
+    # `ring-pipeline curate RECIPE --only S --benchmarks L` on a stage of this kind: its config
+    # (as data) -> the config to run; None: the command does not apply to the kind
+    rerun_config: Callable[[dict[str, Any], list[str] | None, str | None], dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if not _KIND_NAME.match(self.name):

@@ -66,7 +66,7 @@ def s3_server():
     """moto's S3 server on a free loopback port; yields fsspec storage options for s3fs."""
     from moto.server import ThreadedMotoServer
 
-    from pipeline.launch import free_port
+    from stages.common.ports import free_port
 
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)

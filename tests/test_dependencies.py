@@ -13,10 +13,10 @@ import importlib
 import importlib.metadata as md
 import pkgutil
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]

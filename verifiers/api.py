@@ -29,8 +29,8 @@ from typing import Any
 from .extract import NoAnswer, final_text
 from .registry import VERIFIERS, get_verifier
 from .sandbox import SandboxUnavailable
-from .timeouts import VerifierTimeout, time_limit
 from .schema import Reward, TaskRow
+from .timeouts import VerifierTimeout, time_limit
 
 DEFAULT_TIMEOUT_S = 10.0
 KILL_GRACE_S = 2.0

@@ -11,7 +11,8 @@ Reference (``row.reference``)::
 The program is the last fenced code block of the final answer (```python ... ```), or the
 whole final answer when it has no fence (source "unfenced_code", a fallback). Integer
 outputs compare exactly; ``float_tol`` applies only where the expected value is a
-non-integer number. The reason names the first failing test and where its output differs. Expected outputs never enter the sandbox: a
+non-integer number. The reason names the first failing test and where its output differs.
+Expected outputs never enter the sandbox: a
 program cannot print them by reading test files. Each stdin test is a separate run; all
 call tests of a row share one run of a small harness that imports the candidate as a
 module, calls it with the arguments and writes the return values to a file.

@@ -5,7 +5,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-
 # Which path produced a reward (``Reward.source``). Stable names: RL monitors group by them.
 SOURCES = {
     "boxed": "the last \\boxed{} of the final answer",

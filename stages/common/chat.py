@@ -4,7 +4,7 @@ template renders, the tokenizer encodes the rendered text without adding special
 so a prompt is the same token sequence in every stage."""
 from __future__ import annotations
 
-from pipeline.stage_api import StageError
+from stages.common.contract import StageError
 
 
 def require_chat_template(tokenizer, model: str) -> None:

@@ -35,8 +35,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from pipeline.artifacts import CheckpointStore
-from pipeline.stage_api import StageError, StageJob
+from stages.common.checkpoint_store import CheckpointStore
+from stages.common.contract import StageError, StageJob
 from stages.common.distributed import Ranks
 
 STATE_FILE = "state.json.gz"

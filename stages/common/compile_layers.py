@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import Field
 
-from pipeline.stage_api import StageError
+from stages.common.contract import StageError
 
 BACKEND_ENV = "RING_COMPILE_BACKEND"
 DEFAULT_BACKEND = "inductor"

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from pipeline.stage_api import StageError
+from stages.common.contract import StageError
 from stages.common.groups import Group, StandaloneGroup, WorldGroup
 
 
@@ -57,7 +57,7 @@ def init_distributed(local_rank: int | None = None, *, world_of_one_without_laun
 
     on_gpu = torch.cuda.is_available()
     if world_of_one_without_launcher and "RANK" not in os.environ:
-        from pipeline.launch import free_port
+        from stages.common.ports import free_port
 
         os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
                            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})

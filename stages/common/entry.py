@@ -27,9 +27,8 @@ import threading
 import traceback
 from typing import Any, Callable
 
-from pipeline.stage_api import StageError, StageJob
-from pipeline.tracking import StageLogger
-
+from stages.common.contract import StageError, StageJob
+from stages.common.stage_log import StageLogger
 
 STACKS_SIGNAL = signal.SIGUSR2  # SIGUSR1 is the job guard's parent-death signal
 LEAVE_GROUP_S = 20.0  # a failed rank's wait to leave the process group (see the module docstring)

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import Field
 
-from pipeline.stage_api import StageError
+from stages.common.contract import StageError
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.stage_api import StageError
+from stages.common.contract import StageError
 
 FLEX_BLOCK = 128  # FlexAttention's block size: widths are rounded up to it
 

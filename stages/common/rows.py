@@ -1,10 +1,10 @@
 """The one reader of the stages' data: rows of an input, each with where it came from.
 
-An input is what a stage config names (`data_curation.io.DataInput`, or its path alone): a
+An input is what a stage config names (`data_curation.discovery.DataInput`, or its path alone): a
 file, a directory, a glob, a URL or an upstream artifact (fetched by the job, sha256-checked),
 a `datasets.save_to_disk` directory, or a hub dataset id `org/name` from the local Hugging
 Face cache; with `split:` where the input has splits. Which files and splits an input means
-is decided by `data_curation.io.discover`, the reader curation uses too, so curate and the
+is decided by `data_curation.discovery.discover`, the reader curation uses too, so curate and the
 training stages accept the same inputs.
 
 - `.jsonl` / `.json` / `.ndjson` (optionally compressed): one JSON value per line, blank lines
@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from data_curation import io
+from data_curation import discovery, hub, row_reading, urls
 from data_curation._base import CurationError
-from pipeline.stage_api import StageError
+from stages.common.contract import StageError
 
 _BATCH = 1024
 
@@ -48,16 +48,16 @@ class Row:
         return f"{self.file}:{self.number}" if self.by_line else f"{self.file} row {self.number}"
 
 
-def input_rows(fetch: Callable[[str], Path], value: "str | io.DataInput", what: str = "data",
+def input_rows(fetch: Callable[[str], Path], value: "str | discovery.DataInput", what: str = "data",
                keep_bad: bool = False) -> Iterator[Row]:
     """Every row of the input `value`, in order; `fetch` is the job's (StageJob.fetch)."""
-    inp = io.as_input(value)
-    if not io.is_hub_id(inp.path):
+    inp = discovery.as_input(value)
+    if not hub.is_hub_id(inp.path):
         inp = inp.model_copy(update={"path": str(fetch(inp.path))})
     try:
-        sources = io.discover([inp])
+        sources = discovery.discover([inp])
     except CurationError as e:
-        raise DataError(f"{what} {io.as_input(value).path}: {e}") from None
+        raise DataError(f"{what} {discovery.as_input(value).path}: {e}") from None
     for src in sources:
         rows = _json_rows(src, what) if src.fmt == "jsonl" else _batch_rows(src, what)
         for row in rows:
@@ -66,12 +66,12 @@ def input_rows(fetch: Callable[[str], Path], value: "str | io.DataInput", what: 
             yield row
 
 
-def _label(src: io.Source) -> str:
-    path = io.local_path(src.url)
+def _label(src: discovery.Source) -> str:
+    path = urls.local_path(src.url)
     return f"{path}[{src.split}]" if src.split else path
 
 
-def _json_rows(src: io.Source, what: str) -> Iterator[Row]:
+def _json_rows(src: discovery.Source, what: str) -> Iterator[Row]:
     import fsspec
 
     label = _label(src)
@@ -83,7 +83,7 @@ def _json_rows(src: io.Source, what: str) -> Iterator[Row]:
         text = None
     if text is not None and text.lstrip().startswith("["):
         try:
-            rows = io.parse_line(text)
+            rows = row_reading.parse_line(text)
         except ValueError as e:
             if "Extra data" in str(e):  # JSON lines whose first row is a list
                 rows = None
@@ -105,16 +105,16 @@ def _json_rows(src: io.Source, what: str) -> Iterator[Row]:
         if not line.strip():
             continue
         try:
-            yield Row(label, lineno, io.parse_line(line))
+            yield Row(label, lineno, row_reading.parse_line(line))
         except ValueError as e:
             yield Row(label, lineno, None, error=str(e))
 
 
-def _batch_rows(src: io.Source, what: str) -> Iterator[Row]:
+def _batch_rows(src: discovery.Source, what: str) -> Iterator[Row]:
     label = _label(src)
     n = 0
     try:
-        for batch in io.iter_batches(src, None, _BATCH):
+        for batch in row_reading.iter_batches(src, None, _BATCH):
             keys = list(batch)
             for values in zip(*(batch[k] for k in keys)):
                 n += 1

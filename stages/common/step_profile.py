@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from pipeline.stage_api import Strict
+from stages.common.contract import Strict
 
 TABLE_ROWS = 40
 

@@ -9,14 +9,14 @@ from typing import Any, Callable
 
 import torch
 
-from pipeline.stage_api import StageError, StageJob
-from pipeline.tracking import StageLogger
 from stages.common.chat import require_chat_template
+from stages.common.contract import StageError, StageJob
 from stages.common.deepspeed_setup import ds_config, hf_zero3_context, initialize, lr_factor, param_groups
 from stages.common.distributed import Ranks, init_distributed, seed_all
 from stages.common.hf_io import load_tokenizer
 from stages.common.packed_attention import choose_attention
 from stages.common.precision import resolve_precision
+from stages.common.stage_log import StageLogger
 
 
 @dataclass(frozen=True)

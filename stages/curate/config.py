@@ -7,7 +7,8 @@ from pydantic import Field, field_validator, model_validator
 
 from data_curation.row_schema import FieldMap, RowPolicy
 from data_curation.step_kinds import CurationStep, check_labels, default_steps
-from pipeline.stage_api import StageConfig, cosmetic
+from stages.common.contract import StageConfig, cosmetic
+from stages.common.kind_metrics import Curve, KindMetrics
 from stages.registry import StageKind, register
 
 
@@ -69,4 +70,6 @@ KIND = register(StageKind(
     name="curate", config=CurateConfig, version=1,
     sources=("stages.curate", "data_curation"), distributed=False,
     description="SFT data curation: quality filter, exact + near dedup, harmful filter, "
-                "decontamination, domain tags, reports"))
+                "decontamination, domain tags, reports",
+    metrics=KindMetrics(headline=(Curve("kept"), Curve("removed"), Curve("quarantined"))),
+    rerun_config=rerun_config))

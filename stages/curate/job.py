@@ -9,12 +9,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from data_curation import io
+from data_curation import discovery, io, urls
 from data_curation._base import CurationError
 from data_curation.engine import run_curation
-from pipeline.stage_api import StageError, StageJob
-from pipeline.tracking import StageLogger, info
+from stages.common.contract import StageError, StageJob
 from stages.common.entry import run_job
+from stages.common.stage_log import StageLogger, info
 from stages.curate.config import CurateConfig
 
 
@@ -26,17 +26,17 @@ def cache_url(stage_url: str, stage: str, override: str | None = None) -> str:
     """The step cache shared by every hash of this stage: a sibling of the stage dirs."""
     if override:
         return override
-    return io.join(stage_url.rstrip("/").rsplit("/", 1)[0], "_curate_cache", stage)
+    return urls.join(stage_url.rstrip("/").rsplit("/", 1)[0], "_curate_cache", stage)
 
 
 def _in_artifact(url: str, storage_options: dict[str, Any]) -> bool:
     """Whether the URL lies in a published artifact (a parent dir with _SUCCESS)."""
-    url = io.normalise_url(url)
+    url = urls.normalise_url(url)
     parts = url.split("://", 1)[1].rstrip("/").split("/")
     proto = url.split("://", 1)[0]
     for up in range(0, min(4, len(parts) - 1)):
         parent = f"{proto}://" + "/".join(parts[: len(parts) - up])
-        if io.exists(io.join(parent, "_SUCCESS"), storage_options):
+        if io.exists(urls.join(parent, "_SUCCESS"), storage_options):
             return True
     return False
 
@@ -47,9 +47,9 @@ def input_identity(data: list[str], storage_options: dict[str, Any]) -> list[Any
     out: list[Any] = []
     for url in data:
         if _in_artifact(url, storage_options):
-            out.append({"artifact": io.normalise_url(url)})
+            out.append({"artifact": urls.normalise_url(url)})
         else:
-            out.append({"external": [s.as_dict() for s in io.discover([url], storage_options)]})
+            out.append({"external": [s.as_dict() for s in discovery.discover([url], storage_options)]})
     return out
 
 

@@ -18,7 +18,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pipeline.stage_api import StageConfig, Strict
+from stages.common.contract import StageConfig, Strict
 from stages.common.hf_io import trust_remote_code_field
 from stages.registry import StageKind, register
 from stages.rl.settings import RolloutSettings

@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from pipeline.stage_api import StageError, StageJob
-from pipeline.tracking import StageLogger, info
+from stages.common.contract import StageError, StageJob
 from stages.common.entry import run_job
 from stages.common.rows import DataError
+from stages.common.stage_log import StageLogger, info
 from stages.eval.config import Decoding, EvalConfig
 from stages.eval.scoring import ALL_DOMAINS, Scored, summarize
 

@@ -20,9 +20,10 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pipeline.stage_api import Strict
+from stages.common.contract import Strict
+from stages.common.kind_metrics import Curve
 from stages.registry import StageKind, register
-from stages.rl.settings import Device, RLConfig
+from stages.rl.settings import Device, RLConfig, rl_metrics
 
 
 class PromptSource(Strict):
@@ -131,4 +132,5 @@ KIND = register(StageKind(
     name="general_rl", config=GeneralRLConfig, version=2,  # 2: torch engine prefills longest first (other samples per seed)
     sources=("stages.general_rl", "stages.rl", "stages.reward_model", "stages.common", "verifiers"),
     distributed=True,
-    description="RLHF: GRPO on a weighted prompt mix, reward model + rule rewards, reasoning guard"))
+    description="RLHF: GRPO on a weighted prompt mix, reward model + rule rewards, reasoning guard",
+    metrics=rl_metrics(Curve("reasoning_eval/delta"))))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from pipeline.stage_api import StageError, StageJob
+from stages.common.contract import StageError, StageJob
 from stages.common.distributed import resolve_device
 from stages.common.entry import run_job
 from stages.general_rl.config import GeneralRLConfig

@@ -2,7 +2,8 @@
 
 Before the first step and after the last one, engine 0 (rank 0 unless the placement is split)
 decodes the `reasoning_eval` set with its rollout engine (greedy by default; the engine holds
-the current policy) and scores it with the verifier; before / after / delta go to MLflow and to stage_summary.json. The "before" score is
+the current policy) and scores it with the verifier; before / after / delta go to MLflow and to
+stage_summary.json. The "before" score is
 the hook's checkpointed state, so a resumed run reports the delta against the policy the stage
 started from. With `reasoning_eval: null` the guard only warns.
 """
@@ -11,8 +12,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from pipeline.stage_api import StageError
-from pipeline.tracking import info
+from stages.common.contract import StageError
+from stages.common.stage_log import info
 from stages.general_rl.config import GeneralRLConfig
 from stages.general_rl.prompts import reasoning_rows
 from stages.rl.prompts import render_prompts

@@ -5,8 +5,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from data_curation.io import DataInput
-from pipeline.stage_api import StageConfig, Strict
+from data_curation.discovery import DataInput
+from stages.common.contract import StageConfig, Strict
 from stages.common.hf_io import trust_remote_code_field
 from stages.registry import StageKind, register
 

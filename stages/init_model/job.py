@@ -19,11 +19,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipeline.stage_api import StageJob
-from pipeline.tracking import StageLogger, info
+from stages.common.contract import StageJob
 from stages.common.entry import run_job
 from stages.common.hf_io import custom_code
 from stages.common.rows import input_rows
+from stages.common.stage_log import StageLogger, info
 from stages.init_model.config import InitModelConfig
 from stages.init_model.model import build_model, save_model
 from stages.init_model.pretrained import check_hf_model_dir, copy_pretrained, resolve_pretrained

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from data_curation._base import CurationError
-from data_curation.io import is_hub_id, hub_snapshot
-from pipeline.stage_api import StageError
+from data_curation.hub import hub_snapshot, is_hub_id
+from stages.common.contract import StageError
 from stages.common.hf_io import load_config, load_tokenizer
 
 # bookkeeping of a published artifact, not part of a model directory

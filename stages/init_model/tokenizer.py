@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from pipeline.stage_api import StageError
+from stages.common.contract import StageError
 from stages.common.rows import Row
 from stages.init_model.config import TokenizerSpec
 

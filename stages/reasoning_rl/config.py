@@ -10,10 +10,11 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from data_curation.io import DataInput
-from pipeline.stage_api import Strict
+from data_curation.discovery import DataInput
+from stages.common.contract import Strict
+from stages.common.kind_metrics import Curve
 from stages.registry import StageKind, register
-from stages.rl.settings import RLConfig
+from stages.rl.settings import RLConfig, rl_metrics
 
 
 class RLFields(Strict):
@@ -68,4 +69,5 @@ class ReasoningRLConfig(RLConfig):
 KIND = register(StageKind(
     name="reasoning_rl", config=ReasoningRLConfig, version=2,  # 2: torch engine prefills longest first (other samples per seed)
     sources=("stages.reasoning_rl", "stages.rl", "stages.common", "verifiers"), distributed=True,
-    description="RLVR: GRPO with IcePop, C3PO++ rollout scheduling, verifiable rewards"))
+    description="RLVR: GRPO with IcePop, C3PO++ rollout scheduling, verifiable rewards",
+    metrics=rl_metrics(Curve("icepop/masked_fraction", ("masked_fraction",)))))

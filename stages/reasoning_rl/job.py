@@ -13,9 +13,9 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from pipeline.stage_api import StageError, StageJob
-from pipeline.tracking import info
+from stages.common.contract import StageError, StageJob
 from stages.common.entry import run_job
+from stages.common.stage_log import info
 from stages.reasoning_rl.config import ReasoningRLConfig
 from stages.reasoning_rl.data import load_rows, rows_by_domain
 from stages.rl.prompts import PromptSet, render_prompts

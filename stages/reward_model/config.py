@@ -5,9 +5,10 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from pipeline.stage_api import StageConfig, cosmetic
-from stages.common.precision import PRECISION_HELP
+from stages.common.contract import StageConfig, cosmetic
 from stages.common.hf_io import trust_remote_code_field
+from stages.common.kind_metrics import Curve, KindMetrics
+from stages.common.precision import PRECISION_HELP
 from stages.registry import StageKind, register
 
 
@@ -64,4 +65,6 @@ class RewardModelConfig(StageConfig):
 KIND = register(StageKind(
     name="reward_model", config=RewardModelConfig, version=1,
     sources=("stages.reward_model", "stages.common"), distributed=True,
-    description="Bradley-Terry reward model on preference pairs (HF sequence-classification head)"))
+    description="Bradley-Terry reward model on preference pairs (HF sequence-classification head)",
+    metrics=KindMetrics(headline=(Curve("train/loss"), Curve("eval/accuracy")),
+                        curves=(Curve("train/loss"), Curve("train/accuracy"), Curve("eval/accuracy"), Curve("lr")))))

@@ -34,14 +34,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipeline.stage_api import StageError, StageJob
-from pipeline.tracking import info
 from stages.common.checkpoint import Checkpointer, StatefulDataclass
+from stages.common.contract import StageError, StageJob
 from stages.common.data_plan import DataPlan
 from stages.common.distributed import local_first
 from stages.common.entry import run_job
 from stages.common.hf_io import load_sequence_classifier, save_hf_model
 from stages.common.rows import input_rows
+from stages.common.stage_log import info
 from stages.common.training_job import start_training_job, supervised_engine
 from stages.reward_model.bt import PairwiseCounts, bradley_terry_loss
 from stages.reward_model.config import RewardModelConfig

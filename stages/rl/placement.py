@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.stage_api import StageError
+from stages.common.contract import StageError
 from stages.rl.settings import RLConfig
 
 

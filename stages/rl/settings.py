@@ -15,9 +15,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from pipeline.stage_api import StageConfig, Strict, cosmetic
 from stages.common.compile_layers import check_zero_stage, compile_layers_field
+from stages.common.contract import StageConfig, Strict, cosmetic
 from stages.common.hf_io import trust_remote_code_field
+from stages.common.kind_metrics import Curve, KindMetrics
 
 # engines whose reported log-prob of a sampled token is that of the untruncated
 # softmax(logits / T), whatever top_p / top_k do to the sampling (each engine class declares
@@ -189,3 +190,17 @@ class RLConfig(StageConfig):
     @property
     def micro_tokens(self) -> int:
         return self.micro_batch_tokens or max(DEFAULT_MICRO_BATCH_TOKENS, self.prompt_max_len + self.max_len)
+
+
+def rl_metrics(*extra_headline: Curve) -> KindMetrics:
+    """The headline and curves every RL kind shows (its own headline numbers added)."""
+    reward = Curve("reward/mean", ("reward_mean",))
+    return KindMetrics(
+        headline=(reward, *extra_headline),
+        curves=(reward,
+                Curve("icepop/masked_fraction", ("masked_fraction",)),
+                Curve("icepop/mismatch_kl", ("mismatch_kl",)),
+                Curve("loss/pg", ("pg_loss",)),
+                Curve("loss/grad_norm", ("grad_norm",)),
+                Curve("rollout/response_len_mean", ("response_len_mean",)),
+                Curve("perf/step_seconds", ("step_seconds",))))

@@ -18,14 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from pipeline.stage_api import StageJob
+from stages.common.contract import StageJob
 from stages.common.distributed import Ranks
 from stages.rl.prompts import PromptSet
 from stages.rl.scheduler import RewardFn
 from stages.rl.settings import RLConfig
 
 if TYPE_CHECKING:
-    from pipeline.tracking import StageLogger
+    from stages.common.stage_log import StageLogger
     from stages.rl.decoding import Decoded
     from stages.rl.trainer import RLTrainer
 

@@ -42,11 +42,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.stage_api import StageJob
-from pipeline.tracking import info
 from stages.common.checkpoint import Checkpointer, StatefulDataclass
+from stages.common.contract import StageJob
 from stages.common.distributed import run_on
 from stages.common.hf_io import eos_token_ids_of, save_hf_model
+from stages.common.stage_log import info
 from stages.common.training_job import start_training_job
 from stages.rl.decoding import make_decoder
 from stages.rl.metrics import batch_metrics, mlflow_name, sample_text, summarize

@@ -5,14 +5,14 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from data_curation.io import DataInput
-from pipeline.stage_api import StageConfig, Strict, cosmetic
+from data_curation.discovery import DataInput
 from stages.common.compile_layers import check_zero_stage, compile_layers_field
+from stages.common.contract import StageConfig, Strict, cosmetic
+from stages.common.hf_io import trust_remote_code_field
+from stages.common.kind_metrics import Curve, KindMetrics
 from stages.common.precision import PRECISION_HELP
 from stages.common.step_profile import ProfileSettings
-from stages.common.hf_io import trust_remote_code_field
 from stages.registry import StageKind, register
-
 
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                   "chatgpt": "assistant", "model": "assistant", "system": "system", "tool": "tool",
@@ -116,4 +116,6 @@ class SFTConfig(StageConfig):
 
 KIND = register(StageKind(
     name="sft", config=SFTConfig, version=2, sources=("stages.sft", "stages.common"),
-    distributed=True, description="Long-CoT SFT: packed sequences, DeepSpeed ZeRO, resumable"))
+    distributed=True, description="Long-CoT SFT: packed sequences, DeepSpeed ZeRO, resumable",
+    metrics=KindMetrics(headline=(Curve("loss"),),
+                        curves=(Curve("loss"), Curve("lr"), Curve("grad_norm"), Curve("tokens_per_s")))))

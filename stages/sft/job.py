@@ -37,10 +37,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from pipeline.stage_api import StageError, StageJob
-from pipeline.tracking import info
 from stages.common.checkpoint import Checkpointer, StatefulDataclass
 from stages.common.compile_layers import compile_decoder_layers
+from stages.common.contract import StageError, StageJob
 from stages.common.data_plan import DataPlan
 from stages.common.distributed import local_first
 from stages.common.entry import run_job
@@ -48,6 +47,7 @@ from stages.common.fused_loss import chunks_for, linear_cross_entropy_sum
 from stages.common.hf_io import load_causal_lm, save_hf_model
 from stages.common.packed_attention import flattens_micro_batch, pad_packed_batch, static_width
 from stages.common.rows import input_rows
+from stages.common.stage_log import info
 from stages.common.step_profile import StepProfiler
 from stages.common.training_job import start_training_job, supervised_engine
 from stages.sft.config import SFTConfig

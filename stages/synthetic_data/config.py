@@ -5,7 +5,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pipeline.stage_api import StageConfig, Strict
+from stages.common.contract import StageConfig, Strict
 from stages.registry import StageKind, register
 
 

@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipeline.stage_api import StageJob
-from pipeline.tracking import StageLogger, info
+from stages.common.contract import StageJob
 from stages.common.entry import run_job
+from stages.common.stage_log import StageLogger, info
 from stages.synthetic_data.config import SyntheticDataConfig
 from stages.synthetic_data.generators import get_generator
 

@@ -34,10 +34,10 @@ def test_a_sharing_job_runs_beside_the_holder_and_frees_nothing(tmp_path):
     """`shares: true` starts on GPU 0 while another job holds it, and its end does not hand
     GPU 0 to a waiting job while the holder still runs."""
     plan = tmp_path / "plan.yaml"
-    plan.write_text(f"""jobs:
-  - {{name: holder, gpus: 1, cmd: 'sleep 3; date +%s.%N > $OUT/end'}}
-  - {{name: sharer, gpus: 1, shares: true, cmd: 'echo "$CUDA_VISIBLE_DEVICES" > $OUT/gpus; date +%s.%N > $OUT/end'}}
-  - {{name: waiter, gpus: 1, cmd: 'date +%s.%N > $OUT/start'}}
+    plan.write_text("""jobs:
+  - {name: holder, gpus: 1, cmd: 'sleep 3; date +%s.%N > $OUT/end'}
+  - {name: sharer, gpus: 1, shares: true, cmd: 'echo "$CUDA_VISIBLE_DEVICES" > $OUT/gpus; date +%s.%N > $OUT/end'}
+  - {name: waiter, gpus: 1, cmd: 'date +%s.%N > $OUT/start'}
 """)
     res = tmp_path / "res"
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_queue.py"), str(plan), "--results", str(res),

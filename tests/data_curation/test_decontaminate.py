@@ -168,7 +168,7 @@ def test_new_numbers_are_a_new_problem_reported_apart(ctx, bench_dir):
         return re.sub(r"\d+", lambda m: str(int(m.group()) + 7), q, count=2)
 
     rows = [chat(k, f"Try this one: {renumber(q)}", FILLER) for k, (_, _, q) in enumerate(picked)]
-    rows.append(chat(len(rows), f"Try this one: {picked[0][2]}", f"The answer is 41, since 12 + 29 = 41."))
+    rows.append(chat(len(rows), f"Try this one: {picked[0][2]}", "The answer is 41, since 12 + 29 = 41."))
     d, step = run(rows, ctx, bench_list(bench_dir, names))
     assert d.keep.tolist() == [True] * len(picked) + [False]   # kept: new problems; the copy goes
     summary = step.summarize(d.stats)

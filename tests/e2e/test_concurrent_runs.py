@@ -18,7 +18,7 @@ def test_two_runs_at_once_execute_each_stage_once(tmp_path, prefect_harness):
     from mlflow.tracking import MlflowClient
     from prefect.settings import PREFECT_API_URL
 
-    from pipeline.artifacts import verify_artifact
+    from stages.common.artifact_inputs import verify_artifact
 
     recipe = local_recipe(tmp_path, "twice", data_and_base(rows=60))
     env = {**os.environ, "PYTHONPATH": str(REPO), "PREFECT_API_URL": PREFECT_API_URL.value()}

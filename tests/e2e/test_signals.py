@@ -97,6 +97,7 @@ def test_signal_stops_the_job_and_publishes_nothing(tmp_path, how):
 
 
 def test_killed_orchestrator_leaves_no_job_and_its_stage_is_taken_over(tmp_path, prefect_harness):
+    from prefect.settings import PREFECT_API_URL
     from typer.testing import CliRunner
 
     from pipeline.cli import app
@@ -104,8 +105,6 @@ def test_killed_orchestrator_leaves_no_job_and_its_stage_is_taken_over(tmp_path,
     from pipeline.loader import load_recipe
     from pipeline.plan import make_plan
     from pipeline.tracking import PipelineTracker
-
-    from prefect.settings import PREFECT_API_URL
 
     # against a Prefect server (the harness's): the embedded one is covered above
     proc, log = _start(tmp_path, {"PREFECT_API_URL": PREFECT_API_URL.value()})

@@ -5,8 +5,10 @@ import json
 
 import pytest
 
-from pipeline.artifacts import (ArtifactError, ArtifactStore, CheckpointStore, fetch_input, join,
-                                read_manifest, verify_artifact)
+from data_curation.urls import join
+from pipeline.artifacts import ArtifactStore
+from stages.common.artifact_inputs import ArtifactError, fetch_input, read_manifest, verify_artifact
+from stages.common.checkpoint_store import CheckpointStore
 
 
 def _publish_sample(store_root: str, opts: dict, tmp_path):

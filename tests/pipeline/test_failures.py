@@ -5,15 +5,14 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.artifacts import StorageError
 from pipeline.cli import app
 from pipeline.execute import FAILED, StageRunning
 from pipeline.failures import StageFailure
 from pipeline.interrupt import StageInterrupted
-from pipeline.launch import StageFailed
 from pipeline.loader import load_recipe
 from pipeline.plan import make_plan
-
+from stages.common.artifact_inputs import StorageError
+from stages.common.contract import StageFailed
 from tests.pipeline.test_recipe import GOOD
 
 

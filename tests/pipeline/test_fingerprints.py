@@ -109,8 +109,8 @@ def test_s3_prefix_is_one_paginated_listing_and_tracks_etags(s3_bucket):
 
 
 def test_unreachable_store_names_the_url(tmp_path):
-    from pipeline.artifacts import StorageError
-    from pipeline.launch import free_port
+    from stages.common.artifact_inputs import StorageError
+    from stages.common.ports import free_port
 
     opts = {"endpoint_url": f"http://127.0.0.1:{free_port()}", "key": "k", "secret": "s",
             "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1}}

@@ -10,11 +10,12 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from pipeline.artifacts import CheckpointStore, verify_artifact
 from pipeline.cli import app
 from pipeline.lease import try_acquire
 from pipeline.loader import load_recipe
 from pipeline.plan import make_plan
+from stages.common.artifact_inputs import verify_artifact
+from stages.common.checkpoint_store import CheckpointStore
 
 runner = CliRunner()
 TEN_DAYS = 10 * 86400

@@ -11,8 +11,8 @@ import pytest
 
 from pipeline import console
 from pipeline.console import RunConsole, Verbosity
-from pipeline.launch import StageFailed, run_job
-from pipeline.stage_api import Resources
+from pipeline.launch import run_job
+from stages.common.contract import Resources, StageFailed
 
 DEEPSPEED_CHATTER = ("[2026-11-26 10:36:50,103] [INFO] [launch.py:152:main] WORLD INFO DICT: {'localhost': [0, 1]}\n"
                      "[2026-11-26 10:36:33,419] [WARNING] [real_accelerator.py:213:get_accelerator] Setting "

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.launch import StageFailed, build_command, run_job
-from pipeline.stage_api import Resources, launch_problem
+from pipeline.launch import build_command, run_job
 from pipeline.torchrun_hosts import HostfileError, choose_nodes, read_hostfile
+from stages.common.contract import Resources, StageFailed, launch_problem
 
 pytestmark = pytest.mark.slow
 

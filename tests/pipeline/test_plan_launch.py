@@ -2,15 +2,13 @@
 from __future__ import annotations
 
 import sys
-import textwrap
 
 import pytest
 
-from pipeline.launch import StageFailed, build_command, run_job
+from pipeline.launch import build_command, run_job
 from pipeline.loader import load_recipe
 from pipeline.plan import make_plan
-from pipeline.stage_api import Resources
-
+from stages.common.contract import Resources, StageFailed
 from tests.pipeline.test_recipe import GOOD
 
 

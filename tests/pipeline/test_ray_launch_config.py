@@ -15,8 +15,7 @@ from pipeline.launch import build_command
 from pipeline.loader import load_recipe
 from pipeline.plan import make_plan
 from pipeline.ray_launch import Layout, number_ranks, rank_env
-from pipeline.stage_api import RaySettings, Resources
-
+from stages.common.contract import RaySettings, Resources
 from tests.pipeline.test_recipe import GOOD
 
 RAY = "defaults:\n  launcher: ray\n  resources: {nodes: 2, gpus_per_node: 4}\n  ray: {address: 'ray://head:10001'}\n"

@@ -9,7 +9,6 @@ from typer.testing import CliRunner
 
 from pipeline.cli import app
 from pipeline.loader import load_recipe
-
 from tests.conftest import REPO
 
 runner = CliRunner()
@@ -178,5 +177,6 @@ def test_retries_per_stage(tmp_path):
     res = _validate(_write(tmp_path, GOOD), "--set", "stages.sft.retry.retries=-1")
     assert res.exit_code == 2 and "stages.sft.retry.retries: Input should be greater than or equal to 0" in res.output
     # how often a stage is tried does not change what it computes
-    hashes = lambda *o: [s.hash for s in make_plan(load_recipe(_write(tmp_path, GOOD), list(o)), check_store=False).stages]
+    def hashes(*o):
+        return [s.hash for s in make_plan(load_recipe(_write(tmp_path, GOOD), list(o)), check_store=False).stages]
     assert hashes() == hashes("stages.sft.retry.retries=4", "defaults.retry.retry_delay_s=1")

@@ -8,9 +8,10 @@ import textwrap
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.artifacts import ArtifactError, ArtifactStore, read_manifest
+from pipeline.artifacts import ArtifactStore
 from pipeline.cli import app
-from pipeline.launch import free_port
+from stages.common.artifact_inputs import ArtifactError, read_manifest
+from stages.common.ports import free_port
 
 runner = CliRunner()
 
@@ -73,8 +74,8 @@ def test_unreachable_store_names_url_and_operation(tmp_path):
 def test_failed_publish_writes_failed_note_and_a_clean_message(tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from pipeline.artifacts import StorageError
     from pipeline.execute import adhoc_target, run_stage
+    from stages.common.artifact_inputs import StorageError
 
     config = {"files": {"sft.jsonl": {"generator": "arithmetic_cot", "n": 5}}}
     storage, uri = f"file://{tmp_path}/store", f"sqlite:///{tmp_path}/mlflow.db"

@@ -11,8 +11,10 @@ from PIL import Image
 from pipeline.execute import StageTarget, input_refs
 from pipeline.loader import load_recipe
 from pipeline.plan import make_plan
-from pipeline.stage_metrics import KIND_METRICS, describe, headline
-from pipeline.tracking import PipelineTracker, StageLogger
+from pipeline.stage_metrics import describe, headline
+from pipeline.tracking import PipelineTracker
+from stages.common.stage_log import StageLogger
+from stages.registry import STAGE_KINDS
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +103,8 @@ def test_headline_numbers():
     assert describe(headline("curate", {"kept": 200, "removed": 1300}, {"kept": 200, "removed": 1300})) == \
         "kept 200, removed 1300"
     assert headline("synthetic_data", {"x": 1}, {"x": 2}) == {}
-    for kind, metrics in KIND_METRICS.items():  # every declared curve names a grouped metric or a plain one
-        assert all(c.name and not c.name.endswith("/") for c in (*metrics.headline, *metrics.curves)), kind
+    for name, kind in STAGE_KINDS.items():  # every declared curve names a grouped metric or a plain one
+        assert all(c.name and not c.name.endswith("/") for c in (*kind.metrics.headline, *kind.metrics.curves)), name
 
 
 def test_stage_logger_declares_progress(capsys):

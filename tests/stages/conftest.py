@@ -24,8 +24,8 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from pipeline.artifacts import local_path
-from pipeline.stage_api import Resources
+from data_curation.urls import local_path
+from stages.common.contract import Resources
 
 SFT_ROWS = 1200
 ONE = Resources(cpu_ranks=1)
@@ -104,12 +104,12 @@ def base_artifact(stage_env, data_artifact):
 @pytest.fixture(scope="session")
 def base_dir(base_artifact) -> Path:
     """The published base model (a file:// artifact is a loadable HF directory)."""
-    return local_path(base_artifact.url)
+    return Path(local_path(base_artifact.url))
 
 
 @pytest.fixture(scope="session")
 def data_dir(data_artifact) -> Path:
-    return local_path(data_artifact.url)
+    return Path(local_path(data_artifact.url))
 
 
 # -- RL: a policy that answers and stops -----------------------------------------------------------

@@ -7,7 +7,7 @@ import json
 import sys
 
 from pipeline.execute import run_stage
-from pipeline.stage_api import Resources
+from stages.common.contract import Resources
 
 if __name__ == "__main__":
     args = json.loads(sys.argv[1])

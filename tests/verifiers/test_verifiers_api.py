@@ -3,12 +3,11 @@ import re
 import time
 
 import pytest
+import verifiers_test_plugins  # noqa: F401  (registers the misbehaving verifiers)
 
 import verifiers
 from verifiers import VERIFIERS, Reward, get_verifier, register_verifier, verify, verify_batch
 from verifiers.cli import verify_files
-
-import verifiers_test_plugins  # noqa: F401  (registers the misbehaving verifiers)
 
 pytestmark = pytest.mark.timeout(60)
 

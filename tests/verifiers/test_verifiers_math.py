@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from verifiers import verify
-from verifiers.extract import ExtractionOptions, NoAnswer, extract_answer, find_boxed, final_text
+from verifiers.extract import ExtractionOptions, NoAnswer, extract_answer, final_text, find_boxed
 from verifiers.math_answer import math_equal
 from verifiers.math_gen import generate_arithmetic
 

@@ -11,10 +11,11 @@ machine.
 """
 from __future__ import annotations
 
-from .protocol import (ENGINES, UNAVAILABLE, RolloutEngine, RolloutRequest, RolloutUpdate,
-                       SamplingParams, register_engine)
-from . import torch_engine  # noqa: F401  registers "torch"
-from . import vllm_engine  # noqa: F401  registers "vllm" when importable, else UNAVAILABLE
+from . import (
+    torch_engine,  # noqa: F401  registers "torch"
+    vllm_engine,  # noqa: F401  registers "vllm" when importable, else UNAVAILABLE
+)
+from .protocol import ENGINES, UNAVAILABLE, RolloutEngine, RolloutRequest, RolloutUpdate, SamplingParams, register_engine
 
 
 def create_engine(name: str, model_dir: str, **kwargs) -> RolloutEngine:

@@ -54,9 +54,9 @@ from typing import Iterable
 
 import torch
 
-from .protocol import (IGNORED_PREFIXES, UNAVAILABLE, RolloutRequest, RolloutUpdate, SamplingParams,
-                       SyncTiming, register_engine)
 from stages.common.hf_io import eos_token_ids_of
+
+from .protocol import IGNORED_PREFIXES, UNAVAILABLE, RolloutRequest, RolloutUpdate, SamplingParams, SyncTiming, register_engine
 
 log = logging.getLogger(__name__)
 

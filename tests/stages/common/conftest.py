@@ -9,8 +9,8 @@ def gloo_group(monkeypatch):
     """This process as a world of one on gloo (as a stage job without a launcher); left after."""
     import torch.distributed as dist
 
-    from pipeline.launch import free_port
     from stages.common.distributed import init_distributed
+    from stages.common.ports import free_port
 
     for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}.items():

@@ -9,8 +9,8 @@ import random
 import pytest
 import torch
 
-from pipeline.stage_api import StageJob
-from stages.common.checkpoint import CheckpointError, Checkpointer, StatefulDataclass, read_state
+from stages.common.checkpoint import Checkpointer, CheckpointError, StatefulDataclass, read_state
+from stages.common.contract import StageJob
 
 
 @dataclasses.dataclass

@@ -9,8 +9,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from pipeline.stage_api import StageError
 from stages.common.compile_layers import BACKEND_ENV, compile_decoder_layers
+from stages.common.contract import StageError
 from stages.reasoning_rl.config import ReasoningRLConfig
 from stages.rl.learner import Learner, LearnerConfig, TorchBackend
 from stages.rl.loss import LossConfig

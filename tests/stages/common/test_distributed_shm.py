@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no /dev/s
 
 
 def test_cpu_ranks_leave_no_shared_memory_behind():
-    from pipeline.launch import free_port
+    from stages.common.ports import free_port
 
     repo = Path(__file__).resolve().parents[3]
     port = str(free_port())

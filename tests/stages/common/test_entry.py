@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
-from pipeline.stage_api import StageError, StageJob
+from stages.common.contract import StageError, StageJob
 from stages.common.entry import run_job
 
 
@@ -87,7 +87,7 @@ def test_a_failed_rank_prints_its_cause_then_leaves_even_if_the_group_never_lets
     import time
     from pathlib import Path
 
-    from pipeline.launch import free_port
+    from stages.common.ports import free_port
 
     job = StageJob(recipe="t", stage="stuck", kind="sft", hash="0" * 16, config={},
                    stage_url=f"file://{tmp_path}/store", output_dir=str(tmp_path / "out"),

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.stage_api import StageError
-from stages.common.packed_attention import (FLEX_BLOCK, choose_attention, flattens_micro_batch, pad_packed_batch,
-                                            static_width)
+from stages.common.contract import StageError
+from stages.common.packed_attention import FLEX_BLOCK, choose_attention, flattens_micro_batch, pad_packed_batch, static_width
 
 
 def test_auto_is_sdpa_on_cpu_and_varlen_flash_attention_on_gpu_when_installed():

@@ -73,8 +73,7 @@ def test_bf16_mixed_computes_in_bf16_steps_fp32_weights_and_publishes_bf16(tmp_p
 
 def test_bf16_without_a_gpu_is_refused_by_name_and_bf16_mixed_is_offered(stage_env, data_artifact, base_artifact):
     from pipeline.execute import run_stage
-    from pipeline.launch import StageFailed
-    from pipeline.stage_api import Resources
+    from stages.common.contract import Resources, StageFailed
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible: bf16 runs here")

@@ -1,4 +1,4 @@
-"""The stages' one row reader (stages/common/rows.py, on data_curation.io's discovery): every
+"""The stages' one row reader (stages/common/rows.py, on data_curation.discovery): every
 format and input kind, splits selected and never merged, exact locations, rows of different
 shapes in one file, bad rows named by file and line (or kept, marked, when asked)."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from data_curation.io import DataInput
+from data_curation.discovery import DataInput
 from stages.common.rows import DataError, input_rows
 from tests.stages.common.hub_cache import cache_repo
 

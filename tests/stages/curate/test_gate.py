@@ -29,7 +29,7 @@ def training_data(tmp_path, bench_dir):
 
 
 def test_overlap_names_every_item_and_its_first_copy(tmp_path, bench_dir):
-    from stages.curate.gate import find_overlap, input_data
+    from stages.common.eval_suite_gate import find_overlap, input_data
 
     sft, rl = training_data(tmp_path, bench_dir)
     mix = {"data": {"chat": {"path": str(sft), "weight": 1.0}, "math": {"path": [str(rl)], "weight": 0.5}}}
@@ -43,7 +43,7 @@ def test_overlap_names_every_item_and_its_first_copy(tmp_path, bench_dir):
 
 
 def test_threshold_decides(tmp_path, bench_dir):
-    from stages.curate.gate import EvalSuiteOverlap, check_eval_suite
+    from stages.common.eval_suite_gate import EvalSuiteOverlap, check_eval_suite
 
     sft, _ = training_data(tmp_path, bench_dir)
     with pytest.raises(EvalSuiteOverlap, match=r"stage 'sft' not started: .*max_overlap = 0.0 "
@@ -70,7 +70,7 @@ def test_the_pipeline_refuses_to_start_the_stage(tmp_path, bench_dir):
     from pipeline.artifacts import ArtifactStore
     from pipeline.execute import read_failure, run_stage
     from pipeline.recipe import Recipe
-    from stages.curate.gate import EvalSuiteOverlap
+    from stages.common.eval_suite_gate import EvalSuiteOverlap
 
     sft, _ = training_data(tmp_path, bench_dir)
     config = {"model": str(tmp_path / "no-model"), "data": str(sft), "eval_suite": suite(bench_dir)}

@@ -10,7 +10,7 @@ from tests.data_curation.test_cli import bench_yaml, corpus
 @pytest.mark.slow
 def test_curate_stage_reuses_step_cache_across_stage_hashes(tmp_path, bench_dir, monkeypatch):
     from pipeline.execute import run_stage
-    from pipeline.launch import StageFailed
+    from stages.common.contract import StageFailed
     from stages.curate.config import CurateConfig, rerun_config
 
     monkeypatch.chdir(tmp_path)   # MLflow's default artifact root is ./mlruns

@@ -39,7 +39,7 @@ def test_eval_scores_two_models_greedy_and_sampled(stage_env, base_artifact, bas
     and another number for the second half, so its right greedy accuracy is exactly 0.5."""
     from mlflow.tracking import MlflowClient
 
-    from pipeline.artifacts import local_path
+    from data_curation.urls import local_path
     from pipeline.execute import run_stage
 
     prompts = [json.loads(line) for line in tiny_policy["data"].read_text().splitlines()][:ROWS]
@@ -57,7 +57,7 @@ def test_eval_scores_two_models_greedy_and_sampled(stage_env, base_artifact, bas
     run = run_stage("eval", config, stage="eval", storage=stage_env["storage"], recipe=stage_env["recipe"],
                     upstream={"base": base_artifact.url}, work_root=stage_env["work_root"], tracking_uri=uri)
     summary = run.summary
-    responses = [json.loads(line) for line in (local_path(run.url) / "responses.jsonl").read_text().splitlines()]
+    responses = [json.loads(line) for line in (Path(local_path(run.url)) / "responses.jsonl").read_text().splitlines()]
     assert len(responses) == 2 * ROWS * (1 + SAMPLES)
 
     def of(model: str, decoding: str, key: str) -> list:
@@ -96,7 +96,7 @@ def test_eval_scores_two_models_greedy_and_sampled(stage_env, base_artifact, bas
 ])
 def test_bad_sets_fail_with_file_line_and_field(tiny_policy, tmp_path, bad_row, needle):
     from pipeline.execute import run_stage
-    from pipeline.launch import StageFailed
+    from stages.common.contract import StageFailed
 
     good = json.loads(tiny_policy["data"].read_text().splitlines()[0])
     (tmp_path / "bad.jsonl").write_text(json.dumps(good) + "\n" + json.dumps(bad_row) + "\n")

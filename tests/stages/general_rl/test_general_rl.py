@@ -230,8 +230,10 @@ def _metrics(log: Path) -> list[dict]:
 def test_general_rl_killed_after_checkpoint_resumes(tiny_rm, rlhf_data, base_artifact, stage_env):
     from mlflow.tracking import MlflowClient
 
-    from pipeline.artifacts import CheckpointStore, local_path, read_manifest
+    from data_curation.urls import local_path
     from pipeline.execute import run_stage
+    from stages.common.artifact_inputs import read_manifest
+    from stages.common.checkpoint_store import CheckpointStore
 
     root = rlhf_data.prefs.parent
     chat, ifeval = root / "chat.jsonl", root / "ifeval.jsonl"
@@ -257,7 +259,7 @@ def test_general_rl_killed_after_checkpoint_resumes(tiny_rm, rlhf_data, base_art
     proc = subprocess.Popen([sys.executable, "-m", "tests.stages.run_stage_process", json.dumps(args)], cwd=REPO,
                             env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-    stage_root = local_path(stage_env["storage"]) / recipe
+    stage_root = Path(local_path(stage_env["storage"])) / recipe
     stage_dir = kill_after_first_checkpoint(proc, stage_root, "grl-*", 300, "general_rl")
     assert not (stage_dir / "_SUCCESS").exists()
     resumed_at = CheckpointStore(f"file://{stage_dir}", {}).latest()
@@ -267,7 +269,7 @@ def test_general_rl_killed_after_checkpoint_resumes(tiny_rm, rlhf_data, base_art
     assert len(before1) == 1 and before1[0]["step"] == 0
 
     result = run_stage("general_rl", config, resources=TWO, tracking_uri=stage_env["tracking_uri"], **kwargs)
-    out = local_path(result.url)
+    out = Path(local_path(result.url))
     log2 = (out / "logs" / "stage.log").read_text()
     run2 = _metrics(out / "logs" / "stage.log")
     assert [m["step"] for m in run2 if "policy_version" in m] == list(range(resumed_at + 1, STEPS + 1))
@@ -298,5 +300,5 @@ def test_general_rl_killed_after_checkpoint_resumes(tiny_rm, rlhf_data, base_art
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(out)
-    base = AutoModelForCausalLM.from_pretrained(local_path(base_artifact.url))
+    base = AutoModelForCausalLM.from_pretrained(Path(local_path(base_artifact.url)))
     assert any((a - b).abs().max() > 0 for a, b in zip(model.parameters(), base.parameters()))

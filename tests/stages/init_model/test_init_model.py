@@ -10,7 +10,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from pipeline.stage_api import StageJob
+from stages.common.contract import StageJob
 from stages.common.entry import run_job
 from stages.init_model import job as init_model_job
 from stages.init_model.config import InitModelConfig
@@ -191,7 +191,7 @@ def _run(tmp_path, config: dict, name: str) -> tuple[int, str, Path]:
 def test_ring_moe_is_written_with_its_code_and_loads_only_when_trusted(moe_dir):
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    from pipeline.stage_api import StageError
+    from stages.common.contract import StageError
     from stages.common.hf_io import load_causal_lm
 
     for f in ("configuration_ring_moe.py", "modeling_ring_moe.py", "config.json", "model.safetensors"):

@@ -140,7 +140,7 @@ def test_load_prompts_names_unknown_domains_and_weights(tmp_path):
     from pathlib import Path
     from types import SimpleNamespace
 
-    from pipeline.stage_api import StageError
+    from stages.common.contract import StageError
     from stages.reasoning_rl.job import load_prompts
 
     f = tmp_path / "rl.jsonl"

@@ -33,11 +33,11 @@ def _rank_process(root: psutil.Process, rank: int) -> psutil.Process:
 
 
 def test_split_placement_survives_a_killed_engine_rank_and_resumes_its_pool(tiny_policy, tmp_path):
-    from pipeline.artifacts import CheckpointStore
     from pipeline.execute import adhoc_target, run_stage
     from pipeline.launch import build_command
-    from pipeline.stage_api import Resources, StageJob
     from stages.common.checkpoint import rank_state_file, read_state
+    from stages.common.checkpoint_store import CheckpointStore
+    from stages.common.contract import Resources, StageJob
     from stages.registry import STAGE_KINDS
 
     config = rl_config(tiny_policy, steps=4, checkpoint_every=1, zero_stage=3)

@@ -42,11 +42,11 @@ def test_stage_runs_c3po_icepop_resumes_after_kill_and_publishes(tiny_policy, tm
     from mlflow.tracking import MlflowClient
     from transformers import AutoModelForCausalLM
 
-    from pipeline.artifacts import CheckpointStore
     from pipeline.execute import adhoc_target, run_stage
-    from pipeline.launch import StageFailed, build_command
-    from pipeline.stage_api import Resources, StageJob
+    from pipeline.launch import build_command
     from stages.common.checkpoint import rank_state_file, read_state
+    from stages.common.checkpoint_store import CheckpointStore
+    from stages.common.contract import Resources, StageFailed, StageJob
     from stages.registry import STAGE_KINDS
 
     config = rl_config(tiny_policy)

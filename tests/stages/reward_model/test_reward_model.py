@@ -160,7 +160,8 @@ def test_reward_model_stage_two_ranks(tiny_rm, rlhf_data, stage_env):
     from mlflow.tracking import MlflowClient
     from transformers import AutoModelForSequenceClassification
 
-    from pipeline.artifacts import local_path, verify_artifact
+    from data_curation.urls import local_path
+    from stages.common.artifact_inputs import verify_artifact
     from stages.reward_model.scoring import RewardScorer
 
     run = tiny_rm
@@ -171,7 +172,7 @@ def test_reward_model_stage_two_ranks(tiny_rm, rlhf_data, stage_env):
     assert s["train_pairs"] + s["eval_pairs"] == RLHF_PAIRS and s["eval_pairs"] >= 4
     # it learned: held-out loss below the untrained model's and below chance
     assert s["eval_loss"] < s["eval_loss_initial"] and s["eval_loss"] < math.log(2)
-    out = local_path(run.url)
+    out = Path(local_path(run.url))
     verify_artifact(run.url)
     quarantined = [json.loads(line) for line in (out / "quarantine.jsonl").read_text().splitlines()]
     assert {q["id"]: q["reason"] for q in quarantined} == {

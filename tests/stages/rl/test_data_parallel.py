@@ -11,7 +11,7 @@ from collections import defaultdict
 import pytest
 import torch.multiprocessing as mp
 
-from pipeline.launch import free_port
+from stages.common.ports import free_port
 from stages.rl.prompt_sampler import PromptSampler
 from tests.stages.rl import dp_workers
 from tests.stages.rl.tiny_model import build_model, save_model

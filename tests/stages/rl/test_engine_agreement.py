@@ -126,7 +126,7 @@ def test_engine_refuses_models_it_cannot_run(tmp_path, saved):
     norms the engine would skip (Gemma 2's feed-forward norms) are refused by structure."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from pipeline.stage_api import StageError
+    from stages.common.contract import StageError
 
     model_type, path = saved
     if model_type == "ring_moe":

@@ -16,6 +16,7 @@ import torch
 
 from stages.rl.engines import ENGINES, UNAVAILABLE, RolloutRequest, SamplingParams, create_engine
 from tests.stages.rl.tiny_model import EOS, VOCAB, build_model, save_model
+
 # (engine, device, options): "torch-cpu-static" runs the GPU's bucketed bookkeeping (padded
 # batch and kv-length buckets, idle rows, compaction) on CPU, minus the graph capture
 # vLLM reserves gpu_memory_utilization of the whole GPU per engine (default 0.4): some tests

@@ -23,9 +23,9 @@ pytestmark = pytest.mark.slow
 def test_reasoning_rl_keeps_the_router_bias_and_moves_the_rest(stage_env, data_artifact, tmp_path):
     from safetensors.torch import load_file, save_file
 
-    from pipeline.artifacts import local_path
+    from data_curation.urls import local_path
     from pipeline.execute import run_stage
-    from pipeline.stage_api import Resources
+    from stages.common.contract import Resources
 
     base = run_stage("init_model", {
         "architecture": {"model_type": "ring_moe", "hidden_size": 32, "num_hidden_layers": 2,
@@ -36,7 +36,7 @@ def test_reasoning_rl_keeps_the_router_bias_and_moves_the_rest(stage_env, data_a
         stage="moe_base", storage=stage_env["storage"], recipe=stage_env["recipe"],
         work_root=stage_env["work_root"], upstream={"data": data_artifact.url})
     policy = tmp_path / "policy"
-    shutil.copytree(local_path(base.url), policy, ignore=shutil.ignore_patterns("_SUCCESS", "manifest.json"))
+    shutil.copytree(Path(local_path(base.url)), policy, ignore=shutil.ignore_patterns("_SUCCESS", "manifest.json"))
     before = load_file(policy / "model.safetensors")
     g = torch.Generator().manual_seed(0)
     for name in before:

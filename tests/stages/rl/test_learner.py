@@ -7,9 +7,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from stages.rl.learner import Learner, LearnerConfig, PolicyHead, TorchBackend, collate, plan_micro_batches
 from stages.rl.loss import LossConfig
-from stages.rl.learner import (Learner, LearnerConfig, PolicyHead, TorchBackend, collate,
-                                         plan_micro_batches)
 
 
 def tiny_lm(seed=0, vocab=64, attention_dropout=0.0):

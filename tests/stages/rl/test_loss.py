@@ -6,8 +6,7 @@ import math
 import pytest
 import torch
 
-from stages.rl.loss import (LossConfig, MismatchStats, correction_weights, group_advantages,
-                                        policy_loss)
+from stages.rl.loss import LossConfig, MismatchStats, correction_weights, group_advantages, policy_loss
 
 
 def direct_objective(logp, old, infer, adv, lengths, cfg: LossConfig, n_seqs):

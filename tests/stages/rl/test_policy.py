@@ -35,7 +35,7 @@ def test_zero3_ranks_with_uneven_micro_batches_call_the_head_alike():
     batches hold different numbers of response tokens must still call it equally often, or
     they hang (seen on 2 GPUs). Two real ranks, one long response among short ones, a head
     big enough to be partitioned: both finish, with the same reduced stats."""
-    from pipeline.launch import free_port
+    from stages.common.ports import free_port
 
     repo = Path(__file__).resolve().parents[3]
     env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",

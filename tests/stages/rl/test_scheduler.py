@@ -173,7 +173,8 @@ def test_checkpoint_resume_reproduces_the_pools():
     assert {u: r.token_ids for u, r in sched_c.pool.items()} == {u: r.token_ids for u, r in sched_b.pool.items()}
     batches_c = run_steps(sched_c, engine_c, 2, start_version=2)
     for a, c in zip(batches_a[2:], batches_c):
-        key = lambda b: [(s.uid, s.response_ids, s.infer_logprobs, s.segments, s.advantage) for s in b.samples]
+        def key(b):
+            return [(s.uid, s.response_ids, s.infer_logprobs, s.segments, s.advantage) for s in b.samples]
         assert key(a) == key(c)
     assert sched_a.totals == sched_c.totals
 

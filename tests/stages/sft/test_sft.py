@@ -210,9 +210,10 @@ def _metrics(log: Path) -> list[dict]:
 def test_sft_two_ranks_zero2_killed_after_checkpoint_resumes_and_learns(stage_env, data_artifact, base_artifact):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pipeline.artifacts import CheckpointStore, local_path
+    from data_curation.urls import local_path
     from pipeline.execute import run_stage
-    from pipeline.stage_api import Resources
+    from stages.common.checkpoint_store import CheckpointStore
+    from stages.common.contract import Resources
 
     recipe = "sftresume"
     # torchrun starts the ranks faster than deepspeed's runner (one launcher process, no
@@ -223,13 +224,13 @@ def test_sft_two_ranks_zero2_killed_after_checkpoint_resumes_and_learns(stage_en
                   work_root=str(stage_env["work_root"]))
     # run 1, in its own process so that it can be killed: wait for a complete checkpoint
     runner = ("import json, sys; from pathlib import Path; from pipeline.execute import run_stage; "
-              "from pipeline.stage_api import Resources; a = json.loads(sys.argv[1]); "
+              "from stages.common.contract import Resources; a = json.loads(sys.argv[1]); "
               "a['work_root'] = Path(a['work_root']); "
               "run_stage('sft', a.pop('config'), resources=Resources(cpu_ranks=2), **a)")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-c", runner, json.dumps({**kwargs, "config": SFT_CONFIG})],
                             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    stage_root = local_path(stage_env["storage"]) / recipe
+    stage_root = Path(local_path(stage_env["storage"])) / recipe
     stage_dir = kill_after_first_checkpoint(proc, stage_root, "sft-*", 200, "sft")
     assert not (stage_dir / "_SUCCESS").exists()
     resumed_at = CheckpointStore(f"file://{stage_dir}", {}).latest()
@@ -241,7 +242,7 @@ def test_sft_two_ranks_zero2_killed_after_checkpoint_resumes_and_learns(stage_en
 
     # run 2: same config, same stage directory -> resumes from the checkpoint
     result = run_stage("sft", SFT_CONFIG, resources=Resources(cpu_ranks=2), **kwargs)
-    out = local_path(result.url)
+    out = Path(local_path(result.url))
     run2 = _metrics(out / "logs" / "stage.log")
     steps2 = [m["step"] for m in run2]
     assert steps2 == list(range(resumed_at + 1, 37)), steps2  # the step counter continued
@@ -269,7 +270,7 @@ def test_sft_two_ranks_zero2_killed_after_checkpoint_resumes_and_learns(stage_en
     model = AutoModelForCausalLM.from_pretrained(out)
     assert model.config.vocab_size == len(tok) and tok.chat_template
     assert model.config.use_cache is True
-    base = AutoModelForCausalLM.from_pretrained(local_path(base_artifact.url))
+    base = AutoModelForCausalLM.from_pretrained(Path(local_path(base_artifact.url)))
     # the saved weights are the trained ones: on held-out chats (another seed) the loss
     # of the published model is far below the base model's
     from stages.synthetic_data.generators import get_generator

@@ -9,9 +9,9 @@ import torch
 from pydantic import ValidationError
 
 from stages.common.compile_layers import BACKEND_ENV
+from stages.common.packed_attention import pad_packed_batch
 from stages.sft.config import SFTConfig
 from stages.sft.job import PackedLMLoss, load_packed_lm, packed_loss_sum
-from stages.common.packed_attention import pad_packed_batch
 
 CPU = torch.device("cpu")
 VOCAB = 211

@@ -18,7 +18,7 @@ CONFIG = {"model": "${stages.base.output}", "data": "${stages.data.output}/sft.j
 
 
 def _kwargs(stage_env, data_artifact, base_artifact, recipe, launcher="deepspeed"):
-    from pipeline.stage_api import Resources
+    from stages.common.contract import Resources
 
     return dict(stage="sft", storage=stage_env["storage"], recipe=recipe, launcher=launcher,
                 upstream={"base": base_artifact.url, "data": data_artifact.url},
@@ -29,7 +29,7 @@ def test_zero3_two_ranks_consolidates_a_loadable_model(stage_env, data_artifact,
     import torch
     from transformers import AutoModelForCausalLM
 
-    from pipeline.artifacts import local_path
+    from data_curation.urls import local_path
     from pipeline.execute import run_stage
 
     # torchrun starts the ranks faster than deepspeed's runner; the consolidation is the job's
@@ -37,8 +37,8 @@ def test_zero3_two_ranks_consolidates_a_loadable_model(stage_env, data_artifact,
     run = run_stage("sft", {**CONFIG, "max_steps": 6},
                     **_kwargs(stage_env, data_artifact, base_artifact, "zero3", launcher="torchrun"))
     assert run.summary["zero_stage"] == 3 and run.summary["world_size"] == 2
-    trained = AutoModelForCausalLM.from_pretrained(local_path(run.url))
-    base = AutoModelForCausalLM.from_pretrained(local_path(base_artifact.url))
+    trained = AutoModelForCausalLM.from_pretrained(Path(local_path(run.url)))
+    base = AutoModelForCausalLM.from_pretrained(Path(local_path(base_artifact.url)))
     # full (not partitioned) tensors, and they moved away from the base weights
     for (name, p), (_, q) in zip(trained.named_parameters(), base.named_parameters()):
         assert p.shape == q.shape, name
@@ -47,7 +47,7 @@ def test_zero3_two_ranks_consolidates_a_loadable_model(stage_env, data_artifact,
 
 def test_killing_one_rank_fails_the_stage_without_hanging(stage_env, data_artifact, base_artifact):
     from pipeline.execute import run_stage
-    from pipeline.launch import StageFailed
+    from stages.common.contract import StageFailed
 
     outcome: dict = {}
 

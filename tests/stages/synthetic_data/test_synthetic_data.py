@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from stages.synthetic_data.config import SyntheticDataConfig
-from stages.synthetic_data.generators import GENERATORS, add_steps, get_generator, worked_solution, ArithmeticTask
+from stages.synthetic_data.generators import GENERATORS, ArithmeticTask, add_steps, get_generator, worked_solution
 
 BOXED = re.compile(r"\\boxed\{(-?\d+)\}")
 QUESTION = re.compile(r"^What is (\d+) ([-+*]) (\d+)\?$")

@@ -1,11 +1,12 @@
-"""The contract between the pipeline and a stage kind.
+"""The contract between the pipeline and a stage kind (the layer below `pipeline/`: it imports
+nothing of it).
 
 A stage kind is a pydantic config model (subclass of `StageConfig`) plus its job module
 `stages/<kind>/job.py`, run as `python -m stages.<kind>.job --job job.json` (see
 stages/registry.py and stages/common/entry.py). The job file is a `StageJob`: the resolved
 config, where the stage's artifact lives, where to write the outputs that the pipeline
 publishes, and which MLflow run to log to. A job reports a problem the user can fix by
-raising `StageError`.
+raising `StageError`; the pipeline reports a stage that did not finish as `StageFailed`.
 """
 from __future__ import annotations
 
@@ -18,6 +19,23 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from data_curation.benchmarks import EvalSuite
+from stages.common.artifact_inputs import ArtifactError, fetch_input
+
+
+class StageFailed(RuntimeError):
+    """A stage did not finish: its job exited non-zero, or a check refused to start it.
+
+    `str()` is one line (Prefect shows it as the task's state message); `reason` is the
+    whole explanation (a user error's message may span lines), `excerpt` the log lines that
+    explain a crash, `user_error` whether the user can fix it (nothing to retry)."""
+
+    def __init__(self, reason: str, *, stage: str | None = None, exit_code: int | None = None,
+                 excerpt: list[str] | None = None, user_error: bool = True, log_path: Path | None = None):
+        self.reason, self.stage, self.exit_code = reason, stage, exit_code
+        self.excerpt, self.user_error, self.log_path = list(excerpt or []), user_error, log_path
+        lines = [ln.strip() for ln in reason.splitlines() if ln.strip()]
+        one_line = " / ".join(lines)
+        super().__init__(f"stage {stage!r} failed: {one_line}" if stage else one_line)
 
 
 class StageError(RuntimeError):
@@ -107,7 +125,7 @@ class StageConfig(Strict):
     log_every: int = cosmetic(1, ge=1, description="metrics logging interval (steps)")
     eval_suite: EvalSuite | None = cosmetic(None, description="the evaluation suite this stage is "
                                             "judged on: the pipeline does not start the stage while "
-                                            "its `data` overlaps the suite (stages/curate/gate.py)")
+                                            "its `data` overlaps the suite (stages/common/eval_suite_gate.py)")
 
 
 class StageJob(BaseModel):
@@ -156,8 +174,6 @@ class StageJob(BaseModel):
         """Local path of an input: an upstream artifact (or a file inside one), verified
         against its manifest's sha256, or an external fsspec URL / local path. A missing or
         corrupt input is the user's to fix: StageError."""
-        from pipeline.artifacts import ArtifactError, fetch_input
-
         try:
             return fetch_input(url, Path(self.work_dir) / "inputs", self.storage_options,
                                artifact_urls=list(self.upstream.values()))

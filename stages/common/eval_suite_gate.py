@@ -7,7 +7,8 @@ start while its input data overlaps that suite above `max_overlap`.
         data: ${stages.curate.output}/curated.jsonl
         eval_suite: {benchmarks: recipes/benchmarks.yaml, max_overlap: 0}
 
-`pipeline.execute` calls `check_eval_suite` right before it launches a stage. The input
+Every kind's `StageKind.pre_launch` runs `check_eval_suite` (unless the kind says otherwise):
+the pipeline calls it right before it launches a stage. The input
 data is every path under the stage config's `data` (a path, a list of them, or a mapping
 of sources with `path`), read like curation input (files, dirs, globs, fsspec URLs; rows
 that cannot be read are skipped and counted) and matched against the suite with the
@@ -21,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pipeline.launch import StageFailed
+from stages.common.contract import StageFailed
 
 MAX_NAMED = 25
 
@@ -50,7 +51,7 @@ def find_overlap(data: list[str], benchmarks: Any, storage_options: dict[str, An
     `data`: {"items": [...], "per_benchmark": {name: {"items", "found"}}, "rows_read",
     "rows_unreadable"}. Each found item: benchmark, benchmark_file, benchmark_row,
     benchmark_id, training_rows, methods, first (`file:line` of its first copy)."""
-    from data_curation import io
+    from data_curation import discovery, row_reading
     from data_curation.decontaminate import DecontaminateConfig
     from data_curation.row_schema import FieldMap, RowPolicy
     from data_curation.step_api import RunContext
@@ -58,13 +59,13 @@ def find_overlap(data: list[str], benchmarks: Any, storage_options: dict[str, An
     so = dict(storage_options or {})
     cfg = DecontaminateConfig(benchmarks=benchmarks)
     matcher = cfg.build(RunContext(FieldMap(), so, None, 1, batch_rows, False))
-    sources = io.discover(data, so)
-    reader = io.RowReader(FieldMap(), RowPolicy(response_only="keep"))
+    sources = discovery.discover(data, so)
+    reader = row_reading.RowReader(FieldMap(), RowPolicy(response_only="keep"))
     found: dict[str, dict[str, Any]] = {}
     rows_read = unreadable = 0
     with tempfile.TemporaryDirectory(prefix="eval-suite-") as scratch:   # remote jsonl lands here
-        for task in io.plan_reads(sources, so, Path(scratch), 1 << 62):
-            for b in io.iter_read(task, reader, so, batch_rows):
+        for task in row_reading.plan_reads(sources, so, Path(scratch), 1 << 62):
+            for b in row_reading.iter_read(task, reader, so, batch_rows):
                 rows_read += len(b.rows["_row"])
                 unreadable += len(b.quarantine["_row"])
                 texts = [(k, t) for part in ("_prompt", "_response") for k, t in enumerate(b.rows[part]) if t]
@@ -80,7 +81,7 @@ def find_overlap(data: list[str], benchmarks: Any, storage_options: dict[str, An
                             "benchmark": h["benchmark"], "benchmark_file": h["benchmark_file"],
                             "benchmark_row": h["benchmark_row"], "benchmark_id": h["benchmark_id"],
                             "training_rows": 0, "methods": {},
-                            "first": io.row_label(sources, b.rows["_row"][k])})
+                            "first": row_reading.row_label(sources, b.rows["_row"][k])})
                         entry["training_rows"] += 1
                         entry["methods"][h["method"]] = entry["methods"].get(h["method"], 0) + 1
     items = sorted(found.values(), key=lambda x: (x["benchmark"], x["benchmark_file"], x["benchmark_row"]))

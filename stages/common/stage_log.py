@@ -1,0 +1,111 @@
+"""What a stage job reports, from rank 0: metrics per step, progress, params and artifacts
+into its MLflow run (by id: no active-run context), and the same metrics and progress as
+stdout lines, the protocol the pipeline reads (pipeline/job_output.py).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+MAX_PARAM = 500  # MLflow's limit on a param value's length
+# the stdout protocol: `[metrics] {"step": N, ...}` and `[progress] {"done": N, "total": T, "unit": u}`
+METRICS_MARKER = "[metrics] "
+PROGRESS_MARKER = "[progress] "
+
+
+def mlflow_client(uri: str):
+    """An MLflow client of `uri`, creating a local store's directory first."""
+    from mlflow.tracking import MlflowClient
+
+    if uri.startswith("sqlite:///"):
+        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    elif uri.startswith("file:") or "://" not in uri:
+        Path(uri.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
+    return MlflowClient(tracking_uri=uri)
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            s = json.dumps(v) if not isinstance(v, str) else v
+            out[key] = s if len(s) <= MAX_PARAM else s[: MAX_PARAM - 3] + "..."
+    return out
+
+
+class StageLogger:
+    """Used inside a stage's processes: metrics per step, progress and artifacts, from rank 0.
+
+    Metrics and progress also go to stdout, one line each (`[metrics] {...}`, `[progress]
+    {...}`: the protocol pipeline/job_output.py reads), which the pipeline saves in the stage's
+    log and turns into the console's progress line. A stage declares its total once at its
+    start, `log.progress(start_step, total=steps)`; each `metrics(step, ...)` then moves the
+    progress to `step`. A stage without per-step metrics (curation steps, generated files)
+    calls `progress(done)` as it goes.
+    """
+
+    def __init__(self, tracking_uri: str | None, run_id: str | None, rank: int = 0):
+        self.enabled = rank == 0
+        self.run_id = run_id
+        self.client = mlflow_client(tracking_uri) if self.talks_to_mlflow(tracking_uri, run_id, rank) else None
+
+    @staticmethod
+    def talks_to_mlflow(tracking_uri: str | None, run_id: str | None, rank: int) -> bool:
+        """Whether the stage process of this rank logs to MLflow (rank 0 of a tracked run)."""
+        return rank == 0 and bool(tracking_uri and run_id)
+
+    @classmethod
+    def for_job(cls, job) -> "StageLogger":
+        return cls(job.tracking_uri, job.run_id, job.rank)
+
+    def metrics(self, step: int, values: dict[str, float],
+                mlflow_name: Callable[[str], str] | None = None) -> None:
+        """One step's metrics: a `[metrics]` line with their names, and MLflow, where
+        `mlflow_name` may file each under a section (`group/name`)."""
+        if not self.enabled:
+            return
+        clean = {k: float(v) for k, v in values.items()
+                 if v is not None and math.isfinite(float(v))}
+        print(METRICS_MARKER + json.dumps({"step": step, **clean}), flush=True)
+        if self.client:
+            from mlflow.entities import Metric
+
+            ts = int(time.time() * 1000)
+            name = mlflow_name or (lambda k: k)
+            self.client.log_batch(self.run_id, metrics=[Metric(name(k), v, ts, step) for k, v in clean.items()])
+
+    def progress(self, done: int, total: int | None = None, unit: str | None = None) -> None:
+        """How far the stage is: `done` units of `total` (say the total once, at the start;
+        `unit` names what is counted, "step" unless said)."""
+        if not self.enabled:
+            return
+        line = {"done": int(done), **({"total": int(total)} if total is not None else {}),
+                **({"unit": unit} if unit else {})}
+        print(PROGRESS_MARKER + json.dumps(line), flush=True)
+
+    def params(self, values: dict[str, Any]) -> None:
+        if self.enabled and self.client:
+            from mlflow.entities import Param
+
+            self.client.log_batch(self.run_id, params=[Param(k, v) for k, v in flatten(values).items()])
+
+    def artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
+        if self.enabled and self.client:
+            self.client.log_artifact(self.run_id, str(path), artifact_path)
+
+    def text(self, text: str, name: str) -> None:
+        if self.enabled and self.client:
+            self.client.log_text(self.run_id, text, name)
+
+
+def info(msg: str) -> None:
+    """Progress line from a stage process (rank-prefixing is done by the launcher)."""
+    print(msg, file=sys.stdout, flush=True)
