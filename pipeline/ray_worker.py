@@ -98,8 +98,10 @@ class RankWorker:
 
     def poll(self) -> tuple[list[str], int | None]:
         """The lines printed since the last poll, and the exit status once the job ended
-        (only after its last line was read)."""
+        (only after its last line was read; 128 + N for signal N, as a shell reports it)."""
         code = self._proc.poll() if self._proc else None
+        if code is not None and code < 0:
+            code = 128 - code
         if code is not None and self._reader is not None:
             self._reader.join(timeout=5)
         with self._lock:

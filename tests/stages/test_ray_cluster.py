@@ -24,7 +24,7 @@ from benchmarks._ray_cluster import Node, local_ray_cluster
 from tests.conftest import REPO
 
 ray = pytest.importorskip("ray")
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long_pole]  # stage runs on a cluster it starts: minutes
 
 SFT_STEPS, RL_STEPS = 4, 2
 
