@@ -45,6 +45,7 @@ from typing import Any
 
 from pipeline.job_output import JobOutput
 from pipeline.torchrun_hosts import EXPORTED_ENV
+from stages.common.contract import Resources
 
 _POLL_S = 0.2
 STOP_GRACE_S = 3.0  # per step of SIGINT -> SIGTERM -> SIGKILL to a worker's job
@@ -67,23 +68,14 @@ class Worker:
         return f"worker rank {self.rank} (node {w['host']} {w['ip']}, Ray node {w['node_id'][:8]}, pid {w['pid']})"
 
 
-@dataclass(frozen=True)
-class Layout:
-    nodes: int
-    gpus_per_node: int
-    cpu_ranks: int
-    cpus_per_worker: float
+class Layout(Resources):
+    """The stage's resources (nodes x ranks per node; no hostfile) and what each worker reserves."""
 
-    @property
-    def per_node(self) -> int:
-        return self.gpus_per_node or self.cpu_ranks
-
-    @property
-    def world(self) -> int:
-        return self.nodes * self.per_node
+    cpus_per_worker: float = 1.0
 
     def bundle(self) -> dict[str, float]:
-        b = {"CPU": self.per_node * self.cpus_per_worker}
+        """One node's share of the placement group."""
+        b = {"CPU": self.ranks_per_node * self.cpus_per_worker}
         if self.gpus_per_node:
             b["GPU"] = float(self.gpus_per_node)
         return b
@@ -116,7 +108,7 @@ def place_workers(layout: Layout, timeout_s: float) -> tuple[Any, list[Worker]]:
     actors = [(b, actor_cls.options(
         num_cpus=layout.cpus_per_worker, num_gpus=1 if layout.gpus_per_node else 0, max_restarts=0,
         runtime_env=env, scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=b),
-    ).remote()) for b in range(layout.nodes) for _ in range(layout.per_node)]
+    ).remote()) for b in range(layout.nodes) for _ in range(layout.ranks_per_node)]
     wheres = ray.get([a.where.remote() for _, a in actors])
     return pg, number_ranks(layout, [(b, a, w) for (b, a), w in zip(actors, wheres)])
 
@@ -129,7 +121,7 @@ def number_ranks(layout: Layout, placed: list[tuple[int, Any, dict[str, Any]]]) 
         mine = [(a, w) for bb, a, w in placed if bb == b]
         if layout.gpus_per_node:
             mine.sort(key=lambda aw: _gpu_key(aw[1]["gpus"][0]))
-        workers += [Worker(b * layout.per_node + i, i, b, a, w) for i, (a, w) in enumerate(mine)]
+        workers += [Worker(b * layout.ranks_per_node + i, i, b, a, w) for i, (a, w) in enumerate(mine)]
     return workers
 
 
@@ -141,8 +133,8 @@ def rank_env(worker: Worker, workers: list[Worker], layout: Layout, master: tupl
     """What a worker's job is told: where it sits in the world, the rendezvous, its GPUs."""
     node = [w for w in workers if w.node_rank == worker.node_rank]
     gpus = ",".join(w.where["gpus"][0] for w in node) if layout.gpus_per_node else ""
-    env = {"RANK": str(worker.rank), "LOCAL_RANK": str(worker.local_rank), "WORLD_SIZE": str(layout.world),
-           "LOCAL_WORLD_SIZE": str(layout.per_node), "GROUP_RANK": str(worker.node_rank),
+    env = {"RANK": str(worker.rank), "LOCAL_RANK": str(worker.local_rank), "WORLD_SIZE": str(layout.world_size),
+           "LOCAL_WORLD_SIZE": str(layout.ranks_per_node), "GROUP_RANK": str(worker.node_rank),
            "NODE_RANK": str(worker.node_rank), "MASTER_ADDR": master[0], "MASTER_PORT": str(master[1]),
            "CUDA_VISIBLE_DEVICES": gpus}
     if not layout.gpus_per_node:
@@ -303,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("program", nargs=argparse.REMAINDER, help="-- then python's arguments: -m MODULE ...")
     args = parser.parse_args(argv)
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
-    layout = Layout(args.nodes, args.gpus_per_node, args.cpu_ranks, args.cpus_per_worker)
+    layout = Layout(nodes=args.nodes, gpus_per_node=args.gpus_per_node, cpu_ranks=args.cpu_ranks,
+                    cpus_per_worker=args.cpus_per_worker)
     return run(args.address, layout, args.placement_timeout, program)
 
 
