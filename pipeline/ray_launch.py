@@ -37,6 +37,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -140,6 +141,21 @@ def rank_env(worker: Worker, workers: list[Worker], layout: Layout, master: tupl
     if not layout.gpus_per_node:
         env.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
     return env
+
+
+def check_reachable(address: str, timeout_s: float = 10.0) -> None:
+    """A `host:port` or `ray://host:port` address must accept a connection: Ray's own client
+    retries an absent GCS for minutes before it gives up."""
+    if address == "auto":
+        return  # Ray finds the local cluster (or $RAY_ADDRESS) and says at once when there is none
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise LaunchError(f"ray.address {address!r}: expected auto, host:port or ray://host:port")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise LaunchError(f"cannot connect to the Ray cluster at {address!r} (ray.address): nothing answers at "
+                          f"{host}:{port} ({e.strerror or e}); is the cluster up (`ray status`)?") from None
 
 
 def _job_path(program: list[str]) -> str:
@@ -266,6 +282,7 @@ def run(address: str, layout: Layout, timeout_s: float, program: list[str]) -> i
     import ray
 
     try:
+        check_reachable(address)
         try:
             # auto: $RAY_ADDRESS, else the cluster this machine belongs to
             ray.init(address=address, log_to_driver=False, logging_level="WARNING", configure_logging=False)

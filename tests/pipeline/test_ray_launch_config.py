@@ -122,3 +122,26 @@ def test_ring1t_on_ray_is_ring1t_with_another_launcher():
     sft = on_ray["sft"]
     assert sft.launcher == "ray" and sft.resources.world_size == 256 and sft.resources.hostfile is None
     assert on_ray["curate"].launcher == "ray"  # a data stage: still one local process (build_command)
+
+
+@pytest.mark.parametrize("address,fragment", [
+    ("127.0.0.1:{port}", "nothing answers at 127.0.0.1:{port}"),   # a cluster that is not up: at once, not in minutes
+    ("head-without-port", "expected auto, host:port or ray://host:port"),
+])
+def test_an_address_without_a_cluster_fails_at_once_as_the_users_error(tmp_path, address, fragment):
+    import subprocess
+
+    from stages.common.ports import free_port
+
+    port = free_port()
+    job = tmp_path / "job.json"
+    job.write_text('{"stage": "sft", "kind": "sft", "stage_url": "file:///x", "output_dir": "/o", "work_dir": "/w"}')
+    out = subprocess.run([sys.executable, "-m", "pipeline.ray_launch", "--address", address.format(port=port),
+                          "--nodes", "2", "--", "-c", "pass", "--job", str(job)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.startswith("sft (sft) failed: ") and fragment.format(port=port) in out.stderr, out.stderr
+    output = JobOutput("sft", "sft")
+    for line in out.stderr.splitlines():
+        output.feed(line)
+    assert output.failure(2).user_error
