@@ -64,10 +64,11 @@ def _configs(smoke: bool) -> dict[str, dict[str, Any]]:
            "max_seq_len": 256 if smoke else 2048, "epochs": 4, "max_steps": 4 if smoke else 14,
            "micro_batch_size": 2 if smoke else 8, "lr": 1e-4, "warmup_steps": 1, "zero_stage": 3,
            "checkpoint_every": 1000}
+    # a random policy rarely says EOS: the token budget (C3PO++'s Phi) bounds each step's rollout work
     rl = {"model": "${stages.base.output}", "data": "${stages.data.output}/rl.jsonl", "steps": 2 if smoke else 4,
-          "prompts_per_step": 4 if smoke else 48, "rollouts_per_prompt": 4 if smoke else 8,
+          "prompts_per_step": 4 if smoke else 16, "rollouts_per_prompt": 4 if smoke else 8,
           "max_len": 24 if smoke else 512, "prompt_max_len": 64 if smoke else 128, "lr": 1e-6,
-          "scheduler": "c3po", "c3po": {"pool_capacity": 16 if smoke else 512, "token_budget": 160 if smoke else 49152},
+          "scheduler": "c3po", "c3po": {"pool_capacity": 16 if smoke else 256, "token_budget": 160 if smoke else 16384},
           "rollout": {"engine": "torch", "device": "auto", "max_batch": 8 if smoke else 128, "gpus": 1 if smoke else 2},
           "zero_stage": 3, "verifier_workers": 0, "checkpoint_every": 1000, "sample_rollouts": 0}
     return {"sft": sft, "reasoning_rl": rl}
