@@ -208,22 +208,25 @@ class Driver:
         failed: tuple[Worker, str] | None = None
         own_lines: dict[int, list[str]] = {w.rank: [] for w in self.workers}
         while len(codes) < len(self.workers):
-            for w in self.workers:
-                if w.rank in codes:
-                    continue
+            polls = [(w, w.actor.poll.remote()) for w in self.workers if w.rank not in codes]  # all in flight
+            ended: list[Worker] = []
+            for w, ref in polls:
                 try:
-                    lines, code = ray.get(w.actor.poll.remote())
+                    lines, code = ray.get(ref)
                 except ray.exceptions.RayError as e:  # the actor or its node is gone
                     lines, code = [f"ray_launch: {w.describe()} was lost: {type(e).__name__}: "
                                    f"{str(e).splitlines()[0] if str(e) else ''}"], 1
                 for line in lines:
                     print(f"[rank{w.rank}]: {line}", flush=True)
-                own_lines[w.rank] += lines
-                del own_lines[w.rank][:-400]
+                own_lines[w.rank] = (own_lines[w.rank] + lines)[-400:]
                 if code is not None:
                     codes[w.rank] = code
-                    if code != 0 and failed is None and self.signalled is None:
-                        failed = (w, self._own_error(code, own_lines[w.rank]))
+                    ended.append(w)
+            # of the workers that failed within one poll, a killed one (128 + N) is the cause: the
+            # others saw it vanish (a peer's exit takes longer than a kill)
+            bad = sorted((w for w in ended if codes[w.rank] != 0), key=lambda w: (codes[w.rank] <= 128, w.rank))
+            if bad and failed is None and self.signalled is None:
+                failed = (bad[0], self._own_error(codes[bad[0].rank], own_lines[bad[0].rank]))
             if (failed or self.signalled) and len(codes) < len(self.workers) and not self.stopping:
                 self.stopping = True
                 self._stop_all()
