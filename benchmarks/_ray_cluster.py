@@ -15,6 +15,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,8 +41,10 @@ def _start(node: Node, args: list[str], log: Path, timeout_s: float) -> subproce
     env = {**os.environ, **node.env, "RAY_USAGE_STATS_ENABLED": "0"}
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            ["ray", "start", "--block", "--disable-usage-stats", f"--num-cpus={node.cpus}", f"--num-gpus={node.gpus}",
-             "--object-store-memory=80000000", "--node-ip-address=127.0.0.1",
+            # `ray start`, without needing the `ray` script on PATH
+            [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--disable-usage-stats",
+             f"--num-cpus={node.cpus}", f"--num-gpus={node.gpus}", "--object-store-memory=80000000",
+             "--node-ip-address=127.0.0.1",
              f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
              f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}", *args],
             stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -15,7 +15,8 @@ left out) and RL rollout tokens/s and step seconds (benchmarks/gpu_scaling.py's 
 the ratio Ray / DeepSpeed (issue 33's goal: within 5%). The two launchers alternate (deepspeed,
 ray, ray, deepspeed with --repeat 2) so a drift of the host does not favour one of them.
 
-    # on the 4-GPU machine (the wheels of scripts/gpu_wheels.sh in /tmp/site, ray installed):
+    # on the 4-GPU machine (the wheels of scripts/gpu_wheels.sh in /tmp/site, and ray's: a session
+    # of benchmarks/gpu_plans/h100x4-ray.yaml says how it travels):
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
     timeout 580 python3 benchmarks/ray_vs_deepspeed.py --out "$OUT" 2>&1 | tee "$OUT/ray_vs_deepspeed.log"
     # here (CPU): the same code paths on tiny shapes, 1 CPU rank per Ray node (no timing claims)
@@ -39,6 +40,7 @@ sys.path.insert(0, str(ROOT))  # run from anywhere
 from benchmarks._ray_cluster import Node, local_ray_cluster  # noqa: E402 - needs ROOT on sys.path
 from benchmarks._record import SAFE_ENV, ResultFile, log, versions  # noqa: E402
 from benchmarks.gpu_scaling import BODY_05B, TINY_BODY, rl_metrics, sft_metrics  # noqa: E402
+from pipeline.launch import pinned_gpus  # noqa: E402
 
 os.environ.update(SAFE_ENV)  # this process and every one it starts
 
@@ -117,9 +119,12 @@ def main() -> None:
     if args.smoke:
         os.environ.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
         nodes = [Node(cpus=2), Node(cpus=2)]
-    else:
-        nodes = [Node(cpus=8, gpus=2, env={"CUDA_VISIBLE_DEVICES": "0,1"}),
-                 Node(cpus=8, gpus=2, env={"CUDA_VISIBLE_DEVICES": "2,3"})]
+    else:  # the GPUs this script was given (gpu_queue pins them), two per Ray node
+        gpus = pinned_gpus() or ["0", "1", "2", "3"]
+        if len(gpus) < 4:
+            raise SystemExit(f"needs 4 GPUs, CUDA_VISIBLE_DEVICES gives {gpus}")
+        nodes = [Node(cpus=8, gpus=2, env={"CUDA_VISIBLE_DEVICES": ",".join(gpus[:2])}),
+                 Node(cpus=8, gpus=2, env={"CUDA_VISIBLE_DEVICES": ",".join(gpus[2:4])})]
     upstream = _setup(work, args.smoke)
     log(f"setup done: {upstream}")
     configs = _configs(args.smoke)
