@@ -18,7 +18,8 @@ reads its output, as it does deepspeed's or torchrun's) and the Ray driver:
    RANK / LOCAL_RANK / WORLD_SIZE / LOCAL_WORLD_SIZE and MASTER_ADDR:MASTER_PORT = rank 0's
    node IP and a free port there: the job joins its process group by its one path,
    `stages.common.distributed.init_distributed` (torch's env:// rendezvous; NCCL on GPU, gloo
-   on CPU; DeepSpeed on top as under the other launchers).
+   on CPU; DeepSpeed on top as under the other launchers). Each node's ranks get a job file whose
+   scratch dir is the node's own (`node_job`): as on hosts with local disks, also on a shared one.
 4. It prints every worker's lines (behind torchrun's `[rankN]:` prefix, which the pipeline
    strips) and polls their exit. The first worker that fails stops the others, and this
    process prints a `[launcher]` line naming it (rank, node, pid) with its own error
@@ -158,6 +159,23 @@ def check_reachable(address: str, timeout_s: float = 10.0) -> None:
                           f"{host}:{port} ({e.strerror or e}); is the cluster up (`ray status`)?") from None
 
 
+def node_job(job_path: str, job_text: str, node_rank: int) -> tuple[str, str]:
+    """(path, text) of the job file a node's ranks run with: the stage's job with a scratch dir of
+    the node's own under its work_dir. Each node's local rank 0 downloads the inputs and restores
+    and uploads its ranks' checkpoint files there, as on hosts with local disks; on a work dir
+    shared by the nodes one dir for all would have two nodes write the same files at once."""
+    job = json.loads(job_text)
+    job["work_dir"] = str(Path(job["work_dir"]) / f"node{node_rank}")
+    path = Path(job_path)
+    return str(path.with_name(f"{path.stem}-node{node_rank}{path.suffix}")), json.dumps(job, indent=2)
+
+
+def with_job(program: list[str], job_path: str) -> list[str]:
+    """`program` with its --job file replaced."""
+    at = program.index("--job") + 1
+    return [*program[:at], job_path, *program[at + 1:]]
+
+
 def _job_path(program: list[str]) -> str:
     if "--job" not in program or program.index("--job") + 1 >= len(program):
         raise LaunchError(f"the program {' '.join(program)} names no --job file")
@@ -186,7 +204,9 @@ class Driver:
 
         self.pg, self.workers = place_workers(self.layout, self.placement_timeout_s)
         cwd = os.getcwd()
-        problems = ray.get([w.actor.prepare.remote(w.rank, job_path, job_text, cwd) for w in self.workers])
+        jobs = {w.rank: node_job(job_path, job_text, w.node_rank) for w in self.workers}
+        problems = ray.get([w.actor.prepare.remote(w.rank, job_path, job_text, jobs[w.rank], cwd)
+                            for w in self.workers])
         bad = [(w, p) for w, p in zip(self.workers, problems) if p]
         if bad:
             raise LaunchError("; ".join(f"{w.describe()}: {p}" for w, p in bad))
@@ -196,8 +216,8 @@ class Driver:
             print(f"ray_launch: {w.describe()}, local rank {w.local_rank}"
                   + (f", GPU {w.where['gpus'][0]}" if self.layout.gpus_per_node else ""), flush=True)
         self.relaying = True  # from here a signal stops the started workers (relay)
-        ray.get([w.actor.start.remote(self.program, rank_env(w, self.workers, self.layout, master), cwd)
-                 for w in self.workers])
+        ray.get([w.actor.start.remote(with_job(self.program, jobs[w.rank][0]),
+                                      rank_env(w, self.workers, self.layout, master), cwd) for w in self.workers])
 
     def relay(self) -> int:
         """Print the workers' lines until all exited; on the first failure (or a signal) stop

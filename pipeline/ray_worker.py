@@ -51,12 +51,13 @@ class RankWorker:
             s.bind(("", 0))
             return s.getsockname()[1]
 
-    def prepare(self, rank: int, job_path: str, job_text: str, cwd: str) -> str | None:
+    def prepare(self, rank: int, job_path: str, job_text: str, node_job: tuple[str, str], cwd: str) -> str | None:
         """None when this node can run the rank, else the problem (the driver reports it as
         the user's to fix). The job file at the same path with the same content means the
         node shares the pipeline's work dir (a shared file system, or the driver's own node):
         rank 0 needs that, since the pipeline publishes what rank 0 writes to its output dir.
-        Another rank gets the job file and its dirs written on its own disk."""
+        Another rank gets the job file and its dirs written on its own disk. `node_job` (path,
+        text) is the job file this node's ranks run with: written here, once per node's content."""
         if not Path(cwd).is_dir():
             return (f"the run's directory {cwd} does not exist on node {socket.gethostname()}: every node needs "
                     "the checkout (or the image) at the same path as the machine running ring-pipeline")
@@ -77,7 +78,10 @@ class RankWorker:
             problem = _tracking_problem(job.get("tracking_uri"), Path(cwd))
             if problem:
                 return problem
-        return _store_problem(job["stage_url"], job.get("storage_options") or {})
+        problem = _store_problem(job["stage_url"], job.get("storage_options") or {})
+        if problem is None:
+            _write_node_job(*node_job)
+        return problem
 
     def start(self, program: list[str], env: dict[str, str], cwd: str) -> int:
         """Start `python <program>` (the job entry) under the job guard; returns its pid."""
@@ -129,6 +133,15 @@ class RankWorker:
         except ProcessLookupError:
             pass
         return proc.wait()
+
+
+def _write_node_job(path: str, text: str) -> None:
+    """The node's job file and its scratch dir; the node's workers write the same text, each
+    atomically (a shared file system may hold it already)."""
+    Path(json.loads(text)["work_dir"]).mkdir(parents=True, exist_ok=True)
+    tmp = Path(f"{path}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def _tracking_problem(uri: str | None, cwd: Path) -> str | None:

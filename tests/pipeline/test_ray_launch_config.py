@@ -145,3 +145,16 @@ def test_an_address_without_a_cluster_fails_at_once_as_the_users_error(tmp_path,
     for line in out.stderr.splitlines():
         output.feed(line)
     assert output.failure(2).user_error
+
+
+def test_each_node_gets_a_scratch_dir_of_its_own_and_the_same_outputs():
+    import json
+
+    from pipeline.ray_launch import node_job, with_job
+
+    text = json.dumps({"stage": "sft", "work_dir": "/w/a/scratch", "output_dir": "/w/a/output"})
+    path, node1 = node_job("/w/a/job.json", text, 1)
+    assert path == "/w/a/job-node1.json"
+    assert json.loads(node1) == {"stage": "sft", "work_dir": "/w/a/scratch/node1", "output_dir": "/w/a/output"}
+    assert with_job(["-m", "stages.sft.job", "--job", "/w/a/job.json", "--x"], path) == \
+        ["-m", "stages.sft.job", "--job", "/w/a/job-node1.json", "--x"]
