@@ -109,7 +109,7 @@ def plan(recipe: Path = RecipeArg, set_: list[str] = SetOpt) -> None:
         typer.echo(f"    artifact: {s.url if s.name not in unhashable else '? (its hash needs the inputs)'}")
         for name, fp in s.inputs.items():
             typer.echo(f"    input:    {name}  ({fp.summary})")
-        cmd = build_command(s.kind.entry, Path("<job.json>"), s.resources, s.launcher, s.kind.distributed)
+        cmd = build_command(s.kind.entry, Path("<job.json>"), s.resources, s.launcher, s.kind.distributed, s.ray)
         typer.echo(f"    launch:   {' '.join(cmd)}  (world size {s.resources.world_size if s.kind.distributed else 1})")
         if unknown:
             continue

@@ -34,7 +34,7 @@ from pipeline.stage_metrics import describe, headline
 from pipeline.tracking import InputRef, PipelineTracker, timestamped
 from stages.common import secrets
 from stages.common.artifact_inputs import CHECKPOINTS, ArtifactError, StorageError, read_manifest
-from stages.common.contract import Launcher, Resources, StageJob
+from stages.common.contract import Launcher, RaySettings, Resources, StageJob, launch_problem
 from stages.common.store_writes import WritePolicy
 from stages.registry import STAGE_KINDS, StageKind
 
@@ -83,6 +83,7 @@ class StageTarget:
     hashed: dict[str, Any] = field(default_factory=dict)  # what the hash covers (pipeline.plan)
     inputs: dict[str, Fingerprint] = field(default_factory=dict)
     progress_deadline_s: float | None = None  # pipeline.launch stops a job silent for longer
+    ray: RaySettings | None = None  # the cluster of a `launcher: ray` stage
 
     @classmethod
     def of(cls, stage: PlannedStage) -> "StageTarget":
@@ -90,7 +91,7 @@ class StageTarget:
         return cls(stage.recipe, stage.name, stage.kind, stage.resolved_config(), stage.hash, stage.url,
                    {d: (stage.upstream_urls[d], stage.upstream[d]) for d in stage.deps},
                    stage.resources, stage.launcher, stage.seed, stage.hashed, stage.inputs,
-                   stage.progress_deadline_s)
+                   stage.progress_deadline_s, stage.ray)
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,7 @@ def _execute_leased(target: StageTarget, store: ArtifactStore, work_root: Path, 
     job_path = work / "job.json"
     job_env = secrets.job_env(job.write(job_path))  # credentials reach the job through its environment
     command = build_command(target.kind.entry, job_path, target.resources, target.launcher,
-                            target.kind.distributed)
+                            target.kind.distributed, target.ray)
     show = console.current()
     show.stage_started(target.name, f"{target.kind.name}, {target.launcher} on {target.resources.world_size} "
                                     "ranks" if target.kind.distributed else target.kind.name)
@@ -305,16 +306,20 @@ def adhoc_target(kind: str, config: dict[str, Any], *, stage: str, storage: str,
     `upstream` maps the stage names used in `${stages.NAME.output}` references to
     published artifact URLs; their hashes come from their manifests.
     """
-    cfg = STAGE_KINDS[kind].config.model_validate({"kind": kind, **config})
+    spec = STAGE_KINDS[kind]
+    cfg = spec.config.model_validate({"kind": kind, **config})
+    resources, launcher = resources or cfg.resources or Resources(), cfg.launcher or launcher
+    problem = launch_problem(resources, launcher) if spec.distributed else None
+    if problem:
+        raise ValueError(f"stage {stage!r}: {problem}")
     opts = storage_options or {}
     up = {n: (u, read_manifest(u, opts)["hash"])
           for n, u in ((n, normalise_url(u)) for n, u in (upstream or {}).items())}
-    deadline_min = cfg.progress_deadline_min or (Defaults().progress_deadline_min
-                                                 if STAGE_KINDS[cfg.kind].distributed else None)
+    deadline_min = cfg.progress_deadline_min or (Defaults().progress_deadline_min if spec.distributed else None)
     return StageTarget.of(plan_stage(recipe, stage, cfg, up, ArtifactStore(join(storage, recipe), opts),
-                                     resources or cfg.resources or Resources(), cfg.launcher or launcher, seed,
-                                     Defaults().input_hash_max_bytes,
-                                     progress_deadline_s=deadline_min * 60 if deadline_min else None))
+                                     resources, launcher, seed, Defaults().input_hash_max_bytes,
+                                     progress_deadline_s=deadline_min * 60 if deadline_min else None,
+                                     ray=cfg.ray))
 
 
 def run_stage(kind: str, config: dict[str, Any], *, stage: str, storage: str,

@@ -1,8 +1,8 @@
 """How a stage's job starts: its own processes, never the Prefect process.
 
-Distributed kinds go through the `deepspeed` launcher (or `torchrun`) with the world
-size from the stage's resources: CPU = N local ranks on gloo, GPU = one rank per GPU,
-many nodes = a hostfile. Data stages run as one plain process. Output is saved to the
+Distributed kinds go through the `deepspeed` launcher (or `torchrun`, or Ray: `pipeline.ray_launch`)
+with the world size from the stage's resources: CPU = N local ranks on gloo, GPU = one rank per
+GPU, many nodes = a hostfile (or the nodes of a Ray cluster). Data stages run as one plain process. Output is saved to the
 stage's log file and read as it comes (pipeline.job_output): progress and warnings reach the
 console (pipeline.console), and a failure is explained by what the job reported.
 
@@ -27,7 +27,7 @@ from pipeline.hang import dump_stacks, hang_report
 from pipeline.interrupt import StageInterrupted
 from pipeline.job_output import JobOutput
 from stages.common import secrets
-from stages.common.contract import Launcher, Resources, StageFailed
+from stages.common.contract import Launcher, RaySettings, Resources, StageFailed
 from stages.common.ports import free_port
 
 # Keep NVLink multicast off in every process we start (see the device notes); harmless on CPU.
@@ -45,11 +45,17 @@ _GRACE_S = 5.0  # per step of SIGINT -> SIGTERM -> SIGKILL
 
 
 def build_command(entry: str, job_path: Path, resources: Resources, launcher: Launcher,
-                  distributed: bool) -> list[str]:
+                  distributed: bool, ray: RaySettings | None = None) -> list[str]:
     """The command line that starts a stage's job (also shown by `ring-pipeline plan`)."""
     module_args = ["--job", str(job_path)]
     if not distributed or launcher == "local":
         return [sys.executable, "-m", entry, *module_args]
+    if launcher == "ray":  # the ranks are workers on the cluster; this process is their driver
+        ray = ray or RaySettings()
+        return [sys.executable, "-m", "pipeline.ray_launch", "--address", ray.address,
+                "--nodes", str(resources.nodes), "--gpus-per-node", str(resources.gpus_per_node),
+                "--cpu-ranks", str(resources.cpu_ranks), "--cpus-per-worker", str(ray.cpus_per_worker),
+                "--placement-timeout", str(ray.placement_timeout_s), "--", "-m", entry, *module_args]
     port = str(resources.master_port or free_port())
     if launcher == "deepspeed":
         cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--master_port", port]

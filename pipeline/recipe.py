@@ -6,7 +6,16 @@ from typing import Annotated, Any, Iterator, Union
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from pipeline.endpoints import form_problem, tracking_form_problem
-from stages.common.contract import REFERENCE_RE, Launcher, Resources, RetryPolicy, StageConfig, Strict
+from stages.common.contract import (
+    REFERENCE_RE,
+    Launcher,
+    RaySettings,
+    Resources,
+    RetryPolicy,
+    StageConfig,
+    Strict,
+    launch_problem,
+)
 from stages.registry import STAGE_KINDS
 
 
@@ -52,6 +61,7 @@ class TrackingConfig(Strict):
 class Defaults(Strict):
     resources: Resources = Resources()
     launcher: Launcher = "deepspeed"
+    ray: RaySettings = Field(RaySettings(), description="the Ray cluster of `launcher: ray` stages")
     retry: RetryPolicy = RetryPolicy()
     seed: int = 0
     progress_deadline_min: float = Field(
@@ -95,7 +105,8 @@ class ReferenceSyntaxError(ValueError):
 
 
 class RecipeGraphError(ValueError):
-    """A reference to a missing stage, or a cycle; `path` locates it in the recipe."""
+    """A reference to a missing stage, a cycle, or settings that contradict each other across
+    sections (a stage's launcher and its resources); `path` locates it in the recipe."""
 
     def __init__(self, path: tuple, message: str):
         self.path = path
@@ -123,7 +134,19 @@ class Recipe(Strict):
     @model_validator(mode="after")
     def _graph(self) -> "Recipe":
         self.dependencies()  # raises RecipeGraphError on a missing stage or a cycle
+        self._check_launches()
         return self
+
+    def _check_launches(self) -> None:
+        """Each distributed stage's resources can be started by its launcher (both may come
+        from `defaults`: the error names the section the resources came from)."""
+        for name, spec in self.stages.items():
+            if not STAGE_KINDS[spec.kind].distributed:
+                continue
+            problem = launch_problem(self.stage_resources(name), self.stage_launcher(name))
+            if problem:
+                where = ("stages", name, "resources") if spec.resources else ("defaults", "resources")
+                raise RecipeGraphError(where, f"stage {name!r}: {problem}")
 
     def dependencies(self) -> dict[str, list[str]]:
         """stage -> the stages it reads, in recipe order; checks references and cycles."""
@@ -160,6 +183,9 @@ class Recipe(Strict):
         if own is not None:
             return own * 60
         return self.defaults.progress_deadline_min * 60 if STAGE_KINDS[self.stages[name].kind].distributed else None
+
+    def stage_ray(self, name: str) -> RaySettings:
+        return self.stages[name].ray or self.defaults.ray
 
     def stage_retry(self, name: str) -> tuple[int, float]:
         """(retries, delay in seconds) of a stage: its own `retry`, else `defaults.retry`;

@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from data_curation.benchmarks import EvalSuite
 from stages.common import secrets
@@ -71,12 +71,6 @@ class Resources(Strict):
                                  "per line (DeepSpeed's format, for both launchers)")
     master_port: int | None = Field(None, ge=1024, le=65535, description="default: a free port")
 
-    @model_validator(mode="after")
-    def _hosts(self) -> "Resources":
-        if self.nodes > 1 and not self.hostfile:
-            raise ValueError(f"nodes={self.nodes} needs `hostfile` (one `hostname slots=N` line per node)")
-        return self
-
     @property
     def ranks_per_node(self) -> int:
         return self.gpus_per_node or self.cpu_ranks
@@ -86,7 +80,31 @@ class Resources(Strict):
         return self.nodes * self.ranks_per_node
 
 
-Launcher = Literal["deepspeed", "torchrun", "local"]
+Launcher = Literal["deepspeed", "torchrun", "local", "ray"]
+
+
+class RaySettings(Strict):
+    """Where and how a `launcher: ray` stage runs its ranks (pipeline/ray_launch.py, docs/ray.md)."""
+
+    address: str = Field("auto", description="the Ray cluster: `auto` (the cluster this machine belongs "
+                         "to, or $RAY_ADDRESS), `ray://host:10001` (Ray Client) or `host:6379` (the head's "
+                         "GCS address)")
+    cpus_per_worker: float = Field(1.0, gt=0, description="CPUs each rank's worker reserves (beside its GPU)")
+    placement_timeout_s: float = Field(300.0, gt=0, description="how long to wait for the cluster to have "
+                                       "room for all of the stage's workers before failing")
+
+
+def launch_problem(resources: Resources, launcher: Launcher) -> str | None:
+    """Why `resources` cannot be started by `launcher`, or None. Hostfile launchers need a
+    hostfile to run on several nodes; Ray places the nodes itself and takes no hostfile."""
+    if launcher == "ray":
+        if resources.hostfile:
+            return "launcher ray places the nodes itself: remove `hostfile` (it is for deepspeed / torchrun)"
+        return None
+    if resources.nodes > 1 and not resources.hostfile:
+        return (f"nodes={resources.nodes} needs `hostfile` (one `hostname slots=N` line per node), "
+                "or `launcher: ray` on a Ray cluster")
+    return None
 
 
 class RetryPolicy(Strict):
@@ -104,6 +122,7 @@ class StageConfig(Strict):
     kind: str
     resources: Resources | None = Field(None, description="overrides defaults.resources")
     launcher: Launcher | None = Field(None, description="overrides defaults.launcher")
+    ray: RaySettings | None = Field(None, description="overrides defaults.ray (launcher: ray)")
     retry: RetryPolicy | None = Field(None, description="overrides defaults.retry")
     log_every: int = cosmetic(1, ge=1, description="metrics logging interval (steps)")
     progress_deadline_min: float | None = cosmetic(
