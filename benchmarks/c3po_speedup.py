@@ -56,7 +56,8 @@ from stages.rl.engines import ENGINES, SamplingParams  # noqa: E402
 from stages.rl.learner import Learner, LearnerConfig, TorchBackend  # noqa: E402
 from stages.rl.loss import LossConfig, policy_loss  # noqa: E402
 from stages.rl.prompt_sampler import PromptSampler  # noqa: E402
-from stages.rl.scheduler import SchedulerConfig, make_scheduler  # noqa: E402
+from stages.rl.rollout_records import SchedulerConfig  # noqa: E402
+from stages.rl.scheduler import make_scheduler  # noqa: E402
 
 PRESETS = {
     # ~170M-parameter Qwen2 shape, 2k-token cap: a few minutes on one H200

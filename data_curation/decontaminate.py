@@ -29,19 +29,17 @@ manifest).
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field
 
-from data_curation._base import CurationError, bump
-from data_curation.benchmarks import BenchmarkSpec, iter_benchmark_rows, resolve_benchmarks
+from data_curation._base import bump
+from data_curation.benchmark_index import FILTER_SIZE, TEMPLATE_MIN_WORDS, BenchmarkIndex, masked_text
+from data_curation.benchmarks import BenchmarkSpec, resolve_benchmarks
 from data_curation.normalize import NormalizeConfig, Normalizer
 from data_curation.step_api import Decision, RunContext, StepConfig, StepRunner
 
-# items with fewer words (non-number tokens) than this are never template-matched
-TEMPLATE_MIN_WORDS = 8
 # hits recorded per training row (the count of all of them is kept)
 MAX_HITS_PER_ROW = 20
 METHOD_RANK = {"exact": 4, "containment": 3, "ngram": 2, "partial": 1}
@@ -77,7 +75,7 @@ class DecontaminateConfig(StepConfig):
                                for s in specs]}
 
     def modules(self) -> tuple[str, ...]:
-        return (type(self).__module__, "data_curation.benchmarks")
+        return (type(self).__module__, "data_curation.benchmarks", "data_curation.benchmark_index")
 
     def build(self, ctx: RunContext) -> "Decontaminate":
         specs = resolve_benchmarks(self.benchmarks, ctx.storage_options)
@@ -100,150 +98,6 @@ def _content_identity(spec: BenchmarkSpec, ctx: RunContext) -> list[Any]:
         else:
             out.append({"url": s.url, "split": s.split, "identity": s.identity})
     return out
-
-
-@dataclass
-class Item:
-    benchmark: str
-    file: str
-    row: int                  # 1-based
-    native_id: str | None
-    field: str
-    norm: str                 # normalised text
-    masked: str               # normalised text, numbers masked
-    n_tokens: int
-    n_words: int
-
-    @property
-    def row_key(self) -> str:
-        return f"{self.benchmark}\x1f{self.file}\x1f{self.row}"
-
-
-_FILTER_SIZE = 1 << 23
-_NUM = "\x00"   # a masked number in masked text (no token holds it)
-
-
-def _masked_text(tokens: list[str]) -> str:
-    from data_curation.hashing import is_number_token
-
-    return " ".join(_NUM if is_number_token(w) else w for w in tokens)
-
-
-class BenchmarkIndex:
-    """Normalised benchmark items and their n-gram hashes (built once, in the main process).
-
-    Masked n-grams (numbers masked) find candidates; each item keeps its masked and raw
-    n-gram hashes by position, so a candidate is checked with its numbers cheaply."""
-
-    def __init__(self) -> None:
-        self.items: list[Item] = []
-        self.exact: dict[bytes, list[int]] = {}          # normalised text -> items
-        self.exact_masked: dict[int, list[int]] = {}     # masked whole-text hash -> items (>= 8 words)
-        self.ng_hash = np.zeros(0, np.uint64)     # sorted unique masked n-gram hashes
-        self.ng_ptr = np.zeros(1, np.int64)       # CSR: items of ng_hash[k] = ng_items[ptr[k]:ptr[k+1]]
-        self.ng_items = np.zeros(0, np.int64)
-        self.masked_pos: list[np.ndarray] = []    # per item: masked n-gram hash by position
-        self.raw_pos: list[np.ndarray] = []       # per item: raw n-gram hash by position
-        self.distinctive: list[np.ndarray] = []   # per item: masked n-gram in <= max items, by position
-        self.distinctive_raw: list[np.ndarray] = []   # the same for the raw n-gram
-        self.n_masked: np.ndarray = np.zeros(0, np.int64)   # distinct masked n-grams per item
-        self.n_raw: np.ndarray = np.zeros(0, np.int64)      # distinct raw n-grams per item
-        self.short: dict[int, dict[int, list[int]]] = {}    # L -> whole-item masked L-gram -> items
-        self.short_keys: dict[int, np.ndarray] = {}          # L -> the keys of short[L], sorted
-        self.filter = np.zeros(0, dtype=bool)     # bitmap prefilter of ng_hash (low bits)
-        self.per_benchmark: dict[str, dict[str, Any]] = {}
-        self.rows: dict[str, Item] = {}           # row key -> its first item
-
-    @classmethod
-    def build(cls, specs: list[BenchmarkSpec], cfg: DecontaminateConfig,
-              storage_options: dict | None) -> "BenchmarkIndex":
-        import xxhash
-
-        from data_curation.hashing import NUMBER_TOKEN, TokenBatch, masked_word_hashes, ngram_hashes
-
-        if not specs:
-            raise CurationError("decontaminate: the benchmark list is empty")
-        labels = [s.label for s in specs]
-        dup = {x for x in labels if labels.count(x) > 1}
-        if dup:
-            raise CurationError(f"decontaminate: benchmark names must be unique, repeated: {sorted(dup)} "
-                                "(set `name:` on the entries)")
-        norm = Normalizer(cfg.normalize)
-        self = cls()
-        token_lists: list[list[str]] = []
-        for spec in specs:
-            n_rows, seen_fields, present = 0, set(), set()
-            for file_label, i, row in iter_benchmark_rows(spec, storage_options):
-                n_rows += 1
-                if not isinstance(row, dict):
-                    raise CurationError(f"benchmark {spec.label}: {file_label} row {i} is not an object")
-                seen_fields.update(row)
-                native = spec.native_id(row)
-                for fld in spec.fields:
-                    v = row.get(fld)
-                    if v is None:
-                        continue
-                    present.add(fld)
-                    toks = norm.tokens(v if isinstance(v, str) else str(v))
-                    if not toks:
-                        continue
-                    masked = _masked_text(toks)
-                    self.items.append(Item(spec.label, file_label, i, native, fld, " ".join(toks), masked,
-                                           len(toks), sum(1 for w in masked.split(" ") if w != _NUM)))
-                    token_lists.append(toks)
-            missing = [f for f in spec.fields if f not in present]
-            if n_rows == 0:
-                raise CurationError(f"benchmark {spec.label}: {spec.path} has no rows")
-            if missing and not present:
-                raise CurationError(
-                    f"benchmark {spec.label}: field(s) {missing} not found in any row of {spec.path}; "
-                    f"fields present: {sorted(seen_fields)}")
-            self.per_benchmark[spec.label] = {"path": spec.path, "rows": n_rows,
-                                              "fields": spec.fields, "missing_fields": missing}
-        digest = lambda s: xxhash.xxh3_128_digest(s.encode("utf-8", "surrogatepass"))  # noqa: E731
-        for k, it in enumerate(self.items):
-            self.rows.setdefault(it.row_key, it)
-            self.exact.setdefault(digest(it.norm), []).append(k)
-        n = cfg.ngram
-        raw_flat, masked_flat, lengths = masked_word_hashes(token_lists)
-        for k, whole in enumerate(TokenBatch(masked_flat, lengths).whole().tolist()):
-            if self.items[k].n_words >= TEMPLATE_MIN_WORDS:
-                self.exact_masked.setdefault(whole, []).append(k)
-        hm, doc, _ = ngram_hashes(masked_flat, lengths, n)
-        hr, _, _ = ngram_hashes(raw_flat, lengths, n)
-        # an n-gram of numbers only says nothing about a template: left out everywhere
-        all_numbers, _, _ = ngram_hashes(np.full(n, NUMBER_TOKEN, np.uint64), np.array([n]), n)
-        useful = hm != all_numbers[0]
-        hm, hr, doc = hm[useful], hr[useful], doc[useful]
-        pairs = np.unique(np.stack([hm, doc.astype(np.uint64)], axis=1), axis=0)
-        self.ng_hash, first = np.unique(pairs[:, 0], return_index=True)
-        self.ng_ptr = np.append(first, len(pairs)).astype(np.int64)
-        self.ng_items = pairs[:, 1].astype(np.int64)
-        df = np.diff(self.ng_ptr)
-        raw_pairs = np.unique(np.stack([hr, doc.astype(np.uint64)], axis=1), axis=0)
-        raw_hash, raw_df = np.unique(raw_pairs[:, 0], return_counts=True)
-        self.filter = np.zeros(_FILTER_SIZE, dtype=bool)
-        self.filter[(self.ng_hash & np.uint64(_FILTER_SIZE - 1)).astype(np.int64)] = True
-        bounds = np.searchsorted(doc, np.arange(len(self.items) + 1))
-        for k in range(len(self.items)):
-            m, r = hm[bounds[k]:bounds[k + 1]], hr[bounds[k]:bounds[k + 1]]
-            self.masked_pos.append(m)
-            self.raw_pos.append(r)
-            self.distinctive.append(df[np.searchsorted(self.ng_hash, m)] <= cfg.partial_max_items)
-            self.distinctive_raw.append(raw_df[np.searchsorted(raw_hash, r)] <= cfg.partial_max_items)
-        self.n_masked = np.array([len(np.unique(m)) for m in self.masked_pos], dtype=np.int64)
-        self.n_raw = np.array([len(np.unique(r)) for r in self.raw_pos], dtype=np.int64)
-        if cfg.containment:
-            starts = np.concatenate([[0], np.cumsum(lengths)])
-            for k, it in enumerate(self.items):
-                L = it.n_tokens
-                if cfg.min_containment_tokens <= L < n:
-                    whole, _, _ = ngram_hashes(masked_flat[starts[k]:starts[k + 1]], np.array([L]), L)
-                    self.short.setdefault(L, {}).setdefault(int(whole[0]), []).append(k)
-        self.short_keys = {L: np.sort(np.fromiter(t, np.uint64, len(t))) for L, t in self.short.items()}
-        for name in self.per_benchmark:
-            self.per_benchmark[name]["items"] = sum(1 for it in self.items if it.benchmark == name)
-        return self
 
 
 class Decontaminate(StepRunner):
@@ -284,7 +138,7 @@ class Decontaminate(StepRunner):
 
         def masked(i: int) -> str:
             if i not in masked_cache:
-                masked_cache[i] = _masked_text(toks[i])
+                masked_cache[i] = masked_text(toks[i])
             return masked_cache[i]
 
         raw_flat, masked_flat, lengths = masked_word_hashes(toks, norms)
@@ -303,7 +157,7 @@ class Decontaminate(StepRunner):
         if len(ix.ng_hash):
             h, doc, pos = batch.ngrams(n)
             # bitmap prefilter, then an exact lookup of the few candidates
-            cand = np.nonzero(ix.filter[(h & np.uint64(_FILTER_SIZE - 1)).astype(np.int64)])[0]
+            cand = np.nonzero(ix.filter[(h & np.uint64(FILTER_SIZE - 1)).astype(np.int64)])[0]
             k = np.zeros(len(h), dtype=np.int64)
             k[cand] = np.minimum(np.searchsorted(ix.ng_hash, h[cand]), len(ix.ng_hash) - 1)
             hit = np.zeros(len(h), dtype=bool)

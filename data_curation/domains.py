@@ -22,7 +22,6 @@ from data_curation.row_schema import dump_row
 from data_curation.step_api import Decision, RunContext, StepConfig, StepRunner
 
 Domain = Literal["math", "stem", "code", "other"]
-DOMAINS = ("math", "stem", "code", "other")
 SYNONYMS = {
     "math": "math", "maths": "math", "mathematics": "math", "stem": "stem", "science": "stem",
     "physics": "stem", "chemistry": "stem", "biology": "stem", "engineering": "stem",

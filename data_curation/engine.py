@@ -18,6 +18,7 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -73,14 +74,7 @@ def run_curation(input_urls: list[str] | str, steps: list[StepConfig | dict], ou
     cache = urls.normalise_url(cache_url) if cache_url else out_url
     reuse = [reuse_from] if isinstance(reuse_from, str) else list(reuse_from or [])
     roots = [cache] + [urls.normalise_url(r) for r in reuse]
-    labels = [s.label for s in step_cfgs]
-    if only:
-        unknown = [o for o in only if o not in labels]
-        if unknown:
-            raise CurationError(f"--only {unknown}: no such step; the steps are {labels}")
-        first_only = min(labels.index(o) for o in only)
-    else:
-        first_only = None
+    first_only = _first_only(only, [s.label for s in step_cfgs])
     own_tmp = work_dir is None
     work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="curate-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -94,54 +88,9 @@ def run_curation(input_urls: list[str] | str, steps: list[StepConfig | dict], ou
         input_identity = stable_hash({
             "sources": input_identity if input_identity is not None else [s.as_dict() for s in sources],
             "fields": fm.model_dump(mode="json")})
-        # -- step 0: read --------------------------------------------------------------
-        read_hash = stable_hash({"step": "read", "input": input_identity,
-                                 "policy": policy.model_dump(mode="json"),
-                                 "code": code_version("data_curation.read_step",
-                                                      "data_curation.worker_pool")})
-        read_dir = f"00-read-{read_hash[:12]}"
-        located = find_done(read_dir, roots, so)
-        step_reports: list[dict[str, Any]] = []
-        if located is None:
-            if first_only is not None:
-                raise CurationError(
-                    f"--only {only}: the input has not been read into the step cache yet "
-                    f"({urls.join(cache, 'steps', read_dir)} has no {DONE}); run the full curation "
-                    "once before rerunning single steps")
-            located = run_read(sources, urls.join(cache, "steps", read_dir), read_hash, ctx, policy, log)
-            reused = False
-        else:
-            log(f"[curate] read: reusing {located.url}")
-            reused = True
-        read_loc = located
-        read_report = located.report(so)
-        step_reports.append({**read_report, "dir": located.url, "reused": reused})
-        prev_hash = read_hash
-        locs: list[StepDir] = []
-        for i, cfg in enumerate(step_cfgs, 1):
-            h = stable_hash({"step": cfg.step, "identity": cfg.identity(ctx),
-                             "code": code_version(*cfg.modules()), "prev": prev_hash,
-                             "input": input_identity})
-            dirname = f"{i:02d}-{cfg.label}-{h[:12]}"
-            found = find_done(dirname, roots, so)
-            if found is not None:
-                log(f"[curate] {cfg.label}: reusing {found.url}")
-                reused = True
-            else:
-                if first_only is not None and i - 1 < first_only:
-                    raise CurationError(
-                        f"--only {only}: earlier step {i:02d} {cfg.label!r} is not cached "
-                        f"(no {DONE} in {urls.join(cache, 'steps', dirname)}"
-                        + (f" nor under {reuse}" if reuse else "") + "); run the full curation "
-                        "once (same inputs and earlier-step config) before rerunning single steps")
-                prev = locs[-1] if locs else read_loc
-                ctx.total_rows = prev.done["kept"]
-                found = _run_step(cfg, i, h, prev.part_urls(), urls.join(cache, "steps", dirname), ctx, log)
-                reused = False
-            locs.append(found)
-            rep = found.report(so)
-            step_reports.append({**rep, "dir": found.url, "reused": reused})
-            prev_hash = h
+        cached = _StepCache(cache, roots, reuse, only, first_only)
+        read_hash, read_loc, step_reports = _read(cached, sources, input_identity, policy, ctx, log)
+        locs = _run_steps(cached, step_cfgs, read_hash, read_loc, input_identity, ctx, log, step_reports)
         report = write_outputs(sources, step_cfgs, read_loc, locs, step_reports, out_url, ctx,
                          output_format, log)
         report["seconds"] = round(time.time() - t_start, 3)
@@ -152,6 +101,84 @@ def run_curation(input_urls: list[str] | str, steps: list[StepConfig | dict], ou
         if own_tmp:
             shutil.rmtree(work, ignore_errors=True)
 
+
+
+def _first_only(only: list[str] | None, labels: list[str]) -> int | None:
+    """The index of the first step `--only` names (None: compute every step)."""
+    if not only:
+        return None
+    unknown = [o for o in only if o not in labels]
+    if unknown:
+        raise CurationError(f"--only {unknown}: no such step; the steps are {labels}")
+    return min(labels.index(o) for o in only)
+
+
+@dataclass(frozen=True)
+class _StepCache:
+    """Where finished steps are found (`roots`: the cache, then `reuse`) and where new ones go."""
+
+    cache: str
+    roots: list[str]
+    reuse: list[str]
+    only: list[str] | None
+    first_only: int | None
+
+
+def _read(cached: _StepCache, sources, input_identity: str, policy: RowPolicy, ctx: RunContext,
+          log: Callable[[str], None]) -> tuple[str, StepDir, list[dict[str, Any]]]:
+    """Step 0, reading the sources (or its cached result): (its hash, its dir, [its report])."""
+    so = ctx.storage_options
+    read_hash = stable_hash({"step": "read", "input": input_identity,
+                             "policy": policy.model_dump(mode="json"),
+                             "code": code_version("data_curation.read_step",
+                                                  "data_curation.worker_pool")})
+    read_dir = f"00-read-{read_hash[:12]}"
+    located = find_done(read_dir, cached.roots, so)
+    if located is None:
+        if cached.first_only is not None:
+            raise CurationError(
+                f"--only {cached.only}: the input has not been read into the step cache yet "
+                f"({urls.join(cached.cache, 'steps', read_dir)} has no {DONE}); run the full curation "
+                "once before rerunning single steps")
+        located = run_read(sources, urls.join(cached.cache, "steps", read_dir), read_hash, ctx, policy, log)
+        reused = False
+    else:
+        log(f"[curate] read: reusing {located.url}")
+        reused = True
+    return read_hash, located, [{**located.report(so), "dir": located.url, "reused": reused}]
+
+
+def _run_steps(cached: _StepCache, step_cfgs: list[StepConfig], read_hash: str, read_loc: StepDir,
+               input_identity: str, ctx: RunContext, log: Callable[[str], None],
+               step_reports: list[dict[str, Any]]) -> list[StepDir]:
+    """Each step in order, from the step cache where it is there; appends each one's report."""
+    so = ctx.storage_options
+    prev_hash = read_hash
+    locs: list[StepDir] = []
+    for i, cfg in enumerate(step_cfgs, 1):
+        h = stable_hash({"step": cfg.step, "identity": cfg.identity(ctx),
+                         "code": code_version(*cfg.modules()), "prev": prev_hash,
+                         "input": input_identity})
+        dirname = f"{i:02d}-{cfg.label}-{h[:12]}"
+        found = find_done(dirname, cached.roots, so)
+        if found is not None:
+            log(f"[curate] {cfg.label}: reusing {found.url}")
+            reused = True
+        else:
+            if cached.first_only is not None and i - 1 < cached.first_only:
+                raise CurationError(
+                    f"--only {cached.only}: earlier step {i:02d} {cfg.label!r} is not cached "
+                    f"(no {DONE} in {urls.join(cached.cache, 'steps', dirname)}"
+                    + (f" nor under {cached.reuse}" if cached.reuse else "") + "); run the full curation "
+                    "once (same inputs and earlier-step config) before rerunning single steps")
+            prev = locs[-1] if locs else read_loc
+            ctx.total_rows = prev.done["kept"]
+            found = _run_step(cfg, i, h, prev.part_urls(), urls.join(cached.cache, "steps", dirname), ctx, log)
+            reused = False
+        locs.append(found)
+        step_reports.append({**found.report(so), "dir": found.url, "reused": reused})
+        prev_hash = h
+    return locs
 
 
 def _run_step(cfg: StepConfig, index: int, h: str, parts: list[tuple[str, str]], url: str,

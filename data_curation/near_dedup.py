@@ -17,6 +17,7 @@
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Iterator, Literal
 
 import numpy as np
@@ -141,21 +142,45 @@ class NearDedup(StepRunner):
 
     # -- main process ----------------------------------------------------------------
     def resolve(self, stream: Iterator[tuple[int, Any, Any]], ctx: RunContext) -> list[Decision]:
+        cfg = self.cfg
+        keys, pairs, counts = self._candidate_pairs(stream, ctx)
+        jac = self._verify(pairs, keys, ctx)
+        uf = _UnionFind()
+        best: dict[int, tuple[float, int]] = {}
+        n_edges = 0
+        for (a, b), j in jac.items():
+            if j >= cfg.threshold:
+                n_edges += 1
+                uf.union(a, b)
+                for x, y in ((a, b), (b, a)):   # each member's best verified match
+                    if x not in best or j > best[x][0]:
+                        best[x] = (j, y)
+        members: dict[int, list[int]] = {}
+        for k in list(uf.parent):
+            members.setdefault(uf.find(k), []).append(k)
+        decisions, hist, clusters = _decisions(keys, members, best)
+        if decisions:
+            decisions[0].stats = {
+                "lsh": {"num_perm": cfg.num_perm, "bands": self.bands, "rows": self.rows,
+                        "ngram": cfg.ngram, "threshold": cfg.threshold, "verify": cfg.verify},
+                "indexed_rows": counts["indexed"], "lsh_candidates": counts["candidates"],
+                "prescreened_out": counts["prescreened"], "pairs_verified": len(jac),
+                "duplicate_pairs": n_edges, "clusters": len(clusters),
+                "cluster_size_histogram": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
+                "largest_clusters": [{"size": s, "kept_row": r, "rows": rs[:20]}
+                                     for s, r, rs in clusters[: cfg.max_examples]]}
+        return decisions
+
+    def _candidate_pairs(self, stream: Iterator[tuple[int, Any, Any]], ctx: RunContext
+                         ) -> tuple["_Keys", list[tuple[int, int, float]], dict[str, int]]:
+        """Every row's signature through the LSH index, in row order: (the keys, the candidate
+        pairs (later key, earlier key, signature estimate), counts)."""
         from datasketch import MinHashLSH
 
         cfg = self.cfg
         lsh = MinHashLSH(num_perm=cfg.num_perm, params=(self.bands, self.rows))
         tables = lsh.hashtables
-        # key k (a row with shingles, numbered in order) lives in part p = searchsorted(bases),
-        # at row part_has[p][k - bases[p]] of that part
-        bases: list[int] = []
-        part_has: list[np.ndarray] = []
-        part_rows: list[np.ndarray] = []
-
-        def pos_of(k: int) -> tuple[int, int]:
-            p = int(np.searchsorted(bases, k, side="right")) - 1
-            return p, int(part_has[p][k - bases[p]])
-
+        keys = _Keys()
         pairs: list[tuple[int, int, float]] = []   # (later key, earlier key, estimate)
         n_candidates = n_prescreened = 0
         min_est = cfg.threshold - cfg.prescreen_margin if cfg.verify == "exact" else cfg.threshold
@@ -168,9 +193,9 @@ class NearDedup(StepRunner):
         else:
             all_sigs = np.empty(shape, dtype=np.uint32)
         for _, rows, (sig, has) in stream:
-            part_rows.append(rows)
-            bases.append(key)
-            part_has.append(has)
+            keys.part_rows.append(rows)
+            keys.bases.append(key)
+            keys.part_has.append(has)
             base = key
             all_sigs[base:base + len(has)] = sig
             # band keys exactly as MinHashLSH computes them (byteswapped band bytes), for the
@@ -199,76 +224,74 @@ class NearDedup(StepRunner):
                 for h, table in zip(band_keys, tables):
                     table.insert(h, k)
             key = base + len(has)
+        return keys, pairs, {"indexed": key, "candidates": n_candidates, "prescreened": n_prescreened}
 
-        def row(k: int) -> int:
-            p, idx = pos_of(k)
-            return int(part_rows[p][idx])
-
-        # verification
+    def _verify(self, pairs: list[tuple[int, int, float]], keys: "_Keys", ctx: RunContext
+                ) -> dict[tuple[int, int], float]:
+        """Each candidate pair's Jaccard similarity: exact (the workers send the shingle sets
+        of the rows involved) or the signature estimate."""
+        if not (pairs and self.cfg.verify == "exact"):
+            return {(a, b): e for a, b, e in pairs}
         jac: dict[tuple[int, int], float] = {}
-        if pairs and cfg.verify == "exact":
-            involved = sorted({k for a, b, _ in pairs for k in (a, b)})
-            by_part: dict[int, list[int]] = {}
-            for k in involved:
-                p, idx = pos_of(k)
-                by_part.setdefault(p, []).append(idx)
-            sets: dict[int, np.ndarray] = {}
-            results = ctx.map_parts("shingle_sets", {p: (np.array(v),) for p, v in by_part.items()})
-            for r in results:
-                sets.update(r)
-            row_of = {k: row(k) for k in involved}
-            for a, b, _ in pairs:
-                sa, sb = sets[row_of[a]], sets[row_of[b]]
-                inter = len(np.intersect1d(sa, sb, assume_unique=True))
-                jac[(a, b)] = inter / (len(sa) + len(sb) - inter)
-        else:
-            jac = {(a, b): e for a, b, e in pairs}
+        involved = sorted({k for a, b, _ in pairs for k in (a, b)})
+        by_part: dict[int, list[int]] = {}
+        for k in involved:
+            p, idx = keys.pos_of(k)
+            by_part.setdefault(p, []).append(idx)
+        sets: dict[int, np.ndarray] = {}
+        results = ctx.map_parts("shingle_sets", {p: (np.array(v),) for p, v in by_part.items()})
+        for r in results:
+            sets.update(r)
+        row_of = {k: keys.row(k) for k in involved}
+        for a, b, _ in pairs:
+            sa, sb = sets[row_of[a]], sets[row_of[b]]
+            inter = len(np.intersect1d(sa, sb, assume_unique=True))
+            jac[(a, b)] = inter / (len(sa) + len(sb) - inter)
+        return jac
 
-        uf = _UnionFind()
-        best: dict[int, tuple[float, int]] = {}
-        n_edges = 0
-        for (a, b), j in jac.items():
-            if j >= cfg.threshold:
-                n_edges += 1
-                uf.union(a, b)
-                for x, y in ((a, b), (b, a)):   # each member's best verified match
-                    if x not in best or j > best[x][0]:
-                        best[x] = (j, y)
-        members: dict[int, list[int]] = {}
-        for k in list(uf.parent):
-            members.setdefault(uf.find(k), []).append(k)
 
-        decisions = []
-        for rows in part_rows:
-            decisions.append(Decision(np.ones(len(rows), dtype=bool), [None] * len(rows),
-                                      [None] * len(rows)))
-        hist: dict[str, int] = {}
-        clusters = []
-        for root, ks in members.items():
-            if len(ks) < 2:
+@dataclass
+class _Keys:
+    """Key k (a row with shingles, numbered in order) lives in part p = searchsorted(bases),
+    at row part_has[p][k - bases[p]] of that part."""
+
+    bases: list[int] = field(default_factory=list)
+    part_has: list[np.ndarray] = field(default_factory=list)
+    part_rows: list[np.ndarray] = field(default_factory=list)
+
+    def pos_of(self, k: int) -> tuple[int, int]:
+        p = int(np.searchsorted(self.bases, k, side="right")) - 1
+        return p, int(self.part_has[p][k - self.bases[p]])
+
+    def row(self, k: int) -> int:
+        p, idx = self.pos_of(k)
+        return int(self.part_rows[p][idx])
+
+
+def _decisions(keys: _Keys, members: dict[int, list[int]], best: dict[int, tuple[float, int]]
+               ) -> tuple[list[Decision], dict[str, int], list[tuple[int, int, list[int]]]]:
+    """Per part: every member of a cluster but its first (root) row is removed, naming the
+    kept row and its best match; with the cluster-size histogram and the clusters, largest first."""
+    row = keys.row
+    decisions = [Decision(np.ones(len(rows), dtype=bool), [None] * len(rows), [None] * len(rows))
+                 for rows in keys.part_rows]
+    hist: dict[str, int] = {}
+    clusters = []
+    for root, ks in members.items():
+        if len(ks) < 2:
+            continue
+        hist[str(len(ks))] = hist.get(str(len(ks)), 0) + 1
+        clusters.append((len(ks), row(root), sorted(row(k) for k in ks)))
+        for k in ks:
+            if k == root:
                 continue
-            hist[str(len(ks))] = hist.get(str(len(ks)), 0) + 1
-            clusters.append((len(ks), row(root), sorted(row(k) for k in ks)))
-            for k in ks:
-                if k == root:
-                    continue
-                p, idx = pos_of(k)
-                d = decisions[p]
-                d.keep[idx] = False
-                d.reasons[idx] = "near_duplicate"
-                j, other = best.get(k, (None, None))
-                d.details[idx] = {"kept_row": row(root), "cluster_size": len(ks),
-                                  **({"matched_row": row(other), "jaccard": round(j, 4)}
-                                     if other is not None else {})}
-        clusters.sort(key=lambda c: (-c[0], c[1]))
-        if decisions:
-            decisions[0].stats = {
-                "lsh": {"num_perm": cfg.num_perm, "bands": self.bands, "rows": self.rows,
-                        "ngram": cfg.ngram, "threshold": cfg.threshold, "verify": cfg.verify},
-                "indexed_rows": key, "lsh_candidates": n_candidates,
-                "prescreened_out": n_prescreened, "pairs_verified": len(jac),
-                "duplicate_pairs": n_edges, "clusters": len(clusters),
-                "cluster_size_histogram": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
-                "largest_clusters": [{"size": s, "kept_row": r, "rows": rs[:20]}
-                                     for s, r, rs in clusters[: cfg.max_examples]]}
-        return decisions
+            p, idx = keys.pos_of(k)
+            d = decisions[p]
+            d.keep[idx] = False
+            d.reasons[idx] = "near_duplicate"
+            j, other = best.get(k, (None, None))
+            d.details[idx] = {"kept_row": row(root), "cluster_size": len(ks),
+                              **({"matched_row": row(other), "jaccard": round(j, 4)}
+                                 if other is not None else {})}
+    clusters.sort(key=lambda c: (-c[0], c[1]))
+    return decisions, hist, clusters

@@ -26,99 +26,41 @@ class AccountingError(RuntimeError):
     """kept + removed + quarantined != input: a row was lost or duplicated (a bug)."""
 
 
+class _Accounting:
+    """Sum and xor of every row id written out: together with the counts they prove that no
+    row was lost or duplicated (the read step recorded them for the input)."""
+
+    def __init__(self) -> None:
+        self.sum, self.xor = np.uint64(0), np.uint64(0)
+
+    def account(self, ids: np.ndarray) -> None:
+        u = ids.astype(np.int64).view(np.uint64)
+        self.sum += u.sum(dtype=np.uint64)
+        if len(u):
+            self.xor ^= np.bitwise_xor.reduce(u)
+
+
 def write_outputs(sources, step_cfgs, read_loc: StepDir, locs: list[StepDir],
-            step_reports: list[dict[str, Any]], out_url: str, ctx: RunContext,
-            output_format: str, log) -> dict[str, Any]:
+                  step_reports: list[dict[str, Any]], out_url: str, ctx: RunContext,
+                  output_format: str, log) -> dict[str, Any]:
     so = ctx.storage_options
     fs, out_path = urls.filesystem(out_url, so)
     if urls.is_local(out_url):
         os.makedirs(out_path, exist_ok=True)
-    acc_sum, acc_xor = np.uint64(0), np.uint64(0)
-
-    def account(ids: np.ndarray) -> None:
-        nonlocal acc_sum, acc_xor
-        u = ids.astype(np.int64).view(np.uint64)
-        acc_sum += u.sum(dtype=np.uint64)
-        if len(u):
-            acc_xor ^= np.bitwise_xor.reduce(u)
-
-    tagger = None
+    acc_ids = _Accounting()
     tag_cfg = next((c for c in step_cfgs if c.step == "domain_tag"), None)
-    if tag_cfg is not None:
-        tagger = tag_cfg.build(ctx)
-    mix_after: dict[str, int] = {}
-    mix_removed: dict[str, dict[str, int]] = {}
-
-    # curated rows
+    tagger = tag_cfg.build(ctx) if tag_cfg is not None else None
     final = (locs[-1] if locs else read_loc).part_urls()
-    n_kept = 0
-    curated_name = "curated.jsonl"
-    curated_local = ctx.work_dir / "curated.jsonl" if output_format == "parquet" else None
-    target = str(curated_local) if curated_local else urls.join(out_path, curated_name)
-    opener = open(target, "w", encoding="utf-8") if curated_local else fs.open(target, "w", encoding="utf-8")
-    with opener as f:
-        for _, u in final:
-            t = io.read_table(u, so, columns=None if tagger else ["_row", "_raw"])
-            account(t.column("_row").to_numpy())
-            raws = t.column("_raw").to_pylist()
-            f.write("\n".join(raws))
-            if raws:
-                f.write("\n")
-            n_kept += len(raws)
-            if tagger:
-                for d in tagger.domains(t):
-                    mix_after[d] = mix_after.get(d, 0) + 1
-    outputs = {}
-    if output_format == "parquet":
-        outputs["curated"] = _jsonl_to_parquet(curated_local, urls.join(out_url, "curated.parquet"), ctx)
-    else:
-        outputs["curated"] = urls.join(out_url, curated_name)
-
-    # removed rows, step by step
-    n_removed = 0
-    with fs.open(urls.join(out_path, "removed.jsonl"), "w", encoding="utf-8") as f:
-        for loc, cfg in zip(locs, step_cfgs):
-            for u in loc.removed_urls():
-                t = io.read_table(u, so)
-                account(t.column("_row").to_numpy())
-                cols = {c: t.column(c).to_pylist() for c in
-                        ("_row", "_src", "_line", "_id", "_raw", "_reason", "_detail")}
-                lines = []
-                for row, _src, line, rid, raw, reason, detail in zip(*cols.values()):
-                    lines.append('{"row": %d, "source": %s, "line": %d, "id": %s, "step": %s, '
-                                 '"reason": %s, "detail": %s, "data": %s}' % (
-                                     row, json.dumps(row_reading.row_label(sources, row), ensure_ascii=False), line,
-                                     json.dumps(rid, ensure_ascii=False), json.dumps(cfg.label),
-                                     json.dumps(reason), detail, raw))
-                f.write("\n".join(lines) + "\n")
-                n_removed += len(lines)
-                if tagger:
-                    m = mix_removed.setdefault(cfg.label, {})
-                    for d in tagger.domains(t):
-                        m[d] = m.get(d, 0) + 1
+    outputs, n_kept, mix_after = _write_curated(final, fs, out_path, out_url, ctx, output_format, tagger, acc_ids)
+    n_removed, mix_removed = _write_removed(sources, step_cfgs, locs, fs, out_path, so, tagger, acc_ids)
     outputs["removed"] = urls.join(out_url, "removed.jsonl")
-
-    # quarantine
-    n_quar = 0
-    examples = []
-    with fs.open(urls.join(out_path, "quarantine.jsonl"), "w", encoding="utf-8") as f:
-        for u in read_loc.quarantine_urls():
-            t = io.read_table(u, so)
-            account(t.column("_row").to_numpy())
-            for row, _src, line, reason, raw in zip(*(t.column(c).to_pylist() for c in
-                                                     ("_row", "_src", "_line", "_reason", "_rawtext"))):
-                rec = {"row": row, "source": row_reading.row_label(sources, row), "line": line,
-                       "reason": reason, "raw": raw}
-                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-                if len(examples) < 5:
-                    examples.append({**rec, "raw": raw[:200]})
-                n_quar += 1
+    n_quar, examples = _write_quarantine(sources, read_loc, fs, out_path, so, acc_ids)
     outputs["quarantine"] = urls.join(out_url, "quarantine.jsonl")
 
     # the accounting identity
     n_input = read_loc.done["rows_in"]
     acc = {"input": n_input, "kept": n_kept, "removed": n_removed, "quarantined": n_quar,
-           "ids_match": int(acc_sum) == read_loc.done["row_sum"] and int(acc_xor) == read_loc.done["row_xor"]}
+           "ids_match": int(acc_ids.sum) == read_loc.done["row_sum"] and int(acc_ids.xor) == read_loc.done["row_xor"]}
     acc["ok"] = n_kept + n_removed + n_quar == n_input and acc["ids_match"]
     if not acc["ok"]:
         raise AccountingError(f"accounting failed: kept {n_kept} + removed {n_removed} + quarantined "
@@ -146,6 +88,84 @@ def write_outputs(sources, step_cfgs, read_loc: StepDir, locs: list[StepDir],
                                 "note": "before = rows read (quarantined rows excluded)"}
     log(f"[curate] done: {n_input} in = {n_kept} kept + {n_removed} removed + {n_quar} quarantined")
     return report
+
+
+def _write_curated(final, fs, out_path: str, out_url: str, ctx: RunContext, output_format: str, tagger,
+                   acc_ids: _Accounting) -> tuple[dict[str, str], int, dict[str, int]]:
+    """The kept rows as they were read: (outputs {"curated": url}, their count, domain -> count)."""
+    so = ctx.storage_options
+    mix_after: dict[str, int] = {}
+    n_kept = 0
+    curated_name = "curated.jsonl"
+    curated_local = ctx.work_dir / "curated.jsonl" if output_format == "parquet" else None
+    target = str(curated_local) if curated_local else urls.join(out_path, curated_name)
+    opener = open(target, "w", encoding="utf-8") if curated_local else fs.open(target, "w", encoding="utf-8")
+    with opener as f:
+        for _, u in final:
+            t = io.read_table(u, so, columns=None if tagger else ["_row", "_raw"])
+            acc_ids.account(t.column("_row").to_numpy())
+            raws = t.column("_raw").to_pylist()
+            f.write("\n".join(raws))
+            if raws:
+                f.write("\n")
+            n_kept += len(raws)
+            if tagger:
+                for d in tagger.domains(t):
+                    mix_after[d] = mix_after.get(d, 0) + 1
+    outputs = {}
+    if output_format == "parquet":
+        outputs["curated"] = _jsonl_to_parquet(curated_local, urls.join(out_url, "curated.parquet"), ctx)
+    else:
+        outputs["curated"] = urls.join(out_url, curated_name)
+    return outputs, n_kept, mix_after
+
+
+def _write_removed(sources, step_cfgs, locs: list[StepDir], fs, out_path: str, so, tagger,
+                   acc_ids: _Accounting) -> tuple[int, dict[str, dict[str, int]]]:
+    """The removed rows, step by step, each with its reason: (their count, step -> domain -> count)."""
+    mix_removed: dict[str, dict[str, int]] = {}
+    n_removed = 0
+    with fs.open(urls.join(out_path, "removed.jsonl"), "w", encoding="utf-8") as f:
+        for loc, cfg in zip(locs, step_cfgs):
+            for u in loc.removed_urls():
+                t = io.read_table(u, so)
+                acc_ids.account(t.column("_row").to_numpy())
+                cols = {c: t.column(c).to_pylist() for c in
+                        ("_row", "_src", "_line", "_id", "_raw", "_reason", "_detail")}
+                lines = []
+                for row, _src, line, rid, raw, reason, detail in zip(*cols.values()):
+                    lines.append('{"row": %d, "source": %s, "line": %d, "id": %s, "step": %s, '
+                                 '"reason": %s, "detail": %s, "data": %s}' % (
+                                     row, json.dumps(row_reading.row_label(sources, row), ensure_ascii=False), line,
+                                     json.dumps(rid, ensure_ascii=False), json.dumps(cfg.label),
+                                     json.dumps(reason), detail, raw))
+                f.write("\n".join(lines) + "\n")
+                n_removed += len(lines)
+                if tagger:
+                    m = mix_removed.setdefault(cfg.label, {})
+                    for d in tagger.domains(t):
+                        m[d] = m.get(d, 0) + 1
+    return n_removed, mix_removed
+
+
+def _write_quarantine(sources, read_loc: StepDir, fs, out_path: str, so, acc_ids: _Accounting
+                      ) -> tuple[int, list[dict[str, Any]]]:
+    """The rows that could not be read, with why: (their count, the first five)."""
+    n_quar = 0
+    examples = []
+    with fs.open(urls.join(out_path, "quarantine.jsonl"), "w", encoding="utf-8") as f:
+        for u in read_loc.quarantine_urls():
+            t = io.read_table(u, so)
+            acc_ids.account(t.column("_row").to_numpy())
+            for row, _src, line, reason, raw in zip(*(t.column(c).to_pylist() for c in
+                                                     ("_row", "_src", "_line", "_reason", "_rawtext"))):
+                rec = {"row": row, "source": row_reading.row_label(sources, row), "line": line,
+                       "reason": reason, "raw": raw}
+                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                if len(examples) < 5:
+                    examples.append({**rec, "raw": raw[:200]})
+                n_quar += 1
+    return n_quar, examples
 
 
 def _jsonl_to_parquet(local_jsonl: Path, url: str, ctx: RunContext) -> str:

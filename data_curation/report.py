@@ -68,50 +68,7 @@ def blocks(report: dict[str, Any]) -> list[Block]:
             out.append(("table", ["id", "first row", "repeats"],
                         [[_short(e["id"], 60), e["first"], e["repeats"]] for e in dup["examples"]]))
     for s in report["steps"][1:]:
-        d = s.get("details") or {}
-        kind = s.get("kind")
-        out.append(("h", 2, f"{s['step']} ({kind})"))
-        if kind == "quality":
-            out.append(("table", ["cleaned (rows)", "rows", "characters"],
-                        [[k, v, d.get("cleaned_chars", {}).get(k, "")]
-                         for k, v in sorted(d.get("cleaned_rows", {}).items())] or [["none", 0, 0]]))
-            if d.get("examples_removed"):
-                out.append(("table", ["row", "reason", "detail"],
-                            [[ref(e["row"]), e["reason"],
-                              _short({k: v for k, v in e.items() if k not in ("row", "reason")})]
-                             for e in d["examples_removed"]]))
-        elif kind == "exact_dedup":
-            out.append(("p", f"{d.get('duplicate_groups', 0)} duplicate groups over "
-                             f"{d.get('distinct_keys', 0)} distinct keys"))
-            if d.get("group_size_histogram"):
-                out.append(("table", ["group size", "groups"], list(d["group_size_histogram"].items())))
-        elif kind == "near_dedup":
-            lsh = d.get("lsh", {})
-            out.append(("p", f"MinHash {lsh.get('num_perm')} permutations, LSH {lsh.get('bands')} bands x "
-                             f"{lsh.get('rows')} rows, word {lsh.get('ngram')}-grams, Jaccard threshold "
-                             f"{lsh.get('threshold')} ({lsh.get('verify')} verification). "
-                             f"{d.get('lsh_candidates', 0)} LSH candidates, {d.get('pairs_verified', 0)} "
-                             f"pairs verified, {d.get('duplicate_pairs', 0)} duplicate pairs, "
-                             f"{d.get('clusters', 0)} clusters."))
-            if d.get("cluster_size_histogram"):
-                out.append(("table", ["cluster size", "clusters"], list(d["cluster_size_histogram"].items())))
-            if d.get("largest_clusters"):
-                out.append(("table", ["size", "kept row", "members"],
-                            [[cl["size"], ref(cl["kept_row"]), _short(", ".join(ref(r) for r in cl["rows"]))]
-                             for cl in d["largest_clusters"]]))
-        elif kind == "decontaminate":
-            out.extend(_decontamination_blocks(d, ref))
-        elif kind == "harmful":
-            if d.get("by_category"):
-                out.append(("table", ["category", "rows"], sorted(d["by_category"].items())))
-            if d.get("examples"):
-                out.append(("table", ["row", "category", "field", "evidence"],
-                            [[ref(e["row"]), e["category"], e["field"], _short(e["evidence"], 80)]
-                             for e in d["examples"]]))
-        elif kind == "domain_tag":
-            out.append(("table", ["domain", "rows entering the step"], sorted(d.get("input_mix", {}).items())))
-        else:
-            out.append(("p", _short(d, 400)))
+        out.extend(_step_blocks(s, ref))
     mix = report.get("domain_mix")
     if mix:
         out.append(("h", 2, "Domain mix"))
@@ -120,6 +77,56 @@ def blocks(report: dict[str, Any]) -> list[Block]:
         out.append(("table", ["domain", "before", "share", "after", "share"],
                     [[d, mix["before"].get(d, 0), f"{100 * mix['before'].get(d, 0) / tb:.1f}%",
                       mix["after"].get(d, 0), f"{100 * mix['after'].get(d, 0) / ta:.1f}%"] for d in doms]))
+    return out
+
+
+def _step_blocks(s: dict[str, Any], ref) -> list[Block]:
+    """A step's section: what its kind reports (its `details`)."""
+    out: list[Block] = []
+    d = s.get("details") or {}
+    kind = s.get("kind")
+    out.append(("h", 2, f"{s['step']} ({kind})"))
+    if kind == "quality":
+        out.append(("table", ["cleaned (rows)", "rows", "characters"],
+                    [[k, v, d.get("cleaned_chars", {}).get(k, "")]
+                     for k, v in sorted(d.get("cleaned_rows", {}).items())] or [["none", 0, 0]]))
+        if d.get("examples_removed"):
+            out.append(("table", ["row", "reason", "detail"],
+                        [[ref(e["row"]), e["reason"],
+                          _short({k: v for k, v in e.items() if k not in ("row", "reason")})]
+                         for e in d["examples_removed"]]))
+    elif kind == "exact_dedup":
+        out.append(("p", f"{d.get('duplicate_groups', 0)} duplicate groups over "
+                         f"{d.get('distinct_keys', 0)} distinct keys"))
+        if d.get("group_size_histogram"):
+            out.append(("table", ["group size", "groups"], list(d["group_size_histogram"].items())))
+    elif kind == "near_dedup":
+        lsh = d.get("lsh", {})
+        out.append(("p", f"MinHash {lsh.get('num_perm')} permutations, LSH {lsh.get('bands')} bands x "
+                         f"{lsh.get('rows')} rows, word {lsh.get('ngram')}-grams, Jaccard threshold "
+                         f"{lsh.get('threshold')} ({lsh.get('verify')} verification). "
+                         f"{d.get('lsh_candidates', 0)} LSH candidates, {d.get('pairs_verified', 0)} "
+                         f"pairs verified, {d.get('duplicate_pairs', 0)} duplicate pairs, "
+                         f"{d.get('clusters', 0)} clusters."))
+        if d.get("cluster_size_histogram"):
+            out.append(("table", ["cluster size", "clusters"], list(d["cluster_size_histogram"].items())))
+        if d.get("largest_clusters"):
+            out.append(("table", ["size", "kept row", "members"],
+                        [[cl["size"], ref(cl["kept_row"]), _short(", ".join(ref(r) for r in cl["rows"]))]
+                         for cl in d["largest_clusters"]]))
+    elif kind == "decontaminate":
+        out.extend(_decontamination_blocks(d, ref))
+    elif kind == "harmful":
+        if d.get("by_category"):
+            out.append(("table", ["category", "rows"], sorted(d["by_category"].items())))
+        if d.get("examples"):
+            out.append(("table", ["row", "category", "field", "evidence"],
+                        [[ref(e["row"]), e["category"], e["field"], _short(e["evidence"], 80)]
+                         for e in d["examples"]]))
+    elif kind == "domain_tag":
+        out.append(("table", ["domain", "rows entering the step"], sorted(d.get("input_mix", {}).items())))
+    else:
+        out.append(("p", _short(d, 400)))
     return out
 
 

@@ -14,6 +14,7 @@ all of them (`PipelineFailed`).
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -24,13 +25,17 @@ import yaml
 from prefect import flow, get_run_logger, task
 from prefect.futures import wait
 
+from data_curation.urls import join
 from pipeline import console, interrupt
+from pipeline.artifacts import ArtifactStore
 from pipeline.execute import ExecutionPolicy, StageRun, StageTarget, execute
 from pipeline.failures import StageFailure
 from pipeline.loader import load_recipe
 from pipeline.plan import Plan, make_plan
+from pipeline.recipe import StorageConfig
 from pipeline.stage_metrics import describe
 from pipeline.tracking import PipelineTracker, timestamped
+from stages.common import secrets
 
 
 class PipelineFailed(RuntimeError):
@@ -86,54 +91,42 @@ def _md_link(link: str | None) -> str:
 
 
 @task(persist_result=True)
-def run_stage_task(target: dict[str, Any], recipe_path: str, overrides: list[str], force: bool,
-                   tracking: dict[str, Any] | None, wait_if_running: bool = True) -> dict[str, Any]:
-    """Re-plan from the recipe (cheap, and keeps task parameters small) and execute one stage."""
+def run_stage_task(target: StageTarget, storage: StorageConfig, work_dir: str, retry: tuple[int, float],
+                   force: bool, tracking: dict[str, Any] | None, wait_if_running: bool = True) -> dict[str, Any]:
+    """Execute one stage of the run's plan (planned once, by the flow)."""
     from prefect.artifacts import create_markdown_artifact
     from prefect.runtime import flow_run, task_run
 
-    name, logger = target["stage"], get_run_logger()
+    name, kind, logger = target.name, target.kind.name, get_run_logger()
     try:
         interrupt.raise_if_stopping(f"stage {name!r}")
-        plan = make_plan(load_recipe(recipe_path, overrides))
-        stage = plan[name]
-        tracker = PipelineTracker.attach(**tracking) if tracking else None
-        policy = ExecutionPolicy.of(plan.recipe.storage, wait_if_running=wait_if_running,
-                                    flow_run_id=flow_run.id)
-        result = execute(StageTarget.from_plan(plan, stage), plan.store,
-                         Path(plan.recipe.defaults.work_dir), policy, tracker, force=force)
+        # the handle holds the tracking URI as its ${env:} reference (a task parameter): resolved here
+        tracker = PipelineTracker.attach(**secrets.resolve(tracking, secrets.job_env(json.dumps(tracking)))) \
+            if tracking else None
+        policy = ExecutionPolicy.of(storage, wait_if_running=wait_if_running, flow_run_id=flow_run.id)
+        result = execute(target, ArtifactStore(join(storage.url, target.recipe), storage.options), Path(work_dir),
+                         policy, tracker, force=force)
     except BaseException as e:
+        secrets.scrub_exception(e)  # Prefect stores its message and traceback
         if not isinstance(getattr(e, "failure", None), StageFailure):  # failed before its job: not reported yet
             e.failure = StageFailure.of(name, e)  # type: ignore[attr-defined]
             console.current().stage_failed(name, e.failure.report(), e.failure.verdict)
         failure = e.failure
-        logger.error("%s failed: %s", name, failure.report())
-        create_markdown_artifact(_stage_markdown(name, target["kind"], None, failure),
-                                 key=_artifact_key(target["recipe"], name), description=f"{name}: failed")
-        retries, delay = _stage_retry(recipe_path, overrides, name)
+        logger.error("%s failed: %s", name, secrets.redact(failure.report()))
+        create_markdown_artifact(secrets.redact(_stage_markdown(name, kind, None, failure)),
+                                 key=_artifact_key(target.recipe, name), description=f"{name}: failed")
+        retries, delay = retry
         if failure.retryable and task_run.run_count <= retries and not interrupt.stop_requested():
             console.current().stage_note(name, f"retrying in {delay:.0f}s (attempt {task_run.run_count + 1} "
                                                f"of {retries + 1})")
         raise
     what = "cached" if result.status == "skipped" else f"done in {result.seconds:.1f}s"
-    logger.info("%s %s", name, "  ".join(p for p in (what, describe(result.headline), f"-> {result.url}",
+    logger.info("%s %s", name, secrets.redact("  ".join(p for p in (what, describe(result.headline), f"-> {result.url}",
                                                      f"MLflow run: {result.run_link}" if result.run_link else "")
-                                          if p))
-    create_markdown_artifact(_stage_markdown(name, target["kind"], result, None),
-                             key=_artifact_key(target["recipe"], name), description=f"{name}: {what}")
-    return result.as_dict()
-
-
-def _stage_retry(recipe_path: str, overrides: list[str], name: str) -> tuple[int, float]:
-    try:
-        return load_recipe(recipe_path, overrides).stage_retry(name)
-    except Exception:  # noqa: BLE001 - the recipe broke meanwhile: its failure says so
-        return 0, 0.0
-
-
-def _target_param(plan: Plan, name: str) -> dict[str, Any]:
-    s = plan[name]  # shown in the Prefect UI; the task re-plans from the recipe itself
-    return {"recipe": plan.recipe.name, "stage": name, "kind": s.kind.name, "hash": s.hash, "url": s.url}
+                                          if p)))
+    create_markdown_artifact(secrets.redact(_stage_markdown(name, kind, result, None)),
+                             key=_artifact_key(target.recipe, name), description=f"{name}: {what}")
+    return secrets.public(result.as_dict())  # persisted by Prefect
 
 
 def _flow_run_name() -> str:
@@ -163,8 +156,9 @@ def _open_tracker(recipe, recipe_path: str, overrides: list[str], selected: list
                               description=description, tags=tags,
                               artifact_location=recipe.tracking.artifact_location, ui_url=recipe.tracking.ui_url)
     tracker.attach_text(Path(recipe_path).read_text(), f"recipe/{Path(recipe_path).name}")
-    tracker.attach_text(yaml.safe_dump(recipe.model_dump(mode="json", exclude_defaults=False), sort_keys=False),
-                        "recipe/resolved.yaml")
+    # credentials as their `${env:NAME}` references, or masked (stages.common.secrets)
+    tracker.attach_text(yaml.safe_dump(secrets.public(recipe.model_dump(mode="json", exclude_defaults=False)),
+                                       sort_keys=False), "recipe/resolved.yaml")
     return tracker
 
 
@@ -227,7 +221,7 @@ def pipeline_flow(recipe_path: str, overrides: list[str] | None = None, only: li
                 name=f"stage:{stage.name}", task_run_name=f"{stage.name}-{stage.short_hash}",
                 refresh_cache=stage.name in forced, retries=retries, retry_delay_seconds=delay,
                 retry_condition_fn=_retryable,
-            ).submit(_target_param(plan, stage.name), str(Path(recipe_path).resolve()), overrides,
+            ).submit(StageTarget.of(stage), recipe.storage, recipe.defaults.work_dir, (retries, delay),
                      stage.name in forced, tracker.handle(), wait_if_running, wait_for=waits)
         wait(list(futures.values()))  # every branch runs to its end before the run reports
     except BaseException:
@@ -249,7 +243,7 @@ def pipeline_flow(recipe_path: str, overrides: list[str] | None = None, only: li
                **{n: "not started" for n in not_started}}
     times = {n: r["seconds"] for n, r in results.items() if r["status"] == "ran"}
     nothing_ran = not times and not failures and not not_started
-    create_markdown_artifact(_plan_markdown(plan, selected, outcome, times, tracker, nothing_ran),
+    create_markdown_artifact(secrets.redact(_plan_markdown(plan, selected, outcome, times, tracker, nothing_ran)),
                              key=_artifact_key(recipe.name, "pipeline"),
                              description=f"{run_name}: {len(times)} ran, {len(failures)} failed, "
                                          f"{len(results) - len(times)} cached, {time.time() - started:.0f} s")

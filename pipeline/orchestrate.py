@@ -24,6 +24,9 @@ from typing import Any
 
 from pipeline import interrupt
 from pipeline.console import Verbosity
+from stages.common import secrets
+from stages.common.artifact_inputs import ArtifactError
+from stages.common.contract import StageFailed
 
 _AFTER_STOP_WAIT_S = 60.0  # the flow thread's time to record a stop before we exit anyway
 
@@ -89,9 +92,7 @@ class _PrefectConsoleFilter(logging.Filter):
         self.verbosity = verbosity
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from pipeline.flow import PipelineFailed
-        from stages.common.artifact_inputs import ArtifactError
-        from stages.common.contract import StageFailed
+        from pipeline.flow import PipelineFailed  # imports Prefect: not before a run needs it
 
         if self.verbosity < Verbosity.VERBOSE and record.name.startswith(("prefect.flow_runs", "prefect.task_runs")):
             return False
@@ -111,6 +112,10 @@ def _console_logging(verbosity: Verbosity) -> Any:
     quiet = _PrefectConsoleFilter(verbosity)
     for h in handlers:
         h.addFilter(quiet)
+    every = {h for n in (None, *names) for h in logging.getLogger(n).handlers}  # the Prefect API's too
+    redacting = secrets.RedactingFilter()
+    for h in every:
+        h.addFilter(redacting)
     import mlflow  # noqa: F401 - configures its loggers on import: before ours is set below
 
     mlflow_logger = logging.getLogger("mlflow")
@@ -123,6 +128,8 @@ def _console_logging(verbosity: Verbosity) -> Any:
         mlflow_logger.setLevel(mlflow_level)
         for h in handlers:
             h.removeFilter(quiet)
+        for h in every:
+            h.removeFilter(redacting)
 
 
 def _run_flow(params: dict[str, Any], api: str, deployment_name: str | None, outcome: RunOutcome) -> None:

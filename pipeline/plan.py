@@ -20,11 +20,12 @@ from data_curation.urls import join
 from pipeline.artifacts import ArtifactStore
 from pipeline.fingerprints import Fingerprint, fingerprint_inputs
 from pipeline.recipe import Recipe, iter_references, topological_order
-from stages.common.contract import Launcher, Resources, StageConfig
+from stages.common.contract import Launcher, RaySettings, Resources, StageConfig
+from stages.common.store_writes import WritePolicy
 from stages.registry import STAGE_KINDS, StageKind
 
 # StageConfig keys that never change results
-_EXECUTION_KEYS = {"resources", "launcher", "retry"}
+_EXECUTION_KEYS = {"resources", "launcher", "ray", "retry"}
 
 
 def result_config(model: BaseModel) -> Any:
@@ -88,6 +89,9 @@ def resolve_references(value: Any, urls: dict[str, str]) -> Any:
 
 @dataclass
 class PlannedStage:
+    """One stage as planned (`plan_stage`): its hash, artifact URL and what it needs."""
+
+    recipe: str
     name: str
     kind: StageKind
     config: StageConfig
@@ -96,17 +100,21 @@ class PlannedStage:
     url: str
     resources: Resources
     launcher: Launcher
+    seed: int
     inputs: dict[str, Fingerprint]
     upstream: dict[str, str]  # dep name -> its hash
-    done: bool
+    upstream_urls: dict[str, str]  # dep name -> its artifact URL
+    progress_deadline_s: float | None = None  # pipeline.launch stops a job silent for longer
+    ray: RaySettings | None = None  # the cluster of a `launcher: ray` stage
+    done: bool = False
 
     @property
     def short_hash(self) -> str:
         return self.hash[:12]
 
-    def resolved_config(self, plan: "Plan") -> dict[str, Any]:
-        urls = {d: plan[d].url for d in self.deps}
-        return resolve_references(self.config.model_dump(mode="json"), urls)
+    def resolved_config(self) -> dict[str, Any]:
+        """The config as data, `${stages.X.output}` references replaced by artifact URLs."""
+        return resolve_references(self.config.model_dump(mode="json"), self.upstream_urls)
 
     @property
     def hashed(self) -> dict[str, Any]:
@@ -159,23 +167,35 @@ class Plan:
         return selected, forced
 
 
+def plan_stage(recipe: str, name: str, cfg: StageConfig, upstream: dict[str, tuple[str, str]],
+               store: ArtifactStore, resources: Resources, launcher: Launcher, seed: int,
+               hash_max_bytes: int, tolerate_errors: bool = False,
+               progress_deadline_s: float | None = None, ray: RaySettings | None = None) -> PlannedStage:
+    """One stage's hash and artifact URL from its config and its upstream stages (name ->
+    (artifact URL, hash)): how a recipe's stages (`make_plan`) and a stage without a recipe
+    (`pipeline.execute.adhoc_target`) are planned."""
+    kind = STAGE_KINDS[cfg.kind]
+    hashes = {d: h for d, (_, h) in upstream.items()}
+    inputs = input_fingerprints(cfg, store.storage_options, hash_max_bytes, tolerate_errors)
+    h = stage_hash(kind, cfg, hashes, inputs)
+    return PlannedStage(recipe=recipe, name=name, kind=kind, config=cfg, deps=list(upstream), hash=h,
+                        url=store.stage_url(name, h), resources=resources, launcher=launcher, seed=seed,
+                        inputs=inputs, upstream=hashes, upstream_urls={d: u for d, (u, _) in upstream.items()},
+                        progress_deadline_s=progress_deadline_s, ray=ray)
+
+
 def make_plan(recipe: Recipe, check_store: bool = True) -> Plan:
     """The ordered stages with hashes; `check_store` asks the store which are published."""
-    store = ArtifactStore(join(recipe.storage.url, recipe.name), recipe.storage.options)
+    store = ArtifactStore(join(recipe.storage.url, recipe.name), recipe.storage.options,
+                          WritePolicy(recipe.storage.write_timeout_s, recipe.storage.write_attempts))
     deps = recipe.dependencies()
     planned: dict[str, PlannedStage] = {}
     for name in topological_order(deps):
-        cfg = recipe.stages[name]
-        kind = STAGE_KINDS[cfg.kind]
-        upstream = {d: planned[d].hash for d in deps[name]}
-        inputs = input_fingerprints(cfg, recipe.storage.options, recipe.defaults.input_hash_max_bytes,
-                                    tolerate_errors=not check_store)
-        h = stage_hash(kind, cfg, upstream, inputs)
-        url = store.stage_url(name, h)
-        planned[name] = PlannedStage(
-            name=name, kind=kind, config=cfg, deps=deps[name], hash=h, url=url,
-            resources=recipe.stage_resources(name), launcher=recipe.stage_launcher(name),
-            inputs=inputs, upstream=upstream, done=False)
+        planned[name] = plan_stage(
+            recipe.name, name, recipe.stages[name], {d: (planned[d].url, planned[d].hash) for d in deps[name]},
+            store, recipe.stage_resources(name), recipe.stage_launcher(name), recipe.defaults.seed,
+            recipe.defaults.input_hash_max_bytes, tolerate_errors=not check_store,
+            progress_deadline_s=recipe.stage_progress_deadline_s(name), ray=recipe.stage_ray(name))
     plan = Plan(recipe, store, list(planned.values()))
     if check_store:
         for s in plan.stages:

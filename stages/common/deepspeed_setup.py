@@ -8,6 +8,8 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from stages.common.training_settings import SupervisedSettings
+
 
 def ds_config(zero_stage: int, grad_clip: float, precision: str, *, micro_batch: int = 1, grad_accum: int = 1,
               world: int | None = None) -> dict[str, Any]:
@@ -50,7 +52,7 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def lr_factor(cfg, total_steps: int) -> Callable[[int], float]:
+def lr_factor(cfg: SupervisedSettings, total_steps: int) -> Callable[[int], float]:
     """Multiplier of `lr` after `step` optimizer steps (LambdaLR): linear warmup to 1 over
     `cfg.warmup_steps`, then cosine down to `cfg.min_lr_ratio` at the last step (or constant
     when `cfg.lr_schedule == "constant"`)."""

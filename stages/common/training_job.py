@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -17,6 +17,16 @@ from stages.common.hf_io import load_tokenizer
 from stages.common.packed_attention import choose_attention
 from stages.common.precision import resolve_precision
 from stages.common.stage_log import StageLogger
+from stages.common.training_settings import SupervisedSettings
+
+
+class TrainingConfig(Protocol):
+    """What `start_training_job` reads of a training kind's config (every training kind has these)."""
+
+    model: str
+    trust_remote_code: bool
+    precision: str
+    seed: int
 
 
 @dataclass(frozen=True)
@@ -40,8 +50,8 @@ class TrainingJob:
         return torch.bfloat16 if self.precision in ("bf16", "bf16-mixed") else None
 
 
-def start_training_job(job: StageJob, cfg, split_last: int = 0) -> TrainingJob:
-    """`cfg` has `model`, `precision`, `seed` and `trust_remote_code`. A process started
+def start_training_job(job: StageJob, cfg: TrainingConfig, split_last: int = 0) -> TrainingJob:
+    """Join the process group, seed, fetch the input model, load its tokenizer. A process started
     without a launcher is a world of one. `split_last`: the ranks' role worlds
     (stages/common/distributed.py)."""
     from transformers.utils import logging as hf_logging
@@ -62,12 +72,11 @@ def start_training_job(job: StageJob, cfg, split_last: int = 0) -> TrainingJob:
                        tokenizer, pad_id, cfg.trust_remote_code)
 
 
-def supervised_engine(cfg, setup: TrainingJob, total_steps: int, load_model: Callable[[str], torch.nn.Module],
+def supervised_engine(cfg: SupervisedSettings, setup: TrainingJob, total_steps: int, load_model: Callable[[str], torch.nn.Module],
                       packed: bool = False):
     """The model `load_model(attn_implementation)` under DeepSpeed (ZeRO-3 partitions it while it
     loads), with a torch AdamW (no decay on 1-D params) and the warmup + cosine schedule of
-    `cfg` (zero_stage, grad_clip, micro_batch_size, grad_accum, lr, adam_betas, weight_decay,
-    lr_schedule, warmup_steps, min_lr_ratio, attn_implementation). Returns (engine,
+    `cfg` (its SupervisedSettings, and the kind's `attn_implementation`). Returns (engine,
     lr scheduler, the attention implementation used); an attention implementation that cannot
     run here is a StageError. `packed`: the batches pack several samples per row (the choice of
     "auto" depends on it)."""

@@ -22,6 +22,7 @@ from pydantic import Field, field_validator, model_validator
 
 from stages.common.contract import Strict
 from stages.common.kind_metrics import Curve
+from stages.common.training_settings import with_defaults
 from stages.registry import StageKind, register
 from stages.rl.settings import Device, RLConfig, rl_metrics
 
@@ -85,7 +86,7 @@ class ReasoningEvalSettings(Strict):
         return v
 
 
-class GeneralRLConfig(RLConfig):
+class GeneralRLConfig(with_defaults(RLConfig, lr=3e-6)):  # the paper's general-RL lr
     kind: Literal["general_rl"] = "general_rl"
     data: dict[str, PromptSource] = Field(min_length=1, description="source name -> {path, weight}: the prompt mix")
     reward_model: str | None = Field(None, description="a reward_model stage output (${stages.X.output})")
@@ -95,7 +96,6 @@ class GeneralRLConfig(RLConfig):
     # the paper's general-RL numbers
     prompts_per_step: int = Field(80, ge=1, description="sync: prompts per step (C3PO++ sizes from it)")
     max_len: int = Field(32768, ge=1, description="max response tokens of a rollout")
-    lr: float = Field(3e-6, gt=0)
 
     @model_validator(mode="before")
     @classmethod

@@ -1,7 +1,9 @@
 """The `reward_model` stage: a Bradley-Terry reward model with DeepSpeed ZeRO.
 
 Run by the deepspeed launcher on every rank (`python -m stages.reward_model.job --job
-job.json`; CPU ranks on gloo, GPUs on nccl). Top to bottom:
+job.json`; CPU ranks on gloo, GPUs on nccl). The loop, resume, checkpoints and saving are the supervised
+trainer's (stages/common/supervised_trainer.py); this module is the kind's `SupervisedTask`.
+Top to bottom:
 
 1. read the preference rows (stages/reward_model/data.py: formats, quarantine rules,
    truncation), hold out `eval_data` or `eval_fraction` of the pairs (content hash);
@@ -11,7 +13,7 @@ job.json`; CPU ranks on gloo, GPUs on nccl). Top to bottom:
    (`AutoModelForSequenceClassification`, pad token set so the head reads each sequence's
    last token), torch AdamW, warmup + cosine schedule, DeepSpeed engine (stages/common:
    the SFT stage's ZeRO / precision / checkpoint handling);
-3. resume from the stage's latest checkpoint (weights, optimizer, schedule, `Progress`,
+3. resume from the stage's latest checkpoint (weights, optimizer, schedule, `RewardModelProgress`,
    RNG) if there is one; refused when the world size or the number of train pairs changed;
 4. train: a step = `grad_accum` micro-batches of `micro_batch_size` pairs per rank, each
    pair's chosen and rejected sequences in one forward; loss = mean Bradley-Terry loss
@@ -26,7 +28,6 @@ from __future__ import annotations
 import json
 import math
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,15 +35,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from stages.common.checkpoint import Checkpointer, StatefulDataclass
 from stages.common.contract import StageError, StageJob
-from stages.common.data_plan import DataPlan
 from stages.common.distributed import local_first
 from stages.common.entry import run_job
-from stages.common.hf_io import load_sequence_classifier, save_hf_model
+from stages.common.hf_io import load_sequence_classifier
 from stages.common.rows import input_rows
 from stages.common.stage_log import info
-from stages.common.training_job import start_training_job, supervised_engine
+from stages.common.supervised_trainer import StepReport, SupervisedRun, TrainingProgress, train_supervised
+from stages.common.training_job import TrainingJob
 from stages.reward_model.bt import PairwiseCounts, bradley_terry_loss
 from stages.reward_model.config import RewardModelConfig
 from stages.reward_model.data import EncodedPair, PairStats, encode_pairs, split_heldout
@@ -50,13 +50,10 @@ from stages.reward_model.scoring import META
 
 
 @dataclass
-class Progress(StatefulDataclass):
+class RewardModelProgress(TrainingProgress):
     """Where training stands (checkpointed): optimizer steps, data position, the held-out
     metrics of the untrained model."""
 
-    step: int = 0
-    epoch: int = 0
-    step_in_epoch: int = 0
     initial_eval: dict[str, float] | None = None
 
 
@@ -121,82 +118,80 @@ def evaluate(engine, pairs: list[EncodedPair], batch: int, pad_id: int, device: 
 
 
 # -- the stage -------------------------------------------------------------------------------
-def main(job: StageJob) -> dict[str, Any] | None:
-    from transformers.utils import logging as hf_logging
+class RewardModelTask:
+    """The reward_model kind's part of the supervised loop (stages/common/supervised_trainer.py)."""
 
-    cfg = RewardModelConfig.model_validate(job.config)
-    setup = start_training_job(job, cfg)
-    hf_logging.set_verbosity_error()  # the new head's "newly initialized weights" warning is expected
-    ranks, log, model_dir, tokenizer, pad_id = setup.ranks, setup.log, setup.model_dir, setup.tokenizer, setup.pad_id
-    rank, world, local_rank, device = ranks.rank, ranks.world, ranks.local_rank, ranks.device
+    name = "reward_model"
+    packed = False
 
-    # 1. data
-    if pad_id is None:
-        raise StageError(f"model {cfg.model}: its tokenizer has neither a pad nor an eos token; "
-                         "the classification head needs one to find each sequence's last token")
+    def __init__(self, job: StageJob, cfg: RewardModelConfig, setup: TrainingJob):
+        from transformers.utils import logging as hf_logging
 
-    def load_data():
-        pairs, stats, quarantine = load_pairs(job, cfg.data, tokenizer, cfg)
-        if cfg.eval_data is not None:
-            held, eval_stats, eval_q = load_pairs(job, cfg.eval_data, tokenizer, cfg)
-            return [e for _, e in pairs], [e for _, e in held], stats, eval_stats, quarantine + eval_q
-        train_pairs, eval_pairs = split_heldout(pairs, cfg.eval_fraction, cfg.seed)
-        return train_pairs, eval_pairs, stats, None, quarantine
+        hf_logging.set_verbosity_error()  # the new head's "newly initialized weights" warning is expected
+        if setup.pad_id is None:
+            raise StageError(f"model {cfg.model}: its tokenizer has neither a pad nor an eos token; "
+                             "the classification head needs one to find each sequence's last token")
+        self.cfg, self.setup = cfg, setup
 
-    train_pairs, eval_pairs, stats, eval_stats, quarantine = local_first(local_rank, load_data)
-    if not eval_pairs:
-        raise StageError(f"reward_model data {cfg.data}: only {len(train_pairs)} usable pair(s), "
-                               "none left to hold out; give more pairs or eval_data")
-    plan = DataPlan(len(train_pairs), world, cfg.micro_batch_size, cfg.grad_accum, cfg.seed)
-    total_steps = cfg.max_steps or cfg.epochs * plan.steps_per_epoch
-    if rank == 0:
+        def load_data():
+            pairs, stats, quarantine = load_pairs(job, cfg.data, setup.tokenizer, cfg)
+            if cfg.eval_data is not None:
+                held, eval_stats, eval_q = load_pairs(job, cfg.eval_data, setup.tokenizer, cfg)
+                return [e for _, e in pairs], [e for _, e in held], stats, eval_stats, quarantine + eval_q
+            train_pairs, eval_pairs = split_heldout(pairs, cfg.eval_fraction, cfg.seed)
+            return train_pairs, eval_pairs, stats, None, quarantine
+
+        (self.train_pairs, self.eval_pairs, self.stats, self.eval_stats,
+         self.quarantine) = local_first(setup.ranks.local_rank, load_data)
+        if not self.eval_pairs:
+            raise StageError(f"reward_model data {cfg.data}: only {len(self.train_pairs)} usable pair(s), "
+                             "none left to hold out; give more pairs or eval_data")
+        self.items = len(self.train_pairs)
+        self.fingerprint = {"train pairs": len(self.train_pairs)}
+        self.progress = RewardModelProgress()
+        self.train_metrics: dict[str, float] = {}
+
+    def describe(self, run: SupervisedRun) -> None:
+        if self.setup.ranks.rank != 0:
+            return
+        stats, cfg, world = self.stats, self.cfg, self.setup.ranks.world
         bad = sum(stats.quarantined.values())
-        info(f"reward_model: {stats.rows} rows -> {len(train_pairs)} train / {len(eval_pairs)} held-out "
+        info(f"reward_model: {stats.rows} rows -> {len(self.train_pairs)} train / {len(self.eval_pairs)} held-out "
              f"pairs; {bad} quarantined {dict(stats.quarantined)}, {stats.ties} ties "
              f"({stats.ties_dropped} dropped), {stats.truncated} truncated to {cfg.max_seq_len} tokens; "
-             f"{plan.steps_per_epoch} steps/epoch, {total_steps} steps on {world} ranks")
+             f"{run.plan.steps_per_epoch} steps/epoch, {run.total_steps} steps on {world} ranks")
         for line in stats.examples[:5]:
             info(f"reward_model: quarantined {line}")
-        log.params({"data.train_pairs": len(train_pairs), "data.eval_pairs": len(eval_pairs),
-                    "data.quarantined": bad, "train.total_steps": total_steps, "train.world_size": world})
+        self.setup.log.params({"data.train_pairs": len(self.train_pairs), "data.eval_pairs": len(self.eval_pairs),
+                               "data.quarantined": bad, "train.total_steps": run.total_steps,
+                               "train.world_size": world})
 
-    # 2. model, optimizer, schedule, engine
-    def load_model(attn: str):
-        model = load_sequence_classifier(model_dir, torch.float32, num_labels=1, attn_implementation=attn,
-                                         trust_remote_code=cfg.trust_remote_code)
-        model.config.pad_token_id = pad_id
+    def load_model(self, attn: str) -> torch.nn.Module:
+        model = load_sequence_classifier(self.setup.model_dir, torch.float32, num_labels=1, attn_implementation=attn,
+                                         trust_remote_code=self.cfg.trust_remote_code)
+        model.config.pad_token_id = self.setup.pad_id
         return model
 
-    engine, scheduler, _ = supervised_engine(cfg, setup, total_steps, load_model)
+    def evaluate(self, run: SupervisedRun) -> dict[str, float]:
+        ranks = self.setup.ranks
+        return evaluate(run.engine, self.eval_pairs, self.cfg.micro_batch_size, self.setup.pad_id, ranks.device,
+                        ranks.rank, ranks.world)
 
-    # 3. resume
-    p = Progress()
-    ckpt = Checkpointer(job, engine, ranks, {"progress": p}, fingerprint={"train pairs": len(train_pairs)})
-    resumed_from = ckpt.resume()
-    if resumed_from is not None and rank == 0:
-        info(f"reward_model: resumed from checkpoint step {p.step}")
-    log.progress(p.step, total=total_steps)  # the console's ETA
+    def before_training(self, run: SupervisedRun) -> None:
+        p = self.progress
+        if p.initial_eval is None:
+            p.initial_eval = self.evaluate(run)
+            self.setup.log.metrics(0, {f"eval/{k}": v for k, v in p.initial_eval.items()})
+            if self.setup.ranks.rank == 0:
+                info(f"reward_model: held-out before training: accuracy {p.initial_eval['accuracy']:.3f}, "
+                     f"loss {p.initial_eval['loss']:.4f}")
+        self.final_eval = p.initial_eval
 
-    eval_batch = cfg.micro_batch_size
-    if p.initial_eval is None:
-        p.initial_eval = evaluate(engine, eval_pairs, eval_batch, pad_id, device, rank, world)
-        log.metrics(0, {f"eval/{k}": v for k, v in p.initial_eval.items()})
-        if rank == 0:
-            info(f"reward_model: held-out before training: accuracy {p.initial_eval['accuracy']:.3f}, "
-                 f"loss {p.initial_eval['loss']:.4f}")
-    initial_eval = p.initial_eval
-
-    # 4. train
-    engine.train()
-    final_eval, train_metrics = initial_eval, {}
-    while p.step < total_steps:
-        if p.step_in_epoch >= plan.steps_per_epoch:
-            p.epoch, p.step_in_epoch = p.epoch + 1, 0
-        t0 = time.perf_counter()
-        lr = scheduler.get_last_lr()[0]
+    def train_step(self, run: SupervisedRun, micro: list[list[int]]) -> dict[str, float]:
+        engine, device = run.engine, self.setup.ranks.device
         counts = PairwiseCounts()
-        for mb in plan.step_micro_batches(p.epoch, p.step_in_epoch, rank):
-            c, r, y = pair_scores(engine, [train_pairs[i] for i in mb], pad_id, device)
+        for mb in micro:
+            c, r, y = pair_scores(engine, [self.train_pairs[i] for i in mb], self.setup.pad_id, device)
             # every micro-batch has micro_batch_size pairs and DeepSpeed averages over
             # micro-batches and ranks: the step's gradient is that of the global mean
             engine.backward(bradley_terry_loss(c, r, y, "mean"))
@@ -204,54 +199,55 @@ def main(job: StageJob) -> dict[str, Any] | None:
             counts.add(c.detach(), r.detach(), y)
         t = counts.as_tensor().to(device)
         dist.all_reduce(t)
-        train_metrics = PairwiseCounts.from_tensor(t.cpu()).finalize()
-        p.step, p.step_in_epoch = p.step + 1, p.step_in_epoch + 1
-        step = p.step
-        gn = engine.get_global_grad_norm()
-        metrics = {f"train/{k}": v for k, v in train_metrics.items() if k != "pairs"}
-        metrics.update({"lr": lr, "grad_norm": float(gn) if gn is not None else float("nan"),
-                        "epoch": p.epoch + p.step_in_epoch / plan.steps_per_epoch,
-                        "pairs_per_s": train_metrics["pairs"] / (time.perf_counter() - t0)})
-        if step % cfg.eval_every == 0 or step == total_steps:
-            final_eval = evaluate(engine, eval_pairs, eval_batch, pad_id, device, rank, world)
-            metrics.update({f"eval/{k}": v for k, v in final_eval.items()})
-        if rank == 0:
-            ev = f" | eval acc {final_eval['accuracy']:.3f}" if "eval/accuracy" in metrics else ""
-            info(f"reward_model step {step}/{total_steps} | loss {train_metrics['loss']:.4f} | "
-                 f"acc {train_metrics['accuracy']:.3f} | margin {train_metrics['margin']:.3f} | "
-                 f"lr {lr:.3e}{ev}")
-        if step % cfg.log_every == 0 or step == total_steps or "eval/accuracy" in metrics:
-            log.metrics(step, metrics)
-        if step % cfg.checkpoint_every == 0 and step < total_steps:
-            ckpt.save(step)
+        return PairwiseCounts.from_tensor(t.cpu()).finalize()
 
-    # 5. outputs
-    out = Path(job.output_dir)
-    save_hf_model(engine, engine.module, model_dir, out, cfg.zero_stage, rank, setup.published_dtype)
-    if rank != 0:
-        return None
-    meta = {"format": 1, "head": "AutoModelForSequenceClassification/num_labels=1",
-            "loss": "bradley_terry", "strip_thinking": cfg.strip_thinking, "max_seq_len": cfg.max_seq_len,
-            "chat_template": "tokenizer", "pad_token_id": pad_id}
-    (out / META).write_text(json.dumps(meta, indent=2))
-    qpath = out / "quarantine.jsonl"
-    with qpath.open("w") as f:
-        for q in quarantine:
-            f.write(json.dumps(q, default=str) + "\n")
-    if quarantine:
-        log.artifact(qpath)
-    summary = {"steps": p.step, "resumed_from_step": resumed_from, "world_size": world,
-               "train_pairs": len(train_pairs), "eval_pairs": len(eval_pairs),
-               "eval_accuracy_initial": initial_eval["accuracy"], "eval_loss_initial": initial_eval["loss"],
-               "eval_accuracy": final_eval["accuracy"], "eval_loss": final_eval["loss"],
-               "eval_margin": final_eval["margin"], "train_loss": train_metrics.get("loss"),
-               "train_accuracy": train_metrics.get("accuracy"),
-               "precision": setup.precision, "zero_stage": cfg.zero_stage,
-               "data": stats.as_dict(), "eval_data": eval_stats.as_dict() if eval_stats else None}
-    (out / "stage_summary.json").write_text(json.dumps(summary, indent=2))
-    info(f"reward_model: done, {p.step} steps; held-out accuracy {initial_eval['accuracy']:.3f} -> "
-         f"{final_eval['accuracy']:.3f}; model saved to {out}")
-    return summary
+    def report(self, run: SupervisedRun, trained: dict[str, float], lr: float, seconds: float) -> StepReport:
+        p, tm = self.progress, trained
+        self.train_metrics = tm
+        gn = run.engine.get_global_grad_norm()
+        metrics = {f"train/{k}": v for k, v in tm.items() if k != "pairs"}
+        metrics.update({"lr": lr, "grad_norm": float(gn) if gn is not None else float("nan"),
+                        "epoch": p.epoch + p.step_in_epoch / run.plan.steps_per_epoch,
+                        "pairs_per_s": tm["pairs"] / seconds})
+        evaluated = p.step % self.cfg.eval_every == 0 or p.step == run.total_steps
+        if evaluated:
+            self.final_eval = self.evaluate(run)
+            metrics.update({f"eval/{k}": v for k, v in self.final_eval.items()})
+        ev = f" | eval acc {self.final_eval['accuracy']:.3f}" if evaluated else ""
+        return StepReport(metrics, f"loss {tm['loss']:.4f} | acc {tm['accuracy']:.3f} | margin {tm['margin']:.3f} | "
+                                   f"lr {lr:.3e}{ev}", log_now=evaluated)
+
+    def trained_module(self, engine) -> torch.nn.Module:
+        return engine.module
+
+    def outputs(self, run: SupervisedRun, out: Path) -> dict[str, Any]:
+        cfg, p, tm = self.cfg, self.progress, self.train_metrics
+        initial, final = p.initial_eval, self.final_eval
+        meta = {"format": 1, "head": "AutoModelForSequenceClassification/num_labels=1",
+                "loss": "bradley_terry", "strip_thinking": cfg.strip_thinking, "max_seq_len": cfg.max_seq_len,
+                "chat_template": "tokenizer", "pad_token_id": self.setup.pad_id}
+        (out / META).write_text(json.dumps(meta, indent=2))
+        qpath = out / "quarantine.jsonl"
+        with qpath.open("w") as f:
+            for q in self.quarantine:
+                f.write(json.dumps(q, default=str) + "\n")
+        if self.quarantine:
+            self.setup.log.artifact(qpath)
+        info(f"reward_model: done, {p.step} steps; held-out accuracy {initial['accuracy']:.3f} -> "
+             f"{final['accuracy']:.3f}; model saved to {out}")
+        return {"steps": p.step, "resumed_from_step": run.resumed_from, "world_size": self.setup.ranks.world,
+                "train_pairs": len(self.train_pairs), "eval_pairs": len(self.eval_pairs),
+                "eval_accuracy_initial": initial["accuracy"], "eval_loss_initial": initial["loss"],
+                "eval_accuracy": final["accuracy"], "eval_loss": final["loss"],
+                "eval_margin": final["margin"], "train_loss": tm.get("loss"),
+                "train_accuracy": tm.get("accuracy"),
+                "precision": self.setup.precision, "zero_stage": cfg.zero_stage,
+                "data": self.stats.as_dict(), "eval_data": self.eval_stats.as_dict() if self.eval_stats else None}
+
+
+def main(job: StageJob) -> dict[str, Any] | None:
+    cfg = RewardModelConfig.model_validate(job.config)
+    return train_supervised(job, cfg, lambda setup: RewardModelTask(job, cfg, setup))
 
 
 if __name__ == "__main__":

@@ -27,7 +27,8 @@ from stages.rl.engines.protocol import RolloutEngine, SamplingParams
 from stages.rl.placement import Placement
 from stages.rl.prompt_sampler import PromptSampler
 from stages.rl.prompts import PromptSet
-from stages.rl.scheduler import RewardFn, SchedulerConfig, TrainSample, make_scheduler
+from stages.rl.rollout_records import RewardFn, SchedulerConfig, TrainSample
+from stages.rl.scheduler import make_scheduler
 from stages.rl.settings import ROUTE_RECORDING_ENGINES, RLConfig
 
 

@@ -7,7 +7,7 @@ on different sides of a router's top-k boundary, and then a whole expert's outpu
 The torch engine records, for every position it fed through the model, the experts each MoE
 layer chose (`RolloutUpdate.routes`, torch_engine/route_log.py); the rollout carries them
 (scheduler.py, also across C3PO++ carry-over and checkpoints) and the learner gets them per
-micro batch (`learner.collate`: `MicroBatch.routes` [B, T, moe layers, k], -1 where none was
+micro batch (`micro_batches.collate`: `MicroBatch.routes` [B, T, moe layers, k], -1 where none was
 recorded: pads, and a response's last token, which no forward ever reads).
 
 `RouterReplay` puts a forward hook on every MoE router of the policy (blocks found by

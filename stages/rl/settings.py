@@ -19,6 +19,7 @@ from stages.common.compile_layers import check_zero_stage, compile_layers_field
 from stages.common.contract import StageConfig, Strict, added_later, cosmetic
 from stages.common.hf_io import trust_remote_code_field
 from stages.common.kind_metrics import Curve, KindMetrics
+from stages.common.training_settings import optimizer_settings
 
 # engines whose reported log-prob of a sampled token is that of the untruncated
 # softmax(logits / T), whatever top_p / top_k do to the sampling (each engine class declares
@@ -101,7 +102,7 @@ class C3POSettings(Strict):
     min_group_size: int = Field(2, ge=1, description="finished members a GRPO group needs after purges")
 
 
-class RLConfig(StageConfig):
+class RLConfig(StageConfig, optimizer_settings(lr=2e-6, adam_betas=(0.9, 0.999), weight_decay=0.01)):
     """The fields of both RL kinds (see the module docstring); subclasses add `kind` and `data`."""
 
     model: str = Field(description="HF policy dir: ${stages.X.output} or a URI")
@@ -114,10 +115,6 @@ class RLConfig(StageConfig):
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0, description="0 = off")
-    lr: float = Field(2e-6, gt=0)
-    adam_betas: tuple[float, float] = (0.9, 0.999)
-    weight_decay: float = Field(0.01, ge=0)
-    grad_clip: float = Field(1.0, gt=0)
     kl_coef: float = Field(0.0, ge=0, description="KL to the initial policy (k3 estimator)")
     clip_eps: float = Field(0.2, ge=0, description="PPO clip (low side; both sides unless clip_eps_high)")
     clip_eps_high: float | None = Field(None, ge=0)
@@ -137,7 +134,6 @@ class RLConfig(StageConfig):
     gradient_checkpointing: bool = False
     compile_layers: bool = compile_layers_field()  # the policy's layers; not the reference model's
     rollout: RolloutSettings = RolloutSettings()
-    zero_stage: Literal[0, 1, 2, 3] = 2
     precision: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto = bf16 on GPU, fp32 on CPU")
     seed: int = 0
     routing_replay: bool = added_later(False, description=(

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from stages.common.contract import StageJob
 from stages.common.distributed import Ranks
 from stages.rl.prompts import PromptSet
-from stages.rl.scheduler import RewardFn
+from stages.rl.rollout_records import RewardFn
 from stages.rl.settings import RLConfig
 
 if TYPE_CHECKING:

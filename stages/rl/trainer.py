@@ -25,7 +25,7 @@ The loop, one optimizer update (x `updates_per_batch`) per step:
    rollouts to MLflow;
 6. every `checkpoint_every` steps and at the end, a checkpoint.
 
-Checkpoints hold the DeepSpeed state, every rank's RNG, `Progress` (the step and the metric
+Checkpoints hold the DeepSpeed state, every rank's RNG, `RLProgress` (the step and the metric
 history) and the hooks' state (rank 0), and each engine rank's scheduler shard (its pools,
 open groups, sampler position, counters). A restarted job resumes from the latest one with
 the same unfinished rollouts, after pushing the restored weights to the engines; one written
@@ -61,7 +61,7 @@ from stages.rl.weight_sync import make_weight_sync
 
 
 @dataclass
-class Progress(StatefulDataclass):
+class RLProgress(StatefulDataclass):
     step: int = 0                                                 # training steps done
     history: list[dict[str, float]] = field(default_factory=list)  # rank 0's metrics, one per step
 
@@ -88,7 +88,7 @@ class RLTrainer:
                                                    lambda: spec.build_reward(ctx), ctx.decode, spec.step_metrics)
         self.weight_sync = make_weight_sync(placement, ranks, self.policy.module if self.policy else None,
                                             self.rollouts.engine, cfg.zero_stage == 3, cfg.rollout.sync_bucket_mb << 20)
-        self.progress = Progress()
+        self.progress = RLProgress()
         self.checkpointer = Checkpointer(job, self.policy.ds_engine if self.policy else None, ranks,
                                          {"progress": self.progress, "hooks": self.hooks},
                                          fingerprint={"rollout placement": placement.describe},

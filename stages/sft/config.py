@@ -10,8 +10,8 @@ from stages.common.compile_layers import check_zero_stage, compile_layers_field
 from stages.common.contract import StageConfig, Strict, cosmetic
 from stages.common.hf_io import trust_remote_code_field
 from stages.common.kind_metrics import Curve, KindMetrics
-from stages.common.precision import PRECISION_HELP
 from stages.common.step_profile import ProfileSettings
+from stages.common.training_settings import supervised_settings
 from stages.registry import StageKind, register
 
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
@@ -48,7 +48,9 @@ class SFTData(DataInput):
     fields: SFTFields = SFTFields()
 
 
-class SFTConfig(StageConfig):
+class SFTConfig(StageConfig, supervised_settings(
+        lr=2e-4, adam_betas=(0.9, 0.95), weight_decay=0.1, epochs=3, warmup_steps=30, min_lr_ratio=0.0,
+        checkpoint_every=50)):
     kind: Literal["sft"] = "sft"
     model: str = Field(description="HF model dir: ${stages.X.output} or a URI")
     trust_remote_code: bool = trust_remote_code_field()
@@ -56,20 +58,6 @@ class SFTConfig(StageConfig):
                                 "dataset; see SFTData for `split`, `format` and field names) or its path")
     max_seq_len: int = Field(65536, ge=8, description="packed sequence length (paper: 64k)")
     packing: bool = True
-    epochs: int = Field(3, ge=1)
-    max_steps: int | None = Field(None, ge=1, description=(
-        "stop after this many optimizer steps; overrides `epochs` (the data repeats as needed)"))
-    micro_batch_size: int = Field(1, ge=1, description="packed sequences per rank per micro step")
-    grad_accum: int = Field(1, ge=1)
-    lr: float = Field(2e-4, gt=0)
-    lr_schedule: Literal["cosine", "constant"] = "cosine"
-    warmup_steps: int = Field(30, ge=0)
-    min_lr_ratio: float = Field(0.0, ge=0, le=1)
-    weight_decay: float = Field(0.1, ge=0)
-    adam_betas: tuple[float, float] = (0.9, 0.95)
-    grad_clip: float = Field(1.0, gt=0)
-    zero_stage: Literal[0, 1, 2, 3] = 2
-    precision: Literal["auto", "bf16", "bf16-mixed", "fp32"] = Field("auto", description=PRECISION_HELP)
     seed: int = 0
     on_bad_row: Literal["fail", "skip"] = Field(
         "fail", description="a malformed row stops the stage (naming file/row/reason), or is "
@@ -86,7 +74,6 @@ class SFTConfig(StageConfig):
     loss_chunk_tokens: int = Field(
         8192, ge=1, description="tokens per chunk of the LM-head + cross-entropy: the full-vocabulary logits "
                                 "of a micro batch are never held at once (stages/common/fused_loss.py)")
-    checkpoint_every: int = cosmetic(50, ge=1, description="optimizer steps between checkpoints")
     profile: ProfileSettings | None = cosmetic(None, description=(
         "torch.profiler over some optimizer steps of rank 0 (e.g. {start_step: 5, steps: 2}): an operator "
         "table and a chrome trace in the output's logs/profile/, next to stage.log (stages/common/step_profile.py)"))
@@ -94,12 +81,6 @@ class SFTConfig(StageConfig):
     @property
     def data_input(self) -> SFTData:
         return self.data if isinstance(self.data, SFTData) else SFTData(path=self.data)
-
-    @model_validator(mode="after")
-    def _warmup_fits(self) -> "SFTConfig":
-        if self.max_steps is not None and self.warmup_steps > self.max_steps:
-            raise ValueError(f"warmup_steps ({self.warmup_steps}) exceeds max_steps ({self.max_steps})")
-        return self
 
     @model_validator(mode="after")
     def _compile_fits(self) -> "SFTConfig":

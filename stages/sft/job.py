@@ -1,7 +1,9 @@
 """The `sft` stage: Long-CoT supervised fine-tuning with DeepSpeed ZeRO.
 
 Run by the deepspeed launcher (`python -m stages.sft.job --job job.json` on every
-rank; CPU ranks on gloo, GPUs on nccl). Top to bottom:
+rank; CPU ranks on gloo, GPUs on nccl). The loop, resume, checkpoints and saving are the supervised
+trainer's (stages/common/supervised_trainer.py); this module is the kind's `SupervisedTask`.
+Top to bottom:
 
 1. read the chat rows, tokenise them with the chat template, mask everything but the
    assistant turns, pack them into `max_seq_len` sequences (stages/sft/data.py: the rules
@@ -13,7 +15,7 @@ rank; CPU ranks on gloo, GPUs on nccl). Top to bottom:
    on 1-D params: norms, biases), warmup + cosine (or constant) schedule, DeepSpeed engine
    (ZeRO stage, gradient clipping, bf16 on GPU / fp32 on CPU with `precision: auto`);
 3. resume from the stage's latest complete checkpoint if there is one (stages/common/
-   checkpoint.py): weights, optimizer, scheduler, `Progress` (step, data position, token
+   checkpoint.py): weights, optimizer, scheduler, `SFTProgress` (step, data position, token
    counts), RNG of every rank; refused when the world size or the pack count changed;
 4. train: each step takes `grad_accum` micro batches of `micro_batch_size` packs per
    rank (a deterministic order from the seed; the same number of packs on every rank).
@@ -26,9 +28,7 @@ rank; CPU ranks on gloo, GPUs on nccl). Top to bottom:
 """
 from __future__ import annotations
 
-import json
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,30 +37,26 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from stages.common.checkpoint import Checkpointer, StatefulDataclass
 from stages.common.compile_layers import compile_decoder_layers
 from stages.common.contract import StageError, StageJob
-from stages.common.data_plan import DataPlan
 from stages.common.distributed import local_first
 from stages.common.entry import run_job
 from stages.common.fused_loss import chunks_for, linear_cross_entropy_sum
-from stages.common.hf_io import load_causal_lm, save_hf_model
+from stages.common.hf_io import load_causal_lm
 from stages.common.packed_attention import flattens_micro_batch, pad_packed_batch, static_width
 from stages.common.rows import input_rows
 from stages.common.stage_log import info
 from stages.common.step_profile import StepProfiler
-from stages.common.training_job import start_training_job, supervised_engine
+from stages.common.supervised_trainer import StepReport, SupervisedRun, TrainingProgress, train_supervised
+from stages.common.training_job import TrainingJob
 from stages.sft.config import SFTConfig
 from stages.sft.data import build_samples, collate, pack_samples
 
 
 @dataclass
-class Progress(StatefulDataclass):
+class SFTProgress(TrainingProgress):
     """Where training stands (checkpointed): optimizer steps, data position, tokens seen."""
 
-    step: int = 0
-    epoch: int = 0
-    step_in_epoch: int = 0
     tokens: int = 0
     target_tokens: int = 0
     first_loss: float | None = None
@@ -139,34 +135,42 @@ def load_packed_lm(model_dir: Path, cfg: SFTConfig, attn: str) -> PackedLMLoss:
 
 
 # -- the stage -------------------------------------------------------------------------------
-def main(job: StageJob) -> dict[str, Any] | None:
-    cfg = SFTConfig.model_validate(job.config)
-    setup = start_training_job(job, cfg)
-    ranks, log, model_dir, tokenizer, pad_id = setup.ranks, setup.log, setup.model_dir, setup.tokenizer, setup.pad_id
-    rank, world, local_rank, device = ranks.rank, ranks.world, ranks.local_rank, ranks.device
+class SFTTask:
+    """The sft kind's part of the supervised loop (stages/common/supervised_trainer.py)."""
 
-    # 1. data
-    if tokenizer.eos_token is None:
-        raise StageError(f"model {cfg.model}: its tokenizer has no eos token")
+    name = "sft"
 
-    def load_data():
-        rows = input_rows(job.fetch, cfg.data_input, "sft data", keep_bad=True)
-        return build_samples(rows, tokenizer, cfg.max_seq_len, cfg.on_bad_row, cfg.data_input)
+    def __init__(self, job: StageJob, cfg: SFTConfig, setup: TrainingJob):
+        if setup.tokenizer.eos_token is None:
+            raise StageError(f"model {cfg.model}: its tokenizer has no eos token")
+        self.cfg, self.setup = cfg, setup
 
-    samples, stats = local_first(local_rank, load_data)
-    if not samples:
-        raise StageError(f"sft data {cfg.data}: no usable sample ({stats.rows} rows read)")
-    packs = pack_samples([len(s) for s in samples], cfg.max_seq_len, cfg.seed, cfg.packing)
-    plan = DataPlan(len(packs), world, cfg.micro_batch_size, cfg.grad_accum, cfg.seed)
-    total_steps = cfg.max_steps or cfg.epochs * plan.steps_per_epoch
-    if cfg.profile is not None and cfg.profile.start_step > total_steps:  # max_steps is checked with the config
-        raise StageError(f"profile.start_step ({cfg.profile.start_step}) is after the run's last step "
-                         f"({total_steps}: {cfg.epochs} epochs of {plan.steps_per_epoch} steps): nothing "
-                         "would be profiled")
-    if rank == 0:
-        bad = sum(stats.bad_rows.values())
+        def load_data():
+            rows = input_rows(job.fetch, cfg.data_input, "sft data", keep_bad=True)
+            return build_samples(rows, setup.tokenizer, cfg.max_seq_len, cfg.on_bad_row, cfg.data_input)
+
+        self.samples, self.stats = local_first(setup.ranks.local_rank, load_data)
+        if not self.samples:
+            raise StageError(f"sft data {cfg.data}: no usable sample ({self.stats.rows} rows read)")
+        self.packs = pack_samples([len(s) for s in self.samples], cfg.max_seq_len, cfg.seed, cfg.packing)
+        self.items, self.packed = len(self.packs), cfg.packing
+        self.fingerprint = {"packs": len(self.packs)}
+        self.progress = SFTProgress()
+        self.loss: float | None = None
+        self.profiler = StepProfiler(cfg.profile, Path(job.output_dir) / "logs" / "profile",
+                                     active=setup.ranks.rank == 0)
+
+    def describe(self, run: SupervisedRun) -> None:
+        cfg, stats, plan, total_steps = self.cfg, self.stats, run.plan, run.total_steps
+        if cfg.profile is not None and cfg.profile.start_step > total_steps:  # max_steps is checked with the config
+            raise StageError(f"profile.start_step ({cfg.profile.start_step}) is after the run's last step "
+                             f"({total_steps}: {cfg.epochs} epochs of {plan.steps_per_epoch} steps): nothing "
+                             "would be profiled")
+        if self.setup.ranks.rank != 0:
+            return
+        bad, world = sum(stats.bad_rows.values()), self.setup.ranks.world
         info(f"sft: {stats.rows} rows -> {stats.samples} samples ({stats.target_tokens} trained of "
-             f"{stats.tokens} tokens) -> {len(packs)} packs of <= {cfg.max_seq_len} tokens; "
+             f"{stats.tokens} tokens) -> {len(self.packs)} packs of <= {cfg.max_seq_len} tokens; "
              f"{plan.steps_per_epoch} steps/epoch, {total_steps} steps on {world} ranks")
         if cfg.warmup_steps >= total_steps:
             info(f"sft: warning: warmup_steps={cfg.warmup_steps} >= total steps {total_steps}: the "
@@ -178,53 +182,38 @@ def main(job: StageJob) -> dict[str, Any] | None:
         if bad:
             info(f"sft: {bad} malformed rows left out (on_bad_row=skip): {dict(stats.bad_rows)}; "
                  f"first: {stats.bad_examples[:3]}")
-        log.params({"data.samples": stats.samples, "data.packs": len(packs),
-                    "data.steps_per_epoch": plan.steps_per_epoch, "train.total_steps": total_steps,
-                    "train.world_size": world})
+        self.setup.log.params({"data.samples": stats.samples, "data.packs": len(self.packs),
+                               "data.steps_per_epoch": plan.steps_per_epoch, "train.total_steps": total_steps,
+                               "train.world_size": world})
 
-    # 2. model, optimizer, schedule, engine
-    engine, scheduler, attn = supervised_engine(cfg, setup, total_steps,
-                                                lambda attn: load_packed_lm(model_dir, cfg, attn),
-                                                packed=cfg.packing)
+    def load_model(self, attn: str) -> PackedLMLoss:
+        return load_packed_lm(self.setup.model_dir, self.cfg, attn)
 
-    # 3. resume
-    p = Progress()
-    ckpt = Checkpointer(job, engine, ranks, {"progress": p}, fingerprint={"packs": len(packs)})
-    resumed_from = ckpt.resume()
-    if resumed_from is not None and rank == 0:
-        info(f"sft: resumed from checkpoint step {p.step} (epoch {p.epoch + 1}, step {p.step_in_epoch} "
-             f"of the epoch)")
-    log.progress(p.step, total=total_steps)  # the console's ETA
+    def before_training(self, run: SupervisedRun) -> None:
+        self.flatten = flattens_micro_batch(run.attn)
+        self.width = static_width(run.attn, self.cfg.max_seq_len)
 
-    # 4. train
-    engine.train()
-    loss = None
-    flatten = flattens_micro_batch(attn)
-    width = static_width(attn, cfg.max_seq_len)
-    profiler = StepProfiler(cfg.profile, Path(job.output_dir) / "logs" / "profile", active=rank == 0)
-    while p.step < total_steps:
-        if p.step_in_epoch >= plan.steps_per_epoch:
-            p.epoch, p.step_in_epoch = p.epoch + 1, 0
-        profiler.before(p.step + 1)
-        t0 = time.perf_counter()
-        micro = plan.step_micro_batches(p.epoch, p.step_in_epoch, rank)
+    def train_step(self, run: SupervisedRun, micro: list[list[int]]) -> tuple[float, int, int, float | None]:
+        """(loss per trained token, trained tokens, tokens, grad norm when DeepSpeed reports none)."""
+        cfg, samples, packs, pad_id = self.cfg, self.samples, self.packs, self.setup.pad_id
+        engine, device, world = run.engine, self.setup.ranks.device, self.setup.ranks.world
+        self.profiler.before(self.progress.step + 1)
         batches = [collate(samples, [packs[i] for i in mb], pad_id) for mb in micro]
-        if width is not None:
-            batches = [pad_packed_batch(b, width, pad_id) for b in batches]
+        if self.width is not None:
+            batches = [pad_packed_batch(b, self.width, pad_id) for b in batches]
         counts = torch.tensor([float(sum((b["targets"] != -100).sum() for b in batches)),
                                float(sum(len(samples[i]) for mb in micro for p in mb for i in packs[p]))],
                               dtype=torch.float64, device=device)
         dist.all_reduce(counts)
         step_targets, step_tokens = (int(c) for c in counts.tolist())  # one host sync, not two
-        lr = scheduler.get_last_lr()[0]
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         grad_norm = None
         for j, b in enumerate(batches):
-            ce = packed_loss_sum(engine, b, device, flatten)
+            ce = packed_loss_sum(engine, b, device, self.flatten)
             # DeepSpeed divides by grad_accum and averages over ranks: this makes the step's
             # gradient that of the mean over every trained token of the global batch
             engine.backward(ce * (cfg.grad_accum * world / max(step_targets, 1)))
-            if cfg.zero_stage == 0 and not setup.deepspeed_bf16 and j == len(batches) - 1:
+            if cfg.zero_stage == 0 and not self.setup.deepspeed_bf16 and j == len(batches) - 1:
                 # plain DeepSpeed clips without reporting the norm: take it from the
                 # (already all-reduced) gradients before the step clips them
                 grad_norm = torch.nn.utils.get_total_norm(
@@ -232,49 +221,48 @@ def main(job: StageJob) -> dict[str, Any] | None:
             engine.step()
             loss_sum += ce.detach().double()
         dist.all_reduce(loss_sum)
-        loss = loss_sum.item() / max(step_targets, 1)
-        p.step, p.step_in_epoch = p.step + 1, p.step_in_epoch + 1
+        return loss_sum.item() / max(step_targets, 1), step_targets, step_tokens, grad_norm
+
+    def report(self, run: SupervisedRun, trained, lr: float, seconds: float) -> StepReport:
+        loss, step_targets, step_tokens, grad_norm = trained
+        p, total_steps = self.progress, run.total_steps
+        self.loss = loss
         p.tokens += step_tokens
         p.target_tokens += step_targets
         p.first_loss = loss if p.first_loss is None else p.first_loss
-        ds_norm = engine.get_global_grad_norm()
+        ds_norm = run.engine.get_global_grad_norm()
         grad_norm = float(ds_norm) if ds_norm is not None else grad_norm
         grad_norm = float("nan") if grad_norm is None else grad_norm
-        dt = time.perf_counter() - t0
-        table = profiler.after(p.step, last=p.step == total_steps)
+        table = self.profiler.after(p.step, last=p.step == total_steps)
         if table is not None:
-            info(f"sft: profile of steps up to {p.step} written: {table}, {profiler.trace_path}")
-        if rank == 0:
-            info(f"sft step {p.step}/{total_steps} | epoch {p.epoch + 1} | loss {loss:.4f} | lr {lr:.3e} | "
-                 f"grad_norm {grad_norm:.3f} | {step_tokens / dt:,.0f} tok/s | tokens {p.tokens:,}")
-        if p.step % cfg.log_every == 0 or p.step == total_steps:
-            step_metrics = {"loss": loss, "lr": lr, "grad_norm": grad_norm,
-                            "tokens_per_s": step_tokens / dt, "tokens": p.tokens,
-                            "target_tokens": p.target_tokens,
-                            "epoch": p.epoch + p.step_in_epoch / plan.steps_per_epoch}
-            if ranks.on_gpu:  # what the step needs at most (benchmarks/sft_throughput.py reads it)
-                step_metrics["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2 ** 30
-            log.metrics(p.step, step_metrics)
-        if p.step % cfg.checkpoint_every == 0 and p.step < total_steps:
-            ckpt.save(p.step)
-            if rank == 0:
-                info(f"sft: checkpoint step {p.step} saved under {ckpt.store.stage_url}/checkpoints")
+            info(f"sft: profile of steps up to {p.step} written: {table}, {self.profiler.trace_path}")
+        metrics = {"loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": step_tokens / seconds,
+                   "tokens": p.tokens, "target_tokens": p.target_tokens,
+                   "epoch": p.epoch + p.step_in_epoch / run.plan.steps_per_epoch}
+        if self.setup.ranks.on_gpu:  # what the step needs at most (benchmarks/sft_throughput.py reads it)
+            metrics["peak_memory_gib"] = torch.cuda.max_memory_allocated(self.setup.ranks.device) / 2 ** 30
+        return StepReport(metrics, f"epoch {p.epoch + 1} | loss {loss:.4f} | lr {lr:.3e} | grad_norm "
+                                   f"{grad_norm:.3f} | {step_tokens / seconds:,.0f} tok/s | tokens {p.tokens:,}")
 
-    # 5. outputs
-    out = Path(job.output_dir)
-    save_hf_model(engine, engine.module.lm, model_dir, out, cfg.zero_stage, rank, setup.published_dtype)
-    if rank != 0:
-        return None
-    summary = {"steps": p.step, "first_loss": p.first_loss, "final_loss": loss,
-               "tokens_trained": p.tokens, "target_tokens_trained": p.target_tokens,
-               "epochs": round(p.epoch + p.step_in_epoch / plan.steps_per_epoch, 4),
-               "resumed_from_step": resumed_from, "world_size": world, "packs": len(packs),
-               "precision": setup.precision, "zero_stage": cfg.zero_stage,
-               "attn_implementation": attn, "data": stats.as_dict()}
-    (out / "stage_summary.json").write_text(json.dumps(summary, indent=2))
-    info(f"sft: done, {p.step} steps, loss {p.first_loss:.4f} -> {loss if loss is not None else float('nan'):.4f}; "
-         f"model saved to {out}")
-    return summary
+    def trained_module(self, engine) -> torch.nn.Module:
+        return engine.module.lm
+
+    def outputs(self, run: SupervisedRun, out: Path) -> dict[str, Any]:
+        p, loss = self.progress, self.loss
+        summary = {"steps": p.step, "first_loss": p.first_loss, "final_loss": loss,
+                   "tokens_trained": p.tokens, "target_tokens_trained": p.target_tokens,
+                   "epochs": round(p.epoch + p.step_in_epoch / run.plan.steps_per_epoch, 4),
+                   "resumed_from_step": run.resumed_from, "world_size": self.setup.ranks.world,
+                   "packs": len(self.packs), "precision": self.setup.precision, "zero_stage": self.cfg.zero_stage,
+                   "attn_implementation": run.attn, "data": self.stats.as_dict()}
+        info(f"sft: done, {p.step} steps, loss {p.first_loss:.4f} -> "
+             f"{loss if loss is not None else float('nan'):.4f}; model saved to {out}")
+        return summary
+
+
+def main(job: StageJob) -> dict[str, Any] | None:
+    cfg = SFTConfig.model_validate(job.config)
+    return train_supervised(job, cfg, lambda setup: SFTTask(job, cfg, setup))
 
 
 if __name__ == "__main__":

@@ -125,7 +125,7 @@ def test_killed_orchestrator_leaves_no_job_and_its_stage_is_taken_over(tmp_path,
     # the next run takes the dead run's lease over at once (its pid is gone on this host)
     plan = make_plan(load_recipe(tmp_path / "sig.yaml"))
     tracker = PipelineTracker(f"sqlite:///{tmp_path}/mlflow.db", "sig", "sig", {})
-    result = execute(StageTarget.from_plan(plan, plan["data"]), plan.store, tmp_path / "work",
+    result = execute(StageTarget.of(plan["data"]), plan.store, tmp_path / "work",
                      ExecutionPolicy.of(plan.recipe.storage), tracker)
     tracker.end("FINISHED")
     assert result.status == "ran"

@@ -28,7 +28,7 @@ def planned(tmp_path):
         """))
     plan = make_plan(load_recipe(recipe))
     other_run = try_acquire(plan["data"].url, {}, 60, {"flow_run_id": "the-other-run"})
-    yield plan, StageTarget.from_plan(plan, plan["data"]), other_run
+    yield plan, StageTarget.of(plan["data"]), other_run
     other_run.release()
 
 

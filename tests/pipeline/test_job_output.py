@@ -1,5 +1,5 @@
 """What a stage job prints, read the way `ring-pipeline run` reads it (real subprocesses through
-`pipeline.launch.run_job`): progress and metrics for the console, the user error or the crash
+`pipeline.launch.launch_job`): progress and metrics for the console, the user error or the crash
 that explains a failure, and nothing of the job's chatter on a normal console."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from pipeline import console
 from pipeline.console import RunConsole, Verbosity
-from pipeline.launch import run_job
+from pipeline.launch import launch_job
 from stages.common.contract import Resources, StageFailed
 
 DEEPSPEED_CHATTER = ("[2026-11-26 10:36:50,103] [INFO] [launch.py:152:main] WORLD INFO DICT: {'localhost': [0, 1]}\n"
@@ -32,7 +32,7 @@ def _run(tmp_path, body: str, stage: str = "demo", kind: str | None = "sft",
     script.write_text(textwrap.dedent(body))
     with console.installed(RunConsole(verbosity, live=False, out=out, err=out)):
         try:
-            result = run_job([sys.executable, str(script)], stage, tmp_path / "stage.log", Resources(), kind=kind)
+            result = launch_job([sys.executable, str(script)], stage, tmp_path / "stage.log", Resources(), kind=kind)
         except StageFailed as e:
             result = e
     return result, out.getvalue()
@@ -99,7 +99,7 @@ def test_a_user_error_is_its_message_whatever_follows(tmp_path, peer):
     assert result.reason == "data.jsonl:3: not valid JSON\ndata.jsonl:7: no messages"
     assert result.excerpt == []
     assert str(result) == "stage 'demo' failed: data.jsonl:3: not valid JSON / data.jsonl:7: no messages"
-    assert shown == ""  # run_job reports nothing itself: execute reports the failure once
+    assert shown == ""  # launch_job reports nothing itself: execute reports the failure once
 
 
 def test_a_crash_is_its_exception_and_the_lines_before_it(tmp_path):

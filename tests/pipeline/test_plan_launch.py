@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from pipeline.launch import build_command, run_job
+from pipeline.launch import build_command, launch_job
 from pipeline.loader import load_recipe
 from pipeline.plan import make_plan
 from stages.common.contract import Resources, StageFailed
@@ -45,7 +45,7 @@ def test_selection(tmp_path):
 
 def test_resolved_config_points_at_upstream_artifacts(tmp_path):
     plan = _plan(tmp_path)
-    cfg = plan["sft"].resolved_config(plan)
+    cfg = plan["sft"].resolved_config()
     assert cfg["model"] == plan["base"].url
     assert cfg["data"] == plan["data"].url + "/sft.jsonl"
 
@@ -68,7 +68,7 @@ def test_failed_job_raises_with_its_last_lines(tmp_path, capsys):
     script = "import sys\nfor i in range(100): print('line', i)\nsys.exit(3)\n"
     log = tmp_path / "stage.log"
     with pytest.raises(StageFailed, match=r"exited with code 3") as failed:
-        run_job([sys.executable, "-c", script], "demo", log, Resources())
+        launch_job([sys.executable, "-c", script], "demo", log, Resources())
     assert failed.value.excerpt == [f"line {i}" for i in range(90, 100)] and not failed.value.user_error
     assert capsys.readouterr().out == ""  # the job's lines go to its log, not the console
     assert log.read_text().splitlines() == [f"line {i}" for i in range(100)]
@@ -91,7 +91,7 @@ def test_interrupt_stops_the_job(tmp_path):
     t0 = time.time()
     try:
         with pytest.raises(KeyboardInterrupt):
-            run_job([sys.executable, "-c", script], "demo", log, Resources())
+            launch_job([sys.executable, "-c", script], "demo", log, Resources())
     finally:
         signal.signal(signal.SIGINT, previous)
     assert time.time() - t0 < 15

@@ -112,7 +112,7 @@ def test_plan_names_the_changed_input_and_status_the_drifted_code(tmp_path, monk
 
     def execute_base():
         plan = make_plan(load_recipe(recipe))
-        return execute(StageTarget.from_plan(plan, plan["base"]), plan.store, tmp_path / "work",
+        return execute(StageTarget.of(plan["base"]), plan.store, tmp_path / "work",
                        ExecutionPolicy.of(plan.recipe.storage))
 
     first = execute_base()

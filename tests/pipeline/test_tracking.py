@@ -68,7 +68,7 @@ def test_stage_inputs_are_datasets_with_their_urls(tmp_path, tracker):
             tokenizer: {{corpus: ["${{stages.data.output}}/sft.jsonl", "{corpus}"]}}
         """))
     plan = make_plan(load_recipe(recipe))
-    target = StageTarget.from_plan(plan, plan["base"])
+    target = StageTarget.of(plan["base"])
     run_id = tracker.start_stage("base", "init_model", target.hash, target.config, input_refs(target))
     inputs = {d.dataset.name: d for d in tracker.client.get_run(run_id).inputs.dataset_inputs}
     assert set(inputs) == {"data/sft.jsonl", "corpus.jsonl"}

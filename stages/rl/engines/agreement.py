@@ -2,7 +2,7 @@
 the training-inference mismatch that IcePop corrects (paper Eq. 1-3).
 
 `measure_agreement` decodes requests with the engine, then scores the same prompt + response
-tokens with the learner's own forward (`learner.collate` + `PolicyHead`, train mode with
+tokens with the learner's own forward (`micro_batches.collate` + `PolicyHead`, train mode with
 dropout off, exactly as the learner computes log-probs of theta_old) and returns both
 per-token log-probs and the learner's mismatch statistics (|log k| mean / max, the share of
 tokens outside IcePop's [alpha, beta], the k3 KL; for a MoE model whose engine records routes,
@@ -19,14 +19,15 @@ import torch
 
 from stages.rl.engines.protocol import RolloutEngine, RolloutRequest, RolloutUpdate, SamplingParams
 from stages.rl.engines.routes import encode_routes
-from stages.rl.learner import PolicyHead, collate
+from stages.rl.learner import PolicyHead
 from stages.rl.loss import LossConfig, MismatchStats
+from stages.rl.micro_batches import collate
 from stages.rl.routing import RouterReplay, moe_routers, routing_metrics
 
 
 @dataclass
 class _Scored:
-    """What `learner.collate` reads of a rollout."""
+    """What `micro_batches.collate` reads of a rollout."""
 
     prompt_ids: list[int]
     response_ids: list[int]

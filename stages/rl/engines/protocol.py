@@ -96,17 +96,15 @@ class RolloutEngine(Protocol):
 
 
 class SyncTiming:
-    """The weight-sync bookkeeping every engine keeps: `last_sync_seconds` (the protocol's),
-    their total and count. An engine's update_weights ends with `self._record_sync(t0)`."""
+    """The weight-sync bookkeeping every engine keeps: `last_sync_seconds` (the protocol's)
+    and their count. An engine's update_weights ends with `self._record_sync(t0)`."""
 
     name: str
     last_sync_seconds: float | None = None
-    sync_seconds_total: float = 0.0
     syncs: int = 0
 
     def _record_sync(self, started: float) -> None:
         self.last_sync_seconds = time.perf_counter() - started
-        self.sync_seconds_total += self.last_sync_seconds
         self.syncs += 1
         log.info("%s engine: weight sync %d took %.3f s", self.name, self.syncs, self.last_sync_seconds)
 

@@ -74,7 +74,8 @@ def scheduler_shards(rank: int, model_dir: str, cfg: dict) -> dict:
     from stages.common.groups import WorldGroup
     from stages.rl.engines import SamplingParams, create_engine
     from stages.rl.prompt_sampler import PromptSampler
-    from stages.rl.scheduler import SchedulerConfig, make_scheduler
+    from stages.rl.rollout_records import SchedulerConfig
+    from stages.rl.scheduler import make_scheduler
     from tests.stages.rl.fakes import decode, parity_reward
 
     engine = RecordingEngine(create_engine("torch", model_dir, device="cpu", max_batch=4, max_len=64, seed=0,

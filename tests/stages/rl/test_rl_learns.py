@@ -15,7 +15,8 @@ from stages.rl.engines.protocol import SamplingParams
 from stages.rl.learner import Learner, LearnerConfig, TorchBackend
 from stages.rl.loss import LossConfig
 from stages.rl.prompt_sampler import PromptSampler
-from stages.rl.scheduler import SchedulerConfig, make_scheduler
+from stages.rl.rollout_records import SchedulerConfig
+from stages.rl.scheduler import make_scheduler
 from tests.stages.rl.tiny_model import EOS, VOCAB, build_model, save_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]

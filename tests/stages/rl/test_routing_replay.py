@@ -20,8 +20,9 @@ from stages.rl.engines.routes import decode_routes, encode_routes
 from stages.rl.learner import Learner, LearnerConfig, TorchBackend
 from stages.rl.loss import LossConfig
 from stages.rl.prompt_sampler import PromptSampler
+from stages.rl.rollout_records import SchedulerConfig
 from stages.rl.routing import RouterReplay, moe_routers
-from stages.rl.scheduler import SchedulerConfig, make_scheduler
+from stages.rl.scheduler import make_scheduler
 from tests.stages.rl.fakes import decode, parity_reward
 
 pytestmark = pytest.mark.usefixtures("one_thread")

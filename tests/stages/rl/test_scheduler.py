@@ -8,7 +8,8 @@ import pytest
 
 from stages.rl.engines.protocol import SamplingParams
 from stages.rl.prompt_sampler import PromptSampler
-from stages.rl.scheduler import C3POScheduler, SchedulerConfig, SyncScheduler, make_scheduler
+from stages.rl.rollout_records import SchedulerConfig
+from stages.rl.scheduler import C3POScheduler, SyncScheduler, make_scheduler
 from tests.stages.rl.fakes import EOS, ScriptedEngine, decode, logprob_at, parity_reward, token_at
 
 ROWS = [{"id": f"r{i}", "domain": "math" if i % 3 else "logic", "prompt": f"p{i}", "reference": i}

@@ -50,7 +50,6 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 import torch
@@ -58,9 +57,11 @@ import torch.nn.functional as F
 
 from stages.common.hf_io import eos_token_ids_of, load_causal_lm, load_config
 from stages.common.packed_attention import sdpa_without_cudnn
-from stages.rl.engines.protocol import IGNORED_PREFIXES, RolloutRequest, RolloutUpdate, SamplingParams, SyncTiming
+from stages.rl.engines.protocol import RolloutRequest, RolloutUpdate, SamplingParams, SyncTiming
 
 from .attention import DecodeAttention, rotate_half
+from .batching import ContinuousBatch
+from .call_log import CallLog
 from .compiled_step import DEFAULT_MAX_COMPILES, CompiledDecode
 from .cuda_graphs import DecodeGraphs
 from .fp8 import Fp8Weights, scaled_mm_unavailable
@@ -70,6 +71,7 @@ from .moe import MoEFeedForward, feed_forward
 from .route_log import RouteLog
 from .sampling import SamplingMode, sample
 from .structure import check_structure
+from .weights import EngineWeights
 
 log = logging.getLogger(__name__)
 
@@ -86,59 +88,7 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return _DTYPES[dtype]
 
 
-class _CallLog:
-    """The bookkeeping of one `generate` call: new tokens per request, why each finished, and
-    the summed response length of the requests finished in the call (the budget's measure)."""
-
-    def __init__(self, requests: list[RolloutRequest], eos_ids: list[int], budget: int | None):
-        self.n = len(requests)
-        self.eos = np.array(eos_ids, dtype=np.int64)
-        self.earlier = np.array([len(r.generated_ids) for r in requests], dtype=np.int64)
-        self.limit = np.array([r.max_new_tokens for r in requests], dtype=np.int64)
-        self.count = np.zeros(self.n, dtype=np.int64)  # new tokens so far, per request
-        self.reason: list[str | None] = [None] * self.n
-        self.logged: list[tuple[np.ndarray, np.ndarray]] = []  # per step: (requests, [token, logprob])
-        self.done_tokens = 0
-        self.budget = budget
-
-    def finish_empty(self, i: int) -> None:
-        """Request i has no token budget left: finished by length, nothing generated."""
-        self.reason[i] = "length"
-        self.done_tokens += int(self.earlier[i])
-
-    def over_budget(self) -> bool:
-        return self.budget is not None and self.done_tokens >= self.budget
-
-    def record(self, reqs: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """One new (token, logprob) per request in `reqs`; returns which of them finished."""
-        self.logged.append((reqs, out))
-        self.count[reqs] += 1
-        is_eos = np.isin(out[:, 0].astype(np.int64), self.eos)
-        fin = is_eos | (self.count[reqs] >= self.limit[reqs])
-        for j in np.flatnonzero(fin):
-            self.reason[reqs[j]] = "eos" if is_eos[j] else "length"
-        self.done_tokens += int((self.earlier[reqs[fin]] + self.count[reqs[fin]]).sum())
-        return fin
-
-    def updates(self, requests: list[RolloutRequest]) -> list[RolloutUpdate]:
-        toks: list[list[int]] = [[] for _ in range(self.n)]
-        lps: list[list[float]] = [[] for _ in range(self.n)]
-        if self.logged:  # regroup the per-step logs by request (a stable sort keeps time order)
-            reqs = np.concatenate([r for r, _ in self.logged])
-            outs = np.concatenate([o for _, o in self.logged])
-            order = np.argsort(reqs, kind="stable")
-            reqs, outs = reqs[order], outs[order]
-            bounds = np.searchsorted(reqs, np.arange(self.n + 1))
-            for i in range(self.n):
-                part = outs[bounds[i]:bounds[i + 1]]
-                toks[i] = part[:, 0].astype(np.int64).tolist()
-                lps[i] = part[:, 1].tolist()
-        return [RolloutUpdate(uid=r.uid, token_ids=toks[i], logprobs=lps[i],
-                              finished=self.reason[i] is not None, finish_reason=self.reason[i])
-                for i, r in enumerate(requests)]
-
-
-class TorchEngine(SyncTiming):
+class TorchEngine(EngineWeights, SyncTiming):
     """See the module docstring. Construct through `create_engine("torch", model_dir, ...)`."""
 
     name = "torch"
@@ -170,17 +120,7 @@ class TorchEngine(SyncTiming):
                              f"use rollout.dtype auto / bf16 on this machine")
         self.max_batch, self.max_len, self.seed = int(max_batch), int(max_len), int(seed)
         self.prefill_chunk_tokens = int(prefill_chunk_tokens)
-        use_graphs = (self.device.type == "cuda") if cuda_graphs is None else bool(cuda_graphs)
-        if use_graphs and self.device.type != "cuda":
-            raise ValueError("torch engine: cuda_graphs=True needs a CUDA device")
-        # power-of-two batch / kv-length buckets (what graphs need); testable on CPU
-        # compile=True too: exact shapes would compile the step anew at every kv length
-        self.static_shapes = (use_graphs or compile) if static_shapes is None else bool(static_shapes)
-        if use_graphs and not self.static_shapes:
-            raise ValueError("torch engine: cuda_graphs=True needs static_shapes=True")
-        if compile and not self.static_shapes:
-            raise ValueError("torch engine: compile=True needs static_shapes=True (one compile per "
-                             "batch / kv-length bucket; exact shapes would compile every step)")
+        use_graphs = self._choose_shapes(cuda_graphs, static_shapes, compile)
 
         config = load_config(path, trust_remote_code=trust_remote_code)
         if getattr(config, "use_sliding_window", False) or any(
@@ -205,18 +145,7 @@ class TorchEngine(SyncTiming):
         self.graphs = DecodeGraphs(self.device, use_graphs)
         self.compiled = CompiledDecode(self._decode_body, compile, compile_max_shapes, compile_mode)
         self.layers = list(inner.layers)
-        self.mlps = [feed_forward(layer.mlp, f"layer {i} mlp of {model_dir}") for i, layer in enumerate(self.layers)]
-        # q/k/v and a dense MLP's gate/up as one matmul each (fused_linear.py); `_packs` own
-        # the storage of the parameters they hold (sleep / wake go through them)
-        # (pack_projections=False keeps the modules' own matmuls: the A/B of engine_decode.py)
-        self.qkv = [FusedLinear.pack([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj])
-                    if pack_projections else None for layer in self.layers]
-        self._packs = [p for p in self.qkv if p is not None]
-        for i, mlp in enumerate(self.mlps):
-            if pack_projections and mlp is self.layers[i].mlp:  # dense (MoE blocks: MoEFeedForward)
-                self.mlps[i], gate_up = pack_dense_mlp(mlp)
-                if gate_up is not None:
-                    self._packs.append(gate_up)
+        self._pack_projections(model_dir, pack_projections)
         self.fp8 = Fp8Weights.attach(self.layers, self._packs, fp8_scaling, fp8_reference) if dtype == "fp8" else None
         attn0 = self.layers[0].self_attn
         self.n_heads = int(config.num_attention_heads)
@@ -233,11 +162,7 @@ class TorchEngine(SyncTiming):
         self.refill_min_free = max(1, self.max_batch // 8) if refill_min_free is None else int(refill_min_free)
         if self.refill_min_free < 1:
             raise ValueError(f"torch engine: refill_min_free must be >= 1, got {refill_min_free}")
-        self.moe_ffns = [m for m in self.mlps if isinstance(m, MoEFeedForward)]
-        record_routes = record_routes and bool(self.moe_ffns) and all(m.top_k > 0 for m in self.moe_ffns)
-        self.cache = KVCache(len(self.layers), self.n_kv, self.head_dim, self.vocab, self.dtype, self.device,
-                             self.max_len, self.static_shapes, on_realloc=self.graphs.clear,
-                             route_shape=(len(self.moe_ffns), self.moe_ffns[0].top_k) if record_routes else None)
+        self.cache = self._make_cache(record_routes)
 
         # name -> parameter, tied names included (lm_head.weight is embed_tokens.weight)
         self._params = dict(self.model.named_parameters(remove_duplicate=False))
@@ -249,6 +174,45 @@ class TorchEngine(SyncTiming):
         # after wake() their contents are undefined until update_weights
         self._released: list[tuple[torch.nn.Parameter, torch.Size]] | None = None
         self._stale_weights = False
+
+    def _make_cache(self, record_routes: bool) -> KVCache:
+        """The static KV cache; with a routes row per slot when `record_routes` and the model
+        has MoE blocks that route (`moe_ffns`, route_log.py)."""
+        self.moe_ffns = [m for m in self.mlps if isinstance(m, MoEFeedForward)]
+        record_routes = record_routes and bool(self.moe_ffns) and all(m.top_k > 0 for m in self.moe_ffns)
+        return KVCache(len(self.layers), self.n_kv, self.head_dim, self.vocab, self.dtype, self.device,
+                       self.max_len, self.static_shapes, on_realloc=self.graphs.clear,
+                       route_shape=(len(self.moe_ffns), self.moe_ffns[0].top_k) if record_routes else None)
+
+    def _choose_shapes(self, cuda_graphs: bool | None, static_shapes: bool | None, compile: bool) -> bool:
+        """Whether decode steps are captured as CUDA graphs; sets `static_shapes`."""
+        use_graphs = (self.device.type == "cuda") if cuda_graphs is None else bool(cuda_graphs)
+        if use_graphs and self.device.type != "cuda":
+            raise ValueError("torch engine: cuda_graphs=True needs a CUDA device")
+        # power-of-two batch / kv-length buckets (what graphs need); testable on CPU
+        # compile=True too: exact shapes would compile the step anew at every kv length
+        self.static_shapes = (use_graphs or compile) if static_shapes is None else bool(static_shapes)
+        if use_graphs and not self.static_shapes:
+            raise ValueError("torch engine: cuda_graphs=True needs static_shapes=True")
+        if compile and not self.static_shapes:
+            raise ValueError("torch engine: compile=True needs static_shapes=True (one compile per "
+                             "batch / kv-length bucket; exact shapes would compile every step)")
+        return use_graphs
+
+    def _pack_projections(self, model_dir: str, pack_projections: bool) -> None:
+        """The layers' feed-forward blocks (`mlps`) and q/k/v projections (`qkv`): q/k/v and a
+        dense MLP's gate/up as one matmul each (fused_linear.py); `_packs` own the storage of the
+        parameters they hold (sleep / wake go through them). pack_projections=False keeps the
+        modules' own matmuls (the A/B of benchmarks/engine_decode.py)."""
+        self.mlps = [feed_forward(layer.mlp, f"layer {i} mlp of {model_dir}") for i, layer in enumerate(self.layers)]
+        self.qkv = [FusedLinear.pack([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj])
+                    if pack_projections else None for layer in self.layers]
+        self._packs = [p for p in self.qkv if p is not None]
+        for i, mlp in enumerate(self.mlps):
+            if pack_projections and mlp is self.layers[i].mlp:  # dense (MoE blocks: MoEFeedForward)
+                self.mlps[i], gate_up = pack_dense_mlp(mlp)
+                if gate_up is not None:
+                    self._packs.append(gate_up)
 
     @property
     def use_graphs(self) -> bool:
@@ -263,34 +227,6 @@ class TorchEngine(SyncTiming):
     def free_cache(self) -> None:
         """Release the KV cache and captured graphs; the next generate reallocates them."""
         self.cache.free()
-
-    def sleep(self, weights: bool = False) -> None:
-        """The protocol's: the KV cache and the graphs captured over it go (`free_cache`); with
-        `weights` every parameter's storage goes too (its shape is kept for `wake`)."""
-        self.free_cache()
-        if weights and self._released is None:
-            packed = {id(p) for pack in self._packs for p in pack.params}
-            unique = {id(p): p for p in self._params.values() if id(p) not in packed}.values()  # a tied lm_head once
-            self._released = [(p, p.shape) for p in unique]
-            for pack in self._packs:
-                pack.release()
-            if self.fp8 is not None:
-                self.fp8.release()
-            for p, _ in self._released:
-                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
-
-    def wake(self) -> None:
-        """The protocol's: released weights get storage back (undefined until update_weights)."""
-        if self._released is None:
-            return
-        for p, shape in self._released:
-            p.data = torch.empty(shape, dtype=p.dtype, device=p.device)
-        for pack in self._packs:
-            pack.restore()
-        self._released = None
-        self._stale_weights = True
 
     # ---------------------------------------------------------------- model pieces
     def _attn_qkv(self, li: int, attn, h: torch.Tensor, n: int, t: int):
@@ -428,7 +364,7 @@ class TorchEngine(SyncTiming):
         call_seed = sampling.seed if sampling.seed is not None else self.seed * 1_000_003 + self._calls
         self._calls += 1
         self._gen.manual_seed(int(call_seed) & 0x7FFF_FFFF_FFFF_FFFF)
-        calls = _CallLog(requests, self.eos_token_ids, finished_token_budget)
+        calls = CallLog(requests, self.eos_token_ids, finished_token_budget)
         routes = RouteLog(self.moe_ffns, len(requests)) if self.cache.route_shape else None
         stats = {"prefill_tokens": 0, "prefill_padded_tokens": 0, "prefills": 0, "prefill_seconds": 0.0,
                  "decode_steps": 0, "decode_row_steps": 0}
@@ -448,80 +384,18 @@ class TorchEngine(SyncTiming):
                 n_slots = min(pow2_at_least(n_slots), self.max_batch)
             c.ensure(n_slots, c.capacity_for(max(
                 len(requests[i].prompt_ids) + len(requests[i].generated_ids) + 1 for i in pending)))
-
-        n_slots = min(self.max_batch, c.rows)
-        slot_req = np.full(c.rows, -1, dtype=np.int64)  # request index per cache row
-        slot_pos = np.zeros(c.rows, dtype=np.int64)     # next cache position of the row
-        dev = self.device
-
+        run = ContinuousBatch(requests, mode, calls, stats, pending, min(self.max_batch, c.rows),
+                              np.full(c.rows, -1, dtype=np.int64), np.zeros(c.rows, dtype=np.int64), routes)
         while not calls.over_budget():
-            # 1) refill free slots from the pending requests (prefill in chunks)
-            # (batched: wait until refill_min_free slots are free, or all the pending fit, or
-            # nothing decodes; one eager prefill costs several decode steps of launch overhead)
-            free = np.flatnonzero(slot_req[:n_slots] < 0)
-            if pending and len(free) and (len(free) == n_slots or len(free) >= min(
-                    self.refill_min_free, len(pending))):
-                new = [(int(b), pending.pop()) for b in free[:len(pending)]]
-                # longest first: a prefill chunk pads its rows to its longest, so rows of like
-                # length go together (a carried-over rollout can be 2k tokens, a new prompt 50)
-                new.sort(key=lambda bi: -(len(requests[bi[1]].prompt_ids) + len(requests[bi[1]].generated_ids)))
-                for chunk in self._chunks(new, requests):
-                    if calls.over_budget():  # the rest stay unstarted
-                        break
-                    slots = np.array([b for b, _ in chunk])
-                    reqs = np.array([i for _, i in chunk])
-                    seqs = [requests[i].prompt_ids + requests[i].generated_ids for i in reqs]
-                    c.grow(max(len(q) for q in seqs) + 1)
-                    stats["prefill_tokens"] += sum(len(q) for q in seqs)
-                    stats["prefill_padded_tokens"] += len(seqs) * max(len(q) for q in seqs)
-                    stats["prefills"] += 1
-                    t_prefill = time.perf_counter()
-                    width = max(len(q) for q in seqs)
-                    sinks = routes.start_prefill(len(seqs) * width) if routes else None
-                    out = self._prefill(slots.tolist(), seqs, mode).cpu().numpy()  # .cpu(): synced
-                    if routes:
-                        routes.end_prefill(sinks, reqs, [len(q) for q in seqs], width)
-                    stats["prefill_seconds"] += time.perf_counter() - t_prefill
-                    keep = ~calls.record(reqs, out)
-                    if keep.any():
-                        rows = slots[keep]
-                        slot_req[rows] = reqs[keep]
-                        slot_pos[rows] = [len(q) for q, k in zip(seqs, keep) if k]
-                        idx = torch.from_numpy(rows).to(dev)
-                        c.tok_in[idx] = torch.from_numpy(out[keep, 0]).long().to(dev)
-                        c.pos_in[idx] = torch.from_numpy(slot_pos[rows]).to(dev)
-                if calls.over_budget():
-                    break
-            busy = np.flatnonzero(slot_req[:n_slots] >= 0)
+            run.refill(self)
+            if calls.over_budget():
+                break
+            busy = np.flatnonzero(run.slot_req[:run.n_slots] >= 0)
             if not len(busy):
                 if pending:
                     continue
                 break
-            # 2) compact busy rows to the front once they fit a smaller batch bucket
-            hi = int(busy[-1]) + 1
-            if not pending and c.bucket_rows(len(busy)) < c.bucket_rows(hi):
-                c.compact(busy, slot_req, slot_pos)
-                busy = np.arange(len(busy))
-                hi = len(busy)
-            # 3) one decode step for rows [0, nb)
-            nb = c.bucket_rows(hi)
-            kv_need = int(slot_pos[busy].max()) + 1
-            c.grow(kv_need)
-            if routes:
-                routes.point_decode(c.routes)
-            self._decode(nb, c.bucket_len(kv_need), mode)
-            out = c.out[:hi].cpu().numpy()
-            if routes:
-                routes.record_step(slot_req[busy], slot_pos[busy], c.routes[:hi].cpu().numpy()[busy])
-            stats["decode_steps"] += 1
-            stats["decode_row_steps"] += nb
-            fin = calls.record(slot_req[busy], out[busy])
-            slot_pos[busy] += 1
-            slot_req[busy[fin]], slot_pos[busy[fin]] = -1, 0
-            # next inputs: the sampled tokens; positions from the host mirror, where a free
-            # row sits at 0 (it rewrites position 0 of its own unused row, never past it)
-            c.tok_in[:hi].copy_(c.out[:hi, 0].long())
-            c.pos_in[:hi].copy_(torch.from_numpy(slot_pos[:hi]))
+            run.decode(self, busy)
 
         stats["new_tokens"] = int(calls.count.sum())
         stats["seconds"] = time.perf_counter() - t0
@@ -533,63 +407,6 @@ class TorchEngine(SyncTiming):
             for u, recorded in zip(updates, routes.routes(fed)):
                 u.routes = recorded
         return updates
-
-    def _chunks(self, new: list[tuple[int, int]], requests: list[RolloutRequest]):
-        """Split prefills so that one forward holds at most ~prefill_chunk_tokens padded tokens."""
-        chunk: list[tuple[int, int]] = []
-        longest = 0
-        for b, i in new:
-            ln = len(requests[i].prompt_ids) + len(requests[i].generated_ids)
-            if chunk and max(longest, ln) * (len(chunk) + 1) > self.prefill_chunk_tokens:
-                yield chunk
-                chunk, longest = [], 0
-            chunk.append((b, i))
-            longest = max(longest, ln)
-        if chunk:
-            yield chunk
-
-    # ---------------------------------------------------------------- weights
-    @torch.no_grad()
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy full tensors by name into this engine's parameters, in place.
-
-        Names are the trainer model's `named_parameters()` (a leading `module.` of a
-        DeepSpeed engine or `_orig_mod.` of torch.compile is ignored). Every engine
-        parameter must be covered (a tied lm_head is covered by the embedding); unknown
-        names and shape mismatches raise. Sets `last_sync_seconds`.
-        """
-        t0 = time.perf_counter()
-        seen: set[int] = set()
-        unknown: list[str] = []
-        for name, tensor in named_tensors:
-            key = name
-            while key not in self._params and key.startswith(IGNORED_PREFIXES):
-                key = key.split(".", 1)[1]
-            param = self._params.get(key)
-            if param is None:
-                unknown.append(name)
-                continue
-            if tuple(tensor.shape) != tuple(param.shape):
-                hint = (" (an empty tensor: under ZeRO-3 gather the parameters first)"
-                        if tensor.numel() == 0 else "")
-                raise ValueError(f"torch engine: update_weights: {name} has shape "
-                                 f"{tuple(tensor.shape)}, the engine's {key} has "
-                                 f"{tuple(param.shape)}{hint}")
-            param.copy_(tensor.detach())
-            seen.add(id(param))
-        if unknown:
-            raise ValueError(f"torch engine: update_weights: {len(unknown)} names match no "
-                             f"engine parameter, e.g. {unknown[:5]}")
-        missing = sorted({k for k, p in self._params.items() if id(p) not in seen})
-        if missing:
-            raise ValueError(f"torch engine: update_weights: {len(missing)} engine parameters "
-                             f"were not sent, e.g. {missing[:5]}")
-        if self.fp8 is not None:  # the FP8 copies follow the weights just written
-            self.fp8.requantize()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        self._stale_weights = False
-        self._record_sync(t0)
 
 
 def make_torch_engine(model_dir: str, *, device: str = "cpu", dtype: str = "auto",

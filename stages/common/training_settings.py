@@ -1,0 +1,78 @@
+"""The settings every training kind shares, declared once: the optimizer and ZeRO
+(`OptimizerSettings`: sft, reward_model and the RL kinds) and the supervised schedule
+(`SupervisedSettings`: sft and reward_model). A kind's config inherits the class
+`optimizer_settings(...)` / `supervised_settings(...)` returns, which holds the same fields
+with the kind's defaults: the YAML keys stay flat (`lr:`, `zero_stage:` ...), and so does the
+stage hash. Pydantic only, no torch: every recipe validation imports these.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, create_model, model_validator
+from pydantic.fields import FieldInfo
+
+from stages.common.contract import Strict, cosmetic
+from stages.common.precision import PRECISION_HELP
+
+
+class OptimizerSettings(Strict):
+    """The torch AdamW under DeepSpeed (stages/common/deepspeed_setup.py) and its ZeRO stage."""
+
+    lr: float = Field(gt=0, description="the AdamW learning rate (the schedule's peak)")
+    adam_betas: tuple[float, float] = Field(description="AdamW (beta1, beta2)")
+    weight_decay: float = Field(ge=0, description="AdamW weight decay of matrices (none on norms and biases)")
+    grad_clip: float = Field(1.0, gt=0, description="gradient norm clipping")
+    zero_stage: Literal[0, 1, 2, 3] = Field(2, description="DeepSpeed ZeRO stage")
+
+
+class SupervisedSettings(OptimizerSettings):
+    """How long and in what batches a supervised kind trains, and its learning-rate schedule."""
+
+    epochs: int = Field(ge=1)
+    max_steps: int | None = Field(None, ge=1, description=(
+        "stop after this many optimizer steps; overrides `epochs` (the data repeats as needed)"))
+    micro_batch_size: int = Field(1, ge=1, description="items per rank per micro step (sft: packed "
+                                                       "sequences; reward_model: pairs)")
+    grad_accum: int = Field(1, ge=1, description="micro steps per optimizer step")
+    lr_schedule: Literal["cosine", "constant"] = Field("cosine", description="after the warmup: cosine "
+                                                       "down to min_lr_ratio * lr at the last step, or constant")
+    warmup_steps: int = Field(ge=0, description="optimizer steps of linear warmup")
+    min_lr_ratio: float = Field(ge=0, le=1, description="the cosine schedule's floor, a share of lr")
+    precision: Literal["auto", "bf16", "bf16-mixed", "fp32"] = Field("auto", description=PRECISION_HELP)
+    checkpoint_every: int = cosmetic(ge=1, description="optimizer steps between checkpoints")
+
+    @model_validator(mode="after")
+    def _warmup_fits(self) -> "SupervisedSettings":
+        if self.max_steps is not None and self.warmup_steps > self.max_steps:
+            raise ValueError(f"warmup_steps ({self.warmup_steps}) exceeds max_steps ({self.max_steps})")
+        return self
+
+
+def with_defaults(base: type[Strict], name: str | None = None, **defaults: Any) -> type:
+    """`base` with new defaults for some of its fields (each field keeps its type, constraints
+    and description): how a kind gives a setting declared elsewhere its own default."""
+    name = name or base.__name__
+    unknown = set(defaults) - set(base.model_fields)
+    if unknown:
+        raise TypeError(f"{name}: no such settings {sorted(unknown)}")
+    fields: dict[str, Any] = {
+        field: (base.model_fields[field].annotation,
+                FieldInfo.merge_field_infos(base.model_fields[field], default=value))
+        for field, value in defaults.items()}
+    return create_model(name, __base__=base, **fields)
+
+
+def optimizer_settings(*, lr: float, adam_betas: tuple[float, float], weight_decay: float,
+                       **more: Any) -> type[OptimizerSettings]:
+    """OptimizerSettings with a kind's defaults."""
+    return with_defaults(OptimizerSettings, lr=lr, adam_betas=adam_betas, weight_decay=weight_decay, **more)
+
+
+def supervised_settings(*, lr: float, adam_betas: tuple[float, float], weight_decay: float, epochs: int,
+                        warmup_steps: int, min_lr_ratio: float, checkpoint_every: int,
+                        **more: Any) -> type[SupervisedSettings]:
+    """SupervisedSettings with a kind's defaults."""
+    return with_defaults(SupervisedSettings, lr=lr, adam_betas=adam_betas, weight_decay=weight_decay, epochs=epochs,
+                         warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio, checkpoint_every=checkpoint_every,
+                         **more)
