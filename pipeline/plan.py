@@ -28,13 +28,17 @@ _EXECUTION_KEYS = {"resources", "launcher", "retry"}
 
 
 def result_config(model: BaseModel) -> Any:
-    """The config as data, without cosmetic fields (recursively)."""
+    """The config as data, without cosmetic fields, nor `hashed_when_set` ones while unset
+    (recursively)."""
     out: dict[str, Any] = {}
     for name, field in type(model).model_fields.items():
         extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
         if extra.get("cosmetic") or (isinstance(model, StageConfig) and name in _EXECUTION_KEYS):
             continue
-        out[name] = _result_value(getattr(model, name))
+        value = getattr(model, name)
+        if value is None and extra.get("hashed_when_set"):
+            continue  # a field added later, unset: the hash of a config without it is unchanged
+        out[name] = _result_value(value)
     return out
 
 

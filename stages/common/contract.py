@@ -55,6 +55,14 @@ def cosmetic(default: Any = None, **kw: Any) -> Any:
     return Field(default, json_schema_extra=extra, **kw)
 
 
+def hashed_when_set(default: Any = None, **kw: Any) -> Any:
+    """An optional field added after stages were published: left out of the stage hash while
+    it is None (unset), so every existing config keeps its hash; once set it is hashed."""
+    extra = dict(kw.pop("json_schema_extra", None) or {})
+    extra["hashed_when_set"] = True
+    return Field(default, json_schema_extra=extra, **kw)
+
+
 class Strict(BaseModel):
     """Every recipe model rejects unknown keys: a typo must not be silently ignored."""
 

@@ -40,6 +40,7 @@ from typing import Any, Protocol, Sequence
 import torch
 
 from stages.common.fused_loss import chunks_for, token_logprobs
+from stages.common.lora import adapters_disabled
 from stages.common.packed_attention import sdpa_without_cudnn
 from stages.rl.loss import STAT_KEYS, LossConfig, MismatchStats, policy_loss
 
@@ -263,10 +264,15 @@ class PolicyHead(torch.nn.Module):
 
 # -- the update ----------------------------------------------------------------------------------
 class Learner:
-    def __init__(self, backend: Backend, cfg: LearnerConfig, ref_model: torch.nn.Module | None = None):
-        if cfg.loss.kl_coef > 0 and ref_model is None:
+    """`ref_model`: the reference model of the KL term; or `ref_is_base`: the policy is a LoRA
+    model, and its reference is the policy with its adapters off (stages/common/lora.py)."""
+
+    def __init__(self, backend: Backend, cfg: LearnerConfig, ref_model: torch.nn.Module | None = None,
+                 ref_is_base: bool = False):
+        if cfg.loss.kl_coef > 0 and ref_model is None and not ref_is_base:
             raise ValueError("kl_coef > 0 needs a reference model")
         self.backend, self.cfg, self.ref_model = backend, cfg, ref_model
+        self.ref_is_base = ref_is_base and cfg.loss.kl_coef > 0
 
     def _split_updates(self, n: int, version: int) -> list[list[int]]:
         idx = list(range(n))
@@ -305,12 +311,15 @@ class Learner:
                     if ref_head is not None:
                         rlp, _ = ref_head(mb.input_ids, mb.attention_mask, mb.resp_pos, mb.targets, cfg.temperature,
                                           cfg.logit_chunk, False, n_calls)
+                    elif self.ref_is_base:
+                        with adapters_disabled(model):
+                            rlp, _ = be.forward(mb, cfg.temperature, cfg.logit_chunk, False, n_calls)
                     if mb.dummy:
                         continue
                     stats.add(lp, mb.infer_logp, mb.mask, cfg.loss, entropy=ent, stale=mb.stale)
                     for b, i in enumerate(mb_idx):
                         old[i] = lp[b]
-                        if self.ref_model is not None:
+                        if self.ref_model is not None or self.ref_is_base:
                             ref_lps[i] = rlp[b]
         t_old = time.perf_counter() - t0
 
