@@ -85,7 +85,7 @@ def _numel(shape: tuple[int, ...]) -> int:
 class GatherIntoEngines:
     def __init__(self, module: torch.nn.Module, engine: RolloutEngine, zero3: bool, bucket_bytes: int,
                  changed_only: bool = False):
-        self.engine, self.zero3 = engine, zero3
+        self.engine, self.zero3, self.partial = engine, zero3, changed_only
         self.buckets = buckets(sync_tensors(module, changed_only), bucket_bytes)
         self.bytes = sum(_numel(t.shape) * t.dtype.itemsize for b in self.buckets for t in b)
 
@@ -97,7 +97,7 @@ class GatherIntoEngines:
 
     def push(self) -> float:
         t0 = time.perf_counter()
-        self.engine.update_weights(self._full_tensors())
+        self.engine.update_weights(self._full_tensors(), partial=self.partial)
         return time.perf_counter() - t0
 
 
@@ -107,7 +107,7 @@ class BroadcastToEngines:
 
     def __init__(self, module: torch.nn.Module | None, engine: RolloutEngine | None, zero3: bool,
                  bucket_bytes: int, sync: Group | None, is_trainer0: bool, changed_only: bool = False):
-        self.engine, self.zero3, self.sync = engine, zero3, sync
+        self.engine, self.zero3, self.sync, self.partial = engine, zero3, sync, changed_only
         self.buckets = buckets(sync_tensors(module, changed_only), bucket_bytes) if module is not None else []
         layout = self._layout() if is_trainer0 else None
         if sync is not None:
@@ -121,7 +121,7 @@ class BroadcastToEngines:
     def push(self) -> float:
         t0 = time.perf_counter()
         if self.engine is not None:
-            self.engine.update_weights(self._received())
+            self.engine.update_weights(self._received(), partial=self.partial)
         else:
             self._send()
         return time.perf_counter() - t0
