@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from stages.common.contract import StageError
-from stages.common.lora import (adapters_disabled, apply_lora, lora_state_dict, merged_tensors, peft_config,
-                                write_adapter)
+from stages.common.lora import adapters_disabled, apply_lora, lora_state_dict, merged_tensors, peft_config, write_adapter
 from stages.common.training_settings import LoraSettings
 from stages.registry import STAGE_KINDS
 from tests.stages.rl.tiny_model import build_model
