@@ -14,7 +14,10 @@ the upstream hashes instead) contributes a fingerprint of its content:
 - hub repo (`hf://org/name@revision/...`): the commit the revision points to, from the local
   Hugging Face cache's `refs/` files (a 40-hex revision is its own commit). A branch that is
   not in the cache cannot be resolved offline: the fingerprint then says so, and `plan` asks
-  for a pinned commit.
+  for a pinned commit;
+- file inside an installed Python package (`pkg://<package>/<file>`, data_curation/package_files.py):
+  the installing distribution's name and version and the sha256 its RECORD declares for the
+  file (nothing is hashed); a file no RECORD lists is fingerprinted as a local file.
 """
 from __future__ import annotations
 
@@ -160,6 +163,21 @@ def hub_fingerprint(value: str) -> Fingerprint:
                        "(pin a commit: @<40-hex sha>)")
 
 
+# -- files inside installed packages ------------------------------------------------------
+def package_fingerprint(value: str, hash_max_bytes: int) -> Fingerprint:
+    from data_curation.package_files import PackageFileError, resolve
+
+    try:
+        f = resolve(value)
+    except PackageFileError as e:
+        return Fingerprint("missing", _digest(["missing", value]), str(e))
+    if f.record_sha256 is None:
+        return local_fingerprint(str(f.path), hash_max_bytes)
+    return Fingerprint("package", _digest([f.distribution, f.version, f.record_sha256]),
+                       f"{f.distribution} {f.version}: {f.path.name}, {_size(f.path.stat().st_size)} "
+                       f"(sha256 {f.record_sha256[:12]} per its RECORD)")
+
+
 # -- which config values are inputs --------------------------------------------------------
 Fingerprinter = Callable[[str, dict[str, Any], int], Fingerprint]
 
@@ -167,6 +185,7 @@ Fingerprinter = Callable[[str, dict[str, Any], int], Fingerprint]
 FINGERPRINTERS: dict[str, Fingerprinter] = {
     "file": lambda value, options, hash_max: local_fingerprint(value, hash_max),
     "hf": lambda value, options, hash_max: hub_fingerprint(value),
+    "pkg": lambda value, options, hash_max: package_fingerprint(value, hash_max),
 }
 
 

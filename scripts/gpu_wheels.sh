@@ -59,16 +59,20 @@ done <"$resolved" >"$wanted"
 
 rm -rf "$OUT"; mkdir -p "$OUT"
 # Pure-Python projects published as sdists only: built into wheels here (deepspeed's ops
-# JIT-build at run time, so its wheel needs no torch at build time).
-SDIST_ONLY="deepspeed langdetect"
-sdist_re="^($(echo $SDIST_ONLY | tr ' ' '|'))=="
+# JIT-build at run time, so its wheel needs no torch at build time). BUILD_THERE: sdists with C
+# code (reasoning-gym's pycosat), copied as they are: the GPU machine's Python (3.12) builds them
+# (benchmarks/gpu_plans/session.sh start does, before installing the wheels).
+SDIST_ONLY="deepspeed langdetect cellpylib zss"
+BUILD_THERE="pycosat"
+sdist_re="^($(echo $SDIST_ONLY $BUILD_THERE | tr ' ' '|'))=="
 grep -Ev "$sdist_re" "$wanted" >"$resolved"
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PYTHON_VERSION" --implementation cp \
   $(for n in 17 24 27 28 31 34; do echo --platform manylinux_2_${n}_x86_64; done) \
   --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$OUT" -r "$resolved" 2>&1 | grep -v '^WARNING: Location' || true
 for req in $(grep -E "$sdist_re" "$wanted" || true); do
   src=$(mktemp -d); python3 -m pip download -q --no-deps --no-binary=:all: -d "$src" "$req" 2>&1 | grep -v '^WARNING: Location' || true
-  python3 -m pip wheel -q --no-deps --no-build-isolation -w "$OUT" "$src"/* 2>&1 | grep -v '^WARNING: Location' || true
+  if [[ " $BUILD_THERE " == *" ${req%%==*} "* ]]; then cp "$src"/* "$OUT"/
+  else python3 -m pip wheel -q --no-deps --no-build-isolation -w "$OUT" "$src"/* 2>&1 | grep -v '^WARNING: Location' || true; fi
   rm -rf "$src"
 done
 rm -f "$resolved" "$pin" "$wanted"

@@ -87,7 +87,7 @@ def test_the_contract_catches_an_upward_import(tmp_path, importer, imported):
         (tmp_path / d).mkdir(parents=True, exist_ok=True)
         (tmp_path / d / "__init__.py").write_text("")
     for d in ("stages/curate", "stages/eval", "stages/general_rl", "stages/init_model", "stages/reasoning_rl",
-              "stages/reward_model", "stages/synthetic_data"):
+              "stages/reward_model", "stages/synthetic_data", "stages/distill"):
         (tmp_path / d).mkdir()
         (tmp_path / d / "__init__.py").write_text("")
     (tmp_path / "stages" / "registry.py").write_text("")

@@ -1,4 +1,5 @@
-"""Verifiable rewards: math, code (sandboxed), logic games, instruction following.
+"""Verifiable rewards: math, code (sandboxed), logic games, instruction following,
+reasoning-gym tasks (scored by each family's own grader).
 
     from verifiers import Reward, verify, verify_batch, get_verifier, register_verifier, VERIFIERS
 
@@ -9,6 +10,7 @@ from . import (
     code_exec,  # noqa: E402,F401
     ifeval,  # noqa: E402,F401
     math_answer,  # noqa: E402,F401
+    rgym,  # noqa: E402,F401
 )
 from .api import VerifierPool, VerifierPoolError, shutdown_pool, verify, verify_batch
 from .logic import arc, countdown, knights_knaves, maze, sudoku  # noqa: E402,F401

@@ -4,7 +4,7 @@ Stdlib only, no ``verifiers`` import (it runs with ``-S`` and must start fast).
 
 Namespace mode (``sandbox.py`` says what it guarantees), three processes:
 
-- this process (C) leaves the caller's user, mount, PID, network, IPC and UTS namespaces
+- this process (C) joins the program's cgroups (if any), leaves the caller's user, mount, PID, network, IPC and UTS namespaces
   with one ``unshare``, tells the caller (who writes its uid/gid maps from outside) and
   waits for the maps, then forks G and exits with G's status;
 - G is PID 1 of the new PID namespace. It builds the sandbox's root from nothing: an
@@ -16,7 +16,8 @@ Namespace mode (``sandbox.py`` says what it guarantees), three processes:
   kills whatever X left running, copies the files to collect back to the host and exits
   with X's status. When G exits the kernel kills every process left in the namespace;
 - X drops to the unprivileged sandbox uid (which also drops every capability at exec),
-  applies the rlimits, sets no_new_privs and execs the program in ``/work``.
+  applies the rlimits, sets no_new_privs, installs a seccomp filter refusing memfd_create
+  and shmget and execs the program in ``/work``.
 
 Unsafe mode (no namespaces; the user opted in): rlimits, then the program runs in the
 host's work dir behind an audit hook that only guards against accidents (see sandbox.py).
@@ -44,6 +45,13 @@ LOCKED_FLAGS = ((os.ST_NOSUID, MS_NOSUID), (os.ST_NODEV, MS_NODEV), (os.ST_NOEXE
                 (os.ST_NOATIME, MS_NOATIME), (os.ST_NODIRATIME, MS_NODIRATIME),
                 (os.ST_RELATIME, MS_RELATIME))
 SETUP_FAILED = 125  # exit status when the sandbox could not be built (stderr says why)
+# seccomp: memfd_create and shmget are refused. Their pages need be in no address space
+# (RLIMIT_AS does not see them: a SysV segment stays after shmdt) and in no size-capped tmpfs:
+# without a memory cgroup they would escape the program's limit.
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO, X32_SYSCALL_BIT = 0x7FFF0000, 0x00050000, 0x40000000
+# AUDIT_ARCH_*, then the numbers of memfd_create and shmget
+SECCOMP_ARCH = {"x86_64": (0xC000003E, (319, 29)), "aarch64": (0xC00000B7, (279, 194))}
 
 UNSAFE_BOOT = r"""
 import sys, os
@@ -120,14 +128,16 @@ def _build_root(cfg):
     # the sandbox's uid, which creates the mount points below, cannot traverse
     sources = [(os.open(p, os.O_PATH | os.O_CLOEXEC), p, is_dir) for p, is_dir in cfg["expose"]]
     devices = [(os.open(p, os.O_PATH | os.O_CLOEXEC), p) for p in cfg["devices"]]
+    # the same for the host work dir, named relative to our cwd (the run's scratch dir), like
+    # the new root below: the dirs above it may be private to the verifier (a 0700 TMPDIR)
+    host_work = os.open(cfg["host_work"], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     # become the sandbox's (mapped) uid: files made in the new mounts need an owner that
     # exists in this namespace. Our host uid was not ns-root, so the capabilities stay
     # until the program's exec drops them.
     uid, gid = cfg["sandbox_id"], cfg["sandbox_id"]
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)
-    host_work = os.open(cfg["host_work"], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    new = cfg["newroot"]
+    new = cfg["newroot"]  # relative to our cwd: see host_work
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     _mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
     for fd, path, is_dir in sources:
@@ -190,6 +200,31 @@ def _exit_status(status):
     return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
 
 
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def _deny_unbounded_memory():
+    """A seccomp filter (after no_new_privs; inherited by every child, kept across exec):
+    memfd_create, shmget and the x32 syscalls fail with EPERM, everything else is allowed."""
+    arch, denied = SECCOMP_ARCH.get(platform.machine(), (None, ()))
+    if arch is None:
+        raise OSError("seccomp: no syscall numbers known for %s" % platform.machine())
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, ...JGE, BPF_RET|BPF_K
+    n = len(denied)  # layout: 0 ld arch, 1 jeq, 2 ld nr, 3 jge, 4.. one jeq each, 4+n deny, 5+n allow
+    prog = [(ld, 0, 0, 4), (jeq, 0, 3 + n, arch),  # another ABI: allow (none but x32 shares this arch)
+            (ld, 0, 0, 0), (jge, n, 0, X32_SYSCALL_BIT)]
+    prog += [(jeq, n - 1 - i, 1 if i == n - 1 else 0, nr) for i, nr in enumerate(denied)]
+    prog += [(ret, 0, 0, SECCOMP_RET_ERRNO | 1), (ret, 0, 0, SECCOMP_RET_ALLOW)]  # EPERM
+    filters = (_SockFilter * len(prog))(*[_SockFilter(*ins) for ins in prog])
+    fprog = _SockFprog(len(prog), filters)
+    _check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp")
+
+
 def _exec_program(cfg, argv):
     """In the child that becomes the program: limits, identity, exec. Never returns."""
     try:
@@ -200,6 +235,7 @@ def _exec_program(cfg, argv):
             os.setresgid(ident, ident, ident)
             os.setresuid(ident, ident, ident)
         _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+        _deny_unbounded_memory()
         _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")  # after setuid, which clears it
         os.chdir(cfg["workdir"])
         os.closerange(3, 1 << 16)
@@ -256,8 +292,21 @@ def _enter_namespaces(cfg):
     os._exit(_exit_status(status))
 
 
+def _join_cgroups(paths):
+    """First thing, while we are the only process of the program: join its cgroups, so that
+    everything started from here on is counted against its one limit (sandbox_limits.py)."""
+    try:
+        for path in paths:
+            with open(path, "w") as f:
+                f.write(str(os.getpid()))
+    except OSError as e:
+        os.write(2, ("sandbox setup failed: cannot join the program's cgroup: %s\n" % e).encode())
+        os._exit(SETUP_FAILED)
+
+
 def main():
     cfg = json.loads(sys.argv[1])
+    _join_cgroups(cfg["cgroup_procs"])
     if cfg["mode"] == "ns":
         _enter_namespaces(cfg)
     boot = UNSAFE_BOOT % {"readable": [p.rstrip("/") + "/" for p, _ in cfg["expose"]],

@@ -27,7 +27,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from .extract import NoAnswer, final_text
-from .registry import VERIFIERS, get_verifier
+from .registry import VERIFIERS, WORKER_PRELOAD, get_verifier
 from .sandbox import SandboxUnavailable
 from .schema import Reward, TaskRow
 from .timeouts import VerifierTimeout, time_limit
@@ -158,7 +158,7 @@ class VerifierPool:
         self.num_workers = num_workers
         self.modules = modules
         self._ctx = mp.get_context("forkserver")
-        self._ctx.set_forkserver_preload(["verifiers"])
+        self._ctx.set_forkserver_preload(["verifiers", *WORKER_PRELOAD])
         self._workers = [_Worker(self._ctx, modules) for _ in range(num_workers)]
         self._lock = threading.Lock()
 

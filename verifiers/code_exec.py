@@ -6,7 +6,8 @@ Reference (``row.reference``)::
     {"tests": [{"fn": "add", "args": [1, 2], "kwargs": {}, "expected": 3}]}  # function calls
     optional: "fn_name" (default function for call tests), "scoring": "fraction" (default)
     or "all_or_nothing", "timeout_s" (wall seconds per test, default 4), "cpu_s" (2),
-    "memory_mb" (512), "float_tol" (1e-6, for numeric outputs)
+    "memory_mb" (512: the whole program's memory, its children and threads included; a program
+    the kernel had to stop at that limit fails the test), "float_tol" (1e-6, for numeric outputs)
 
 The program is the last fenced code block of the final answer (```python ... ```), or the
 whole final answer when it has no fence (source "unfenced_code", a fallback). Integer
@@ -25,7 +26,7 @@ import re
 from typing import Any
 
 from .registry import register_verifier
-from .sandbox import SandboxConfig, run_python
+from .sandbox import SandboxConfig, run_python, sandbox_info
 from .schema import Reward, TaskRow
 from .timeouts import remaining_s
 
@@ -131,6 +132,10 @@ def values_match(expected: Any, got: Any, float_tol: float = 1e-6) -> bool:
     return expected == got
 
 
+def _memory_note(r, cfg: SandboxConfig) -> str:
+    return f"memory limit exceeded ({cfg.memory_mb} MiB for the whole program, {r.memory_mode} mode)"
+
+
 def run_tests(program: str, ref: dict[str, Any]) -> dict[str, Any]:
     tests = ref.get("tests")
     if not isinstance(tests, list) or not tests:
@@ -156,6 +161,8 @@ def run_tests(program: str, ref: dict[str, Any]) -> dict[str, Any]:
             notes[i] = "timeout"
         elif r.output_capped:
             notes[i] = "output limit exceeded"
+        elif r.memory_exceeded:  # part of the program was killed at its limit: no output counts
+            notes[i] = _memory_note(r, cfg)
         elif r.returncode != 0:
             notes[i] = f"exit code {r.returncode}: " + r.stderr.decode(errors="replace")[-300:]
         else:
@@ -170,7 +177,10 @@ def run_tests(program: str, ref: dict[str, Any]) -> dict[str, Any]:
         r = run_python({"solution.py": program, "main.py": HARNESS, "calls.json": json.dumps(calls)}, "main.py",
                        config=cfg, collect=("results.jsonl",))
         results: dict[int, dict] = {}
-        for line in r.files.get("results.jsonl", b"").decode(errors="replace").splitlines():
+        if r.memory_exceeded:
+            for i in call_idx:
+                notes[i] = _memory_note(r, cfg)
+        for line in ([] if r.memory_exceeded else r.files.get("results.jsonl", b"").decode(errors="replace").splitlines()):
             try:
                 obj = json.loads(line)
             except ValueError:
@@ -209,4 +219,4 @@ def verify_code(row: TaskRow, text: str) -> Reward:
         reason += f"; first failure: {first_fail[:200]}"
     return Reward(score=score, extracted=program[:2000], reason=reason, source=source,
                   details={"tests": [{"passed": p, "note": note[:300]} for p, note in zip(res["passed"], res["notes"])],
-                           "scoring": scoring})
+                           "scoring": scoring, "sandbox": {k: v for k, v in sandbox_info().items() if k != "memory_why"}})

@@ -15,7 +15,10 @@ strategy that found it is the reward's ``source`` (stable names, see ``schema.SO
   included). Never used when the text has an answer marker (a box or "the answer is"):
   a marked answer that cannot be read is no answer. Refused when the text holds more than
   ``max_fallback_numbers`` numbers (a list of candidates is stuffing, not an answer);
-- ``full`` (fallback): the whole final text, stripped.
+- ``full`` (fallback): the whole final text, stripped;
+- ``hashes`` (opt-in, not a default): the text after the last "####" (to the line's end), GSM8K's
+  answer format (its worked solutions end with "#### 18"); a GSM8K benchmark set lists it
+  first (stages/eval/benchmarks.py ``GSM8K_EXTRACTION``).
 
 Options (``row.extraction``): ``strategies`` (list, default
 ``["boxed", "answer_is", "bare", "last_number"]``), ``require_think`` (bool, default False:
@@ -38,8 +41,8 @@ class NoAnswer(Exception):
     """Raised when a response has no extractable final answer; the message is the reason."""
 
 
-STRATEGIES = ("boxed", "answer_is", "bare", "last_number", "full")
-MARKED = ("boxed", "answer_is")  # strategies that read an explicit answer marker
+STRATEGIES = ("boxed", "answer_is", "bare", "last_number", "full", "hashes")
+MARKED = ("boxed", "answer_is", "hashes")  # strategies that read an explicit answer marker
 
 
 @dataclass
@@ -117,6 +120,7 @@ def find_boxed(text: str) -> list[str]:
 _ANSWER_IS_RE = re.compile(
     r"(?:the\s+)?(?:final\s+)?answer\s*(?:is|:|=)\s*:?\s*(.+)", re.IGNORECASE
 )
+_HASHES_RE = re.compile(r"####[ \t]*([^\n]*)")  # anywhere, as lm-eval's gsm8k strict-match reads it
 _NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?(?:\s*/\s*\d+)?%?|-?\.\d+%?")
 
 
@@ -164,6 +168,10 @@ def extract_answer(text: str, opts: ExtractionOptions | None = None,
                 ans = re.sub(r"(?<!\\)\$", "", ans).strip()  # math delimiters; a currency "\$" stays
                 if ans:
                     return ans, "answer_is"
+        elif strategy == "hashes":
+            matches = _HASHES_RE.findall(text)
+            if matches and _clean_tail(matches[-1]):
+                return re.sub(r"(?<!\\)\$", "", _clean_tail(matches[-1])).strip(), "hashes"
         elif strategy == "bare":
             t = text.strip().strip("$").strip().rstrip(".")
             if t and "\n" not in t and len(t) <= 100 and not re.search(r"[A-Za-z]{2,}", re.sub(r"\\[A-Za-z]+", "", t)):

@@ -15,6 +15,10 @@ or a list of instructions, each an id (or a short alias, below) with its kwargs 
 plus ``"mode": "strict" | "loose"`` (default strict) and ``"scoring": "all"`` (default: 1
 only if every instruction holds) or ``"fraction"``. Loose mode, as in IFEval, also accepts
 the response without its first line, its last line, both, and/or every ``*``.
+``"grading": "reference"`` (default: the reference checker's verdicts, for evaluation) or
+``"strict"`` (for RL rewards: also rejects lookalike characters, padding, keywords inside
+other words, empty placeholders/titles/JSON, postscripts that are not one, ...: see
+``ifeval_strict.py``). Grading is independent of IFEval's strict/loose ``mode``.
 
 Where this differs from the reference, on purpose:
 - ``length_constraints:number_sentences``: the reference counts with NLTK's Punkt English
@@ -44,6 +48,7 @@ from typing import Any
 from .registry import register_verifier
 from .schema import Reward, TaskRow
 
+GRADINGS = ("reference", "strict")  # "strict": ifeval_strict.py's categories too (for RL rewards)
 RELATIONS: dict[str, Callable[[int, int], bool]] = {
     "less than": lambda v, n: v < n, "at least": lambda v, n: v >= n,  # the reference's two
     "at most": lambda v, n: v <= n, "more than": lambda v, n: v > n, "exactly": lambda v, n: v == n,
@@ -118,7 +123,7 @@ def words_treebank(text: str) -> list[str]:
     return re.findall(r"[\w'][\w'.\-]*[\w']|[\w']|[^\w\s]", t)
 
 
-def _detect_language(text: str) -> str | None:
+def detect_language(text: str) -> str | None:
     """ISO code, or None where langdetect has nothing to go on."""
     import langdetect
 
@@ -152,7 +157,7 @@ def _letters(text, letter, let_frequency, let_relation):
 
 @instruction("language:response_language", "language")
 def _language(text, language):
-    got = _detect_language(text)
+    got = detect_language(text)
     return got is None or got == language
 
 
@@ -278,7 +283,7 @@ def _capital_words(text, capital_frequency, capital_relation):
 def _english_in_case(text: str, in_case: bool) -> bool:
     if not in_case:
         return False
-    lang = _detect_language(text)
+    lang = detect_language(text)
     return lang is None or lang == "en"
 
 
@@ -368,29 +373,68 @@ def parse_instructions(ref: dict[str, Any]) -> list[tuple[Instruction, dict[str,
     return out
 
 
+def with_grading(rows: list[dict[str, Any]], grading: str) -> list[dict[str, Any]]:
+    """The rows, where an ifeval row whose reference names no grading gets `grading` (an RL
+    reward passes "strict"; a row that chose its grading keeps it)."""
+    if grading not in GRADINGS:
+        raise ValueError(f"ifeval grading must be one of {list(GRADINGS)}, got {grading!r}")
+    out = []
+    for row in rows:
+        ref = row.get("reference")
+        if row.get("domain") == "ifeval" and isinstance(ref, dict) and "grading" not in ref:
+            row = {**row, "reference": {**ref, "grading": grading}}
+        out.append(row)
+    return out
+
+
 def loose_variants(text: str) -> list[str]:
     lines = text.split("\n")
     bases = [text, "\n".join(lines[1:]).strip(), "\n".join(lines[:-1]).strip(), "\n".join(lines[1:-1]).strip()]
     return list(dict.fromkeys(v for b in bases for v in (b, b.replace("*", "")) if v.strip()))
 
 
-def followed(text: str, inst: Instruction, kwargs: dict[str, Any], mode: str = "strict") -> bool:
+def followed(text: str, inst: Instruction, kwargs: dict[str, Any], mode: str = "strict",
+             grading: str = "reference") -> bool:
+    return why_not_followed(text, inst, kwargs, mode, grading) is None
+
+
+def why_not_followed(text: str, inst: Instruction, kwargs: dict[str, Any], mode: str = "strict",
+                     grading: str = "reference") -> str | None:
+    """None if some variant of the text (one in IFEval's strict mode, eight in loose mode)
+    follows the instruction; else why the first variant does not. ``grading="strict"`` adds
+    ``ifeval_strict``'s categories to the reference check."""
+    from .ifeval_strict import problem
+
     variants = [text] if mode == "strict" else loose_variants(text)
-    return any(v.strip() and inst.check(v, **kwargs) for v in variants)
+    first = None
+    for v in variants:
+        why = None if v.strip() and inst.check(v, **kwargs) else "not followed"
+        if why is None and grading == "strict":
+            why = problem(v, inst.id, kwargs)
+        if why is None:
+            return None
+        first = first or why
+    return first or "empty response"
 
 
 @register_verifier("ifeval")
 def verify_ifeval(row: TaskRow, text: str) -> Reward:
     ref = row.reference if isinstance(row.reference, dict) else {}
     instructions = parse_instructions(ref)
-    mode = ref.get("mode", "strict")
+    mode, grading = ref.get("mode", "strict"), ref.get("grading", "reference")
     if mode not in ("strict", "loose"):
         raise ValueError(f"ifeval reference: mode must be 'strict' or 'loose', got {mode!r}")
+    if grading not in GRADINGS:
+        raise ValueError(f"ifeval reference: grading must be one of {list(GRADINGS)}, got {grading!r}")
     if not text.strip():
         return Reward.zero("empty response", source="response")
-    results = [followed(text, inst, kw, mode) for inst, kw in instructions]
+    whys = [why_not_followed(text, inst, kw, mode, grading) for inst, kw in instructions]
+    results = [w is None for w in whys]
     n_ok = sum(results)
     score = n_ok / len(results) if ref.get("scoring") == "fraction" else float(all(results))
-    failed = [inst.id for (inst, _), ok in zip(instructions, results) if not ok]
-    reason = f"{n_ok}/{len(results)} instructions followed ({mode})" + (f"; failed: {', '.join(failed)}" if failed else "")
-    return Reward(score=score, reason=reason, source="response", details={"followed": results, "mode": mode})
+    failed = [f"{inst.id} ({why})" if why != "not followed" else inst.id
+              for (inst, _), why in zip(instructions, whys) if why is not None]
+    reason = (f"{n_ok}/{len(results)} instructions followed ({mode}, {grading} grading)"
+              + (f"; failed: {', '.join(failed)}" if failed else ""))
+    return Reward(score=score, reason=reason, source="response",
+                  details={"followed": results, "mode": mode, "grading": grading})

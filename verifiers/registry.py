@@ -41,6 +41,10 @@ class VerifierRegistry(MutableMapping[str, VerifierFn]):
 
 
 VERIFIERS = VerifierRegistry()
+# Heavy packages a domain imports on first use (reasoning_gym: seconds). The worker pool
+# (api.py) imports them in its forkserver, before any worker starts, so no row's timeout
+# pays for the import (on a loaded machine it outlasted the timeout, and every row scored 0).
+WORKER_PRELOAD: list[str] = []
 
 
 def register_verifier(name: str, *aliases: str) -> Callable[[VerifierFn], VerifierFn]:

@@ -19,13 +19,20 @@ as root, or as a user where unprivileged user namespaces are enabled) guarantees
 - **Processes**: new PID namespace; the program sees no host process and cannot signal
   one. When it exits, times out or floods its output, every process it started is killed
   (the namespace's PID 1 exits; PR_SET_PDEATHSIG does the same if the verifier dies).
-- **Aggregate limits** (no cgroup needed): RLIMIT_NPROC counts processes (threads too) of
-  the sandbox's uid *in its own user namespace* (its PID 1 included), so ``nproc`` bounds
-  the whole program;
-  RLIMIT_AS bounds each process. Total memory is therefore at most
-  ``nproc * memory_mb + work_mb + tmp_mb`` (``SandboxConfig.memory_bound_mb``). Also:
-  CPU seconds per process, file size, open files, no core dumps, a wall-clock timeout and
-  stdout/stderr caps, and a scrubbed environment (PATH, LANG, HOME=/work: no host secrets).
+- **One limit for the whole program** (``sandbox_limits.py``): ``memory_mb`` and ``nproc``
+  bound the program with all its children and threads together. Where a cgroup can be made
+  (v2, else v1's memory and pids controllers) the program runs in a fresh one whose memory
+  limit covers every page it charges (its processes and its tmpfs files) and whose pids
+  limit bounds its tasks; otherwise RLIMIT_NPROC (counted in its own user namespace, its
+  PID 1 included) bounds the processes and threads and each process gets
+  ``memory_mb // nproc`` of address space. ``sandbox_info()`` and each result's
+  ``memory_mode`` say which. ``memfd_create`` and ``shmget`` are refused (seccomp): their
+  memory need be in no address space and no capped tmpfs. Also: CPU seconds per process, file size, open files,
+  no core dumps, a wall-clock timeout and stdout/stderr caps, and a scrubbed environment
+  (PATH, LANG, HOME=/work: no host secrets).
+- **Private temp dirs**: the sandbox's scratch dir may lie under dirs only the verifier can
+  traverse (a 0700 TMPDIR): the launcher reaches it through its cwd and file descriptors
+  opened before it drops to the sandbox's uid, never by a path from the host's root.
 
 Unsafe mode ("unsafe"): where no user namespace can be created, ``run_python`` raises
 ``SandboxUnavailable`` unless the user opts in with ``RING_SANDBOX_UNSAFE_NO_ISOLATION=1``.
@@ -54,6 +61,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .sandbox_limits import LAUNCHER_MB, ProgramLimit, memory_mode, program_limit
+
 LAUNCHER = str(Path(__file__).with_name("_sandbox_launcher.py"))
 UNSAFE_OPT_IN = "RING_SANDBOX_UNSAFE_NO_ISOLATION"
 SANDBOX_ID = 1000  # uid and gid of the program inside its user namespace
@@ -72,7 +81,7 @@ class SandboxUnavailable(RuntimeError):
 class SandboxConfig:
     cpu_s: int = 2
     wall_s: float = 5.0
-    memory_mb: int = 512  # address space per process
+    memory_mb: int = 512  # memory of the whole program, children and threads included
     nproc: int = 8  # processes + threads of the whole program, the sandbox's PID 1 included
     file_size_mb: int = 16
     nofile: int = 64
@@ -81,10 +90,13 @@ class SandboxConfig:
     max_output_bytes: int = 1 << 20
     expose: tuple[str, ...] = ()  # extra host paths the program may read (read-only)
 
-    @property
-    def memory_bound_mb(self) -> int:
-        """What the whole program can hold at most in namespace mode."""
-        return self.nproc * self.memory_mb + self.work_mb + self.tmp_mb
+    def memory_bound_mb(self, memory_mode: str) -> int:
+        """What the whole program can hold at most in namespace mode: under a cgroup its
+        memory_mb (tmpfs files included) plus the launcher's headroom; else nproc processes
+        of memory_mb // nproc address space each, plus the files in /work and /tmp."""
+        if memory_mode == "rlimit":
+            return self.nproc * max(1, self.memory_mb // self.nproc) + self.work_mb + self.tmp_mb
+        return self.memory_mb + LAUNCHER_MB
 
 
 @dataclass
@@ -97,10 +109,12 @@ class SandboxResult:
     elapsed_s: float
     mode: str
     files: dict[str, bytes] = field(default_factory=dict)
+    memory_mode: str = "rlimit"  # how memory_mb bounded the whole program (sandbox_limits.py)
+    memory_exceeded: bool = False  # the kernel killed part of the program at its memory limit
 
     @property
     def ok(self) -> bool:
-        return self.returncode == 0 and not self.timed_out and not self.output_capped
+        return self.returncode == 0 and not self.timed_out and not self.output_capped and not self.memory_exceeded
 
 
 # ---- what the program may see ------------------------------------------------------------
@@ -155,6 +169,15 @@ def isolation_mode() -> str:
     raise SandboxUnavailable(
         f"cannot isolate untrusted code here (user namespaces: {problem}); enable unprivileged user "
         f"namespaces or run as root, or set {UNSAFE_OPT_IN}=1 to run programs WITHOUT isolation")
+
+
+def sandbox_info() -> dict[str, str]:
+    """How programs are isolated and limited here: {"isolation", "memory", "memory_why"}
+    (memory_why: why no better whole-program limit is in force). Raises SandboxUnavailable
+    as ``isolation_mode`` does."""
+    isolation = isolation_mode()
+    memory, why = memory_mode()
+    return {"isolation": isolation, "memory": memory, "memory_why": why}
 
 
 # ---- running -----------------------------------------------------------------------------
@@ -227,18 +250,42 @@ def run_python(
     return _run(files, main, stdin, config or SandboxConfig(), collect, mode or isolation_mode())
 
 
-def _run(files, main, stdin, cfg: SandboxConfig, collect, mode) -> SandboxResult:
-    for name in (*files, *collect):
-        if not name or os.path.basename(name) != name or name in (".", ".."):
-            raise ValueError(f"sandbox file name must be a plain name: {name!r}")
+def _launch_config(files, main, cfg: SandboxConfig, collect, mode, root: str, limit: ProgramLimit) -> dict:
+    """What the launcher needs. Its cwd is the run's scratch dir `root`: in namespace mode it
+    names the work dir and the new root relative to it, so that no dir above `root` (a private
+    TMPDIR) has to be traversable by the sandbox's uid."""
+    expose, mask = _allow_list()
+    expose += tuple((os.path.realpath(p), os.path.isdir(p)) for p in cfg.expose)
+    mb = 1 << 20
+    host_work = os.path.join(root, "work")
+    return {
+        "mode": mode, "host_work": "work" if mode == "ns" else host_work, "newroot": "root",
+        "inputs": sorted(files), "collect": list(collect), "collect_cap": cfg.max_output_bytes, "expose": expose,
+        "mask": mask, "devices": DEVICES, "tmp_mb": cfg.tmp_mb, "work_mb": cfg.work_mb,
+        "sandbox_id": SANDBOX_ID, "workdir": "/work" if mode == "ns" else host_work,
+        "cgroup_procs": limit.procs_files,  # the launcher joins them before it starts anything
+        "rlimits": {
+            "RLIMIT_CPU": [cfg.cpu_s, cfg.cpu_s + 1],
+            "RLIMIT_AS": [limit.per_process_mb * mb] * 2,
+            "RLIMIT_FSIZE": [cfg.file_size_mb * mb] * 2,
+            "RLIMIT_NPROC": [cfg.nproc] * 2,
+            "RLIMIT_NOFILE": [cfg.nofile] * 2,
+            "RLIMIT_CORE": [0, 0],
+        },
+        "argv": [_interpreter(), "-E", "-s", "-B", main],
+        "env": {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/work" if mode == "ns" else host_work,
+                "PYTHONIOENCODING": "utf-8", "PYTHONDONTWRITEBYTECODE": "1"},
+    }
+
+
+def _prepare(files, mode) -> tuple[str, int, int]:
+    """A fresh scratch dir holding the input files in work/ (owned by the sandbox's host
+    uid when we are root); returns (dir, host uid, host gid)."""
     root = tempfile.mkdtemp(prefix="ring-sbx-")
-    host_work, newroot = os.path.join(root, "work"), os.path.join(root, "root")
-    os.mkdir(host_work)
-    os.mkdir(newroot)
-    t0 = time.perf_counter()
-    proc: subprocess.Popen | None = None
-    sync = ()
     try:
+        host_work = os.path.join(root, "work")
+        os.mkdir(host_work)
+        os.mkdir(os.path.join(root, "root"))
         for name, content in files.items():
             with open(os.path.join(host_work, name), "wb") as f:
                 f.write(content.encode() if isinstance(content, str) else content)
@@ -246,26 +293,31 @@ def _run(files, main, stdin, cfg: SandboxConfig, collect, mode) -> SandboxResult
         if mode == "ns" and _host_root():  # the namespace's PID 1 reads inputs and writes results as it
             for path in (root, host_work, *(os.path.join(host_work, n) for n in files)):
                 os.chown(path, host_uid, host_gid)
-        expose, mask = _allow_list()
-        expose += tuple((os.path.realpath(p), os.path.isdir(p)) for p in cfg.expose)
-        mb = 1 << 20
-        launch = {
-            "mode": mode, "host_work": host_work, "newroot": newroot, "inputs": sorted(files),
-            "collect": list(collect), "collect_cap": cfg.max_output_bytes, "expose": expose,
-            "mask": mask, "devices": DEVICES, "tmp_mb": cfg.tmp_mb, "work_mb": cfg.work_mb,
-            "sandbox_id": SANDBOX_ID, "workdir": "/work" if mode == "ns" else host_work,
-            "rlimits": {
-                "RLIMIT_CPU": [cfg.cpu_s, cfg.cpu_s + 1],
-                "RLIMIT_AS": [cfg.memory_mb * mb] * 2,
-                "RLIMIT_FSIZE": [cfg.file_size_mb * mb] * 2,
-                "RLIMIT_NPROC": [cfg.nproc] * 2,
-                "RLIMIT_NOFILE": [cfg.nofile] * 2,
-                "RLIMIT_CORE": [0, 0],
-            },
-            "argv": [_interpreter(), "-E", "-s", "-B", main],
-            "env": {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/work" if mode == "ns" else host_work,
-                    "PYTHONIOENCODING": "utf-8", "PYTHONDONTWRITEBYTECODE": "1"},
-        }
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    return root, host_uid, host_gid
+
+
+def _program_limit(cfg: SandboxConfig) -> ProgramLimit:
+    try:
+        return program_limit(cfg.memory_mb, cfg.nproc)
+    except OSError as e:  # fail closed: never run a program without its whole-program limit
+        raise SandboxUnavailable(f"cannot set up the program's whole-program memory limit: {e}") from e
+
+
+def _run(files, main, stdin, cfg: SandboxConfig, collect, mode) -> SandboxResult:
+    for name in (*files, *collect):
+        if not name or os.path.basename(name) != name or name in (".", ".."):
+            raise ValueError(f"sandbox file name must be a plain name: {name!r}")
+    root, host_uid, host_gid = _prepare(files, mode)
+    t0 = time.perf_counter()
+    proc: subprocess.Popen | None = None
+    limit: ProgramLimit | None = None
+    sync = ()
+    try:
+        limit = _program_limit(cfg)
+        launch = _launch_config(files, main, cfg, collect, mode, root, limit)
         if mode == "ns":
             ready_r, ready_w = os.pipe()
             maps_r, maps_w = os.pipe()
@@ -291,37 +343,56 @@ def _run(files, main, stdin, cfg: SandboxConfig, collect, mode) -> SandboxResult
             for fd in sync:
                 os.close(fd)
             sync = ()
-        out, err, timed_out, capped = _communicate(proc, t0 + cfg.wall_s, cfg.max_output_bytes)
+        out, err, timed_out, capped, at_limit = _communicate(proc, t0 + cfg.wall_s, cfg.max_output_bytes,
+                                                             limit.alarm_fd)
+        if at_limit:  # the program reached its memory limit: all of it ends now, none goes on
+            limit.kill_all()
         _stop(proc, mode)
-        collected = {}
-        for name in collect:
-            p = os.path.join(host_work, name)
-            if os.path.isfile(p) and not os.path.islink(p):
-                with open(p, "rb") as f:
-                    collected[name] = f.read(cfg.max_output_bytes)
-        return SandboxResult(proc.returncode, out, err, timed_out, capped, time.perf_counter() - t0, mode, collected)
+        collected = _collected(os.path.join(root, "work"), collect, cfg.max_output_bytes)
+        return SandboxResult(proc.returncode, out, err, timed_out, capped, time.perf_counter() - t0, mode, collected,
+                             memory_mode=limit.mode, memory_exceeded=at_limit or limit.exceeded())
     finally:
         for fd in sync:  # only fds still open: an fd number closed twice may be someone else's by then
             os.close(fd)
         if proc is not None and proc.returncode is None:
             _stop(proc, mode)
+        if limit is not None:
+            limit.close()
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _communicate(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[bytes, bytes, bool, bool]:
+def _collected(host_work: str, collect, cap: int) -> dict[str, bytes]:
+    out = {}
+    for name in collect:
+        p = os.path.join(host_work, name)
+        if os.path.isfile(p) and not os.path.islink(p):
+            with open(p, "rb") as f:
+                out[name] = f.read(cap)
+    return out
+
+
+def _communicate(proc: subprocess.Popen, deadline: float, cap: int,
+                 alarm_fd: int | None) -> tuple[bytes, bytes, bool, bool, bool]:
+    """(stdout, stderr, timed out, output capped, memory limit reached): reads until the
+    program closes its pipes, times out, floods them, or `alarm_fd` becomes readable."""
     bufs = {proc.stdout: bytearray(), proc.stderr: bytearray()}
     sel = selectors.DefaultSelector()
     for f in bufs:
         os.set_blocking(f.fileno(), False)
         sel.register(f, selectors.EVENT_READ)
-    timed_out = capped = False
+    if alarm_fd is not None:
+        sel.register(alarm_fd, selectors.EVENT_READ)
+    timed_out = capped = at_limit = False
     try:
-        while sel.get_map():
+        while len(sel.get_map()) > (alarm_fd is not None):
             left = deadline - time.perf_counter()
             if left <= 0:
                 timed_out = True
                 break
             for key, _ in sel.select(timeout=min(left, 0.5)):
+                if key.fileobj == alarm_fd:
+                    at_limit = True
+                    break
                 chunk = os.read(key.fileobj.fileno(), 65536)
                 if not chunk:
                     sel.unregister(key.fileobj)
@@ -331,16 +402,17 @@ def _communicate(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[byt
                 if len(buf) > cap:
                     del buf[cap:]
                     capped = True
-            if capped:
+            if capped or at_limit:
                 break
-        if not timed_out and not capped:
-            # pipes closed: wait for exit within the deadline
+        while not (timed_out or capped or at_limit):  # pipes closed: wait for exit, the deadline or the limit
             try:
-                proc.wait(timeout=max(0.01, deadline - time.perf_counter()))
+                proc.wait(timeout=max(0.01, min(0.1, deadline - time.perf_counter())))
+                break
             except subprocess.TimeoutExpired:
-                timed_out = True
+                timed_out = time.perf_counter() >= deadline
+                at_limit = bool(alarm_fd is not None and sel.select(timeout=0))
     finally:
         sel.close()
         for f in bufs:
             f.close()
-    return bytes(bufs[proc.stdout]), bytes(bufs[proc.stderr]), timed_out, capped
+    return bytes(bufs[proc.stdout]), bytes(bufs[proc.stderr]), timed_out, capped, at_limit

@@ -8,8 +8,10 @@ from pydantic import BaseModel, ConfigDict, Field
 # Which path produced a reward (``Reward.source``). Stable names: RL monitors group by them.
 SOURCES = {
     "boxed": "the last \\boxed{} of the final answer",
+    "answer_tag": "the last <answer> </answer> of the final answer (reasoning_gym)",
     "answer_is": 'a marker: "the answer is", "final answer:", "answer:"',
     "bare": "the final answer is one short line of mathematics",
+    "hashes": 'GSM8K\'s answer line "#### N" (opt-in math strategy)',
     "last_number": "FALLBACK: the last number anywhere in the final answer",
     "full": "FALLBACK: the whole final answer (opt-in math strategy)",
     "fenced_code": "the last fenced code block",

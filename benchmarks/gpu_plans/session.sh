@@ -7,6 +7,8 @@
 #   bash benchmarks/gpu_plans/session.sh part K            # carry [".vllm/partK"]: one part of scripts/gpu_vllm.sh's payload -> /tmp/vllm_parts
 #   bash benchmarks/gpu_plans/session.sh vllm              # after the last part: unpack + install into /tmp/site_vllm, then /tmp/vllm_ready
 #   bash benchmarks/gpu_plans/session.sh late              # this call's tree -> /tmp/repo_late, then /tmp/late_ready (jobs that need later code)
+#   bash benchmarks/gpu_plans/session.sh asset DIR         # carry [DIR]: split parts of a data wheel (NAME.whl.00, .01, ...) -> /tmp/assets
+#   bash benchmarks/gpu_plans/session.sh assets            # after the last part: join the parts, install the wheels into /tmp/site, then /tmp/assets_ready
 #   bash benchmarks/gpu_plans/session.sh collect [SECONDS] # wait up to SECONDS for the queue to finish, then $OUT/results.tgz + a summary
 #
 # NVLink multicast stays off in every process (also set by gpu_queue.py for each job).
@@ -35,6 +37,8 @@ EOF
 case "${1:?start|part|vllm|collect}" in
   start)
     plan=${2:?plan yaml}
+    # sdists with C code (scripts/gpu_wheels.sh BUILD_THERE) are built here, for this Python
+    for sdist in .whl/*.tar.gz; do [ -e "$sdist" ] && python3 -m pip wheel -q --no-deps --no-build-isolation -w .whl "$sdist"; done
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
     rm -rf /tmp/repo && mkdir -p /tmp/repo
     tar --exclude=./.whl --exclude=./.vllm -cf - . | tar -xf - -C /tmp/repo
@@ -59,6 +63,18 @@ case "${1:?start|part|vllm|collect}" in
     cp -r /tmp/vllm_payload/site/. /tmp/site_vllm/
     PYTHONPATH=/tmp/site_vllm:/tmp/site python3 -c "import vllm; print('vllm', vllm.__version__)"
     touch /tmp/vllm_ready
+    summary
+    ;;
+  asset)
+    mkdir -p /tmp/assets && cp "${2:?folder}"/* /tmp/assets/
+    ls -la /tmp/assets
+    ;;
+  assets)
+    cd /tmp/assets
+    for first in *.whl.00; do cat "${first%.00}".[0-9][0-9] >"${first%.00}"; done
+    sha256sum ./*.whl
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site ./*.whl
+    touch /tmp/assets_ready
     summary
     ;;
   late)

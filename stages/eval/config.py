@@ -14,7 +14,7 @@ the verifier of their domain. No torch import here: validating a recipe stays fa
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -43,6 +43,63 @@ class EvalSet(Strict):
         return [self.path] if isinstance(self.path, str) else list(self.path)
 
 
+class BenchmarkSet(EvalSet):
+    """A benchmark file as it is (stages/eval/benchmarks.py): which fields hold the question
+    and the answer, how the gold answer is read, the verifier domain and the prompt."""
+
+    question_field: str = Field(description="the field holding the question (gsm8k: question; math500: problem)")
+    answer_field: str = Field(description="the field holding the answer (gsm8k: answer; minerva_math: solution)")
+    answer_extractor: str = Field("field", description="how the gold answer is read from answer_field: "
+                                  "field (as it is), gsm8k (the N after '#### '), boxed (the last \\boxed{})")
+    id_field: str | None = Field(None, description="the field holding a row id (default: the row's file:line)")
+    domain: str = Field("math", description="the verifier that scores the responses")
+    prompt_template: str = Field("{question}", description="the user turn; {question} is replaced by the question")
+    extraction: dict[str, Any] | None = Field(None, description="the verifier's answer extraction options per row "
+                                              "(verifiers/extract.py), e.g. GSM8K: {strategies: [hashes, boxed, "
+                                              "answer_is, bare, last_number]} to read its '#### N' answers")
+
+    @field_validator("extraction")
+    @classmethod
+    def _extraction(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None:
+            from verifiers.extract import ExtractionOptions
+
+            ExtractionOptions.from_dict(v)  # ValueError naming the bad option
+        return v
+
+    @field_validator("answer_extractor")
+    @classmethod
+    def _extractor(cls, v: str) -> str:
+        from stages.eval.benchmarks import ANSWER_EXTRACTORS
+
+        if v not in ANSWER_EXTRACTORS:
+            raise ValueError(f"answer_extractor {v!r}: known ones are {sorted(ANSWER_EXTRACTORS)}")
+        return v
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _template(cls, v: str) -> str:
+        if "{question}" not in v:
+            raise ValueError("prompt_template must contain {question} (where the question goes)")
+        return v
+
+
+class LmEvalSet(Strict):
+    """An lm-evaluation-harness task run on the model with lm-eval's `hf` backend (the
+    `lm-eval` extra): its prompts, generation, filters and metrics are the task's own."""
+
+    lm_eval: str | dict[str, Any] = Field(description="the task: a task YAML file, or its config inline (a dict "
+                                          "in lm-eval's task YAML schema)")
+    data: str | None = Field(None, description="a local jsonl/json file the task reads (sets its dataset_path to "
+                             "json and its data_files); else the task's own dataset_path / dataset_kwargs")
+    split: str = Field("test", description="the split name `data` is given under (the task's test_split)")
+    limit: int | None = Field(None, ge=1, description="the first N documents (null = all)")
+    num_fewshot: int | None = Field(None, ge=0, description="null = the task's own")
+    apply_chat_template: bool = Field(False, description="render prompts with the model's chat template")
+    batch_size: int = Field(8, ge=1)
+    max_new_tokens: int | None = Field(None, ge=1, description="overrides the task's generation length")
+
+
 class Decoding(Strict):
     """How responses are generated: greedy (temperature 0, one sample) or sampled (`samples`
     responses per row; accuracy = mean over samples, and the unbiased pass@k for each k)."""
@@ -67,8 +124,10 @@ class Decoding(Strict):
 class EvalConfig(StageConfig):
     kind: Literal["eval"] = "eval"
     models: dict[str, str] = Field(min_length=1, description="name -> HF model dir (${stages.X.output} or a URI)")
-    sets: dict[str, EvalSet | str | list[str]] = Field(
-        min_length=1, description="name -> rows (a path, a list of paths, or {path, limit})")
+    sets: dict[str, BenchmarkSet | LmEvalSet | EvalSet | str | list[str]] = Field(
+        min_length=1, description="name -> rows in the RL format (a path, a list of paths, or {path, limit}), a "
+        "benchmark file with its field mapping ({path, question_field, answer_field, answer_extractor, ...}), or "
+        "an lm-eval task ({lm_eval: task yaml or dict, data: local file})")
     decodings: dict[str, Decoding] = Field({"greedy": Decoding()}, min_length=1,
                                            description="name -> how responses are generated")
     max_new_tokens: int = Field(1024, ge=1, description="response tokens per row (longer ones are cut)")
@@ -87,8 +146,8 @@ class EvalConfig(StageConfig):
 
     @field_validator("sets")
     @classmethod
-    def _set_names(cls, v: dict) -> dict[str, EvalSet]:
-        v = {k: s if isinstance(s, EvalSet) else EvalSet(path=s) for k, s in v.items()}
+    def _set_names(cls, v: dict) -> dict[str, EvalSet | LmEvalSet]:
+        v = {k: s if isinstance(s, (EvalSet, LmEvalSet)) else EvalSet(path=s) for k, s in v.items()}
         return _names(v, "set")
 
     @field_validator("decodings")
@@ -98,7 +157,7 @@ class EvalConfig(StageConfig):
 
 
 KIND = register(StageKind(
-    name="eval", config=EvalConfig, version=1,
+    name="eval", config=EvalConfig, version=2,
     sources=("stages.eval", "stages.common", "stages.rl.engines", "stages.reasoning_rl.data", "verifiers"),
     distributed=False,
     description="accuracy (greedy, pass@k) of models on held-out verifiable sets, per set and domain"))

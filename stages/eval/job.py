@@ -7,6 +7,11 @@ counted); the rollout engine (`stages.rl.engines.create_engine`, the one the RL 
 sample with: bf16 on GPU by default) generates the responses of each decoding; the
 verifier of each row's domain scores them (`verifiers.verify_batch`).
 
+A set is RL rows, a benchmark file read through its field mapping (GSM8K, MATH-500, ...:
+benchmarks.py), or an lm-evaluation-harness task (harness.py: the task's own prompts,
+generation and metrics, lm-eval's `hf` backend on the model directory; its metrics go to the
+summary's `lm_eval`, model -> set -> `<metric>,<filter>` -> value, and a record per set).
+
 Outputs (job.output_dir): `stage_summary.json` (-> the manifest) with one record per model,
 set, decoding and domain (accuracy, pass_at_k, rows, responses, mean response length, share
 ended by EOS; domain "all" = the whole set) and `accuracy`, model -> set -> decoding ->
@@ -26,21 +31,27 @@ from stages.common.contract import StageError, StageJob
 from stages.common.entry import run_job
 from stages.common.rows import DataError
 from stages.common.stage_log import StageLogger, info
-from stages.eval.config import Decoding, EvalConfig
+from stages.eval.benchmarks import benchmark_rows
+from stages.eval.config import BenchmarkSet, Decoding, EvalConfig, EvalSet, LmEvalSet
+from stages.eval.harness import require_lm_eval
 from stages.eval.scoring import ALL_DOMAINS, Scored, summarize
 
 
-def load_set(job: StageJob, name: str, paths: list[str], limit: int | None) -> list[dict[str, Any]]:
-    """The set's rows (RL format, validated with the file and line of each problem)."""
+def load_set(job: StageJob, name: str, spec: EvalSet) -> list[dict[str, Any]]:
+    """The set's rows (RL format, validated with the file and line of each problem): RL rows
+    as they are, or a benchmark file through its field mapping (benchmarks.py)."""
     from stages.reasoning_rl.config import RLData
     from stages.reasoning_rl.data import load_rows
     from verifiers import VERIFIERS
 
-    try:
-        rows = load_rows(job.fetch, [RLData(path=p) for p in paths])
-    except DataError as e:
-        raise DataError(f"eval set {name!r}: {e}") from None
-    rows = rows[:limit] if limit is not None else rows
+    if isinstance(spec, BenchmarkSet):
+        rows = benchmark_rows(job.fetch, name, spec)
+    else:
+        try:
+            rows = load_rows(job.fetch, [RLData(path=p) for p in spec.paths])
+        except DataError as e:
+            raise DataError(f"eval set {name!r}: {e}") from None
+        rows = rows[:spec.limit] if spec.limit is not None else rows
     unknown = {r["domain"]: r["id"] for r in rows if r["domain"] not in VERIFIERS}
     if unknown:
         raise StageError(f"eval set {name!r}: domains with no registered verifier (first row of each): "
@@ -49,9 +60,11 @@ def load_set(job: StageJob, name: str, paths: list[str], limit: int | None) -> l
 
 
 class ModelUnderEval:
-    """A model's tokenizer, decoder and rollout engine (the engine's memory is freed by close)."""
+    """A model's tokenizer, decoder and rollout engine (the engine's memory is freed by close).
+    `cfg` gives trust_remote_code, rollout, prompt_max_len, max_new_tokens and seed (the
+    `distill` stage's config has them too); `key` is the config key errors name."""
 
-    def __init__(self, job: StageJob, cfg: EvalConfig, name: str, ref: str):
+    def __init__(self, job: StageJob, cfg: EvalConfig, name: str, ref: str, key: str | None = None):
         import torch
         from transformers.utils import logging as hf_logging
 
@@ -61,12 +74,13 @@ class ModelUnderEval:
         from stages.rl.decoding import make_decoder
         from stages.rl.engines import create_engine
 
+        where = f"{key or f'models.{name}'} = {ref}:"
         model_dir = Path(job.fetch(ref))
         if not (model_dir / "config.json").is_file():
-            raise StageError(f"models.{name} = {ref}: {model_dir} is not a Hugging Face model dir (no config.json)")
+            raise StageError(f"{where} {model_dir} is not a Hugging Face model dir (no config.json)")
         hf_logging.disable_progress_bar()
         trust = cfg.trust_remote_code
-        self.tokenizer = load_tokenizer(model_dir, trust_remote_code=trust, what=f"models.{name} = {ref}:")
+        self.tokenizer = load_tokenizer(model_dir, trust_remote_code=trust, what=where)
         require_chat_template(self.tokenizer, ref)
         self.decode = make_decoder(self.tokenizer, eos_token_ids_of(model_dir, trust_remote_code=trust))
         own = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
@@ -77,7 +91,7 @@ class ModelUnderEval:
                                         max_len=cfg.prompt_max_len + cfg.max_new_tokens, seed=cfg.seed,
                                         trust_remote_code=trust, **cfg.rollout.options)
         except (KeyError, ValueError, RuntimeError, FileNotFoundError) as e:
-            raise StageError(f"models.{name} = {ref}: cannot start the {cfg.rollout.engine} engine: {e}") from None
+            raise StageError(f"{where} cannot start the {cfg.rollout.engine} engine: {e}") from None
 
     def close(self) -> None:
         import torch
@@ -105,48 +119,94 @@ def evaluate(model: ModelUnderEval, cfg: EvalConfig, rows: list[dict], prompt_id
                            timeout_s=cfg.verifier_timeout_s)
     scored = []
     for i, text, reward in zip(row_of, texts, rewards):
-        scored.append(Scored(i, rows[i]["domain"], float(reward.score), text.n_tokens, text.ended_by_eos))
+        task = rows[i].get("task")
+        scored.append(Scored(i, rows[i]["domain"], float(reward.score), text.n_tokens, text.ended_by_eos,
+                             task if isinstance(task, str) and task else None))
         responses.write(json.dumps({**tag, "id": rows[i]["id"], "domain": rows[i]["domain"], "response": str(text),
                                     "score": reward.score, "reason": reward.reason, "tokens": text.n_tokens,
                                     "ended_by_eos": text.ended_by_eos}, ensure_ascii=False) + "\n")
     return summarize(scored, dec.pass_at)
 
 
-def main(job: StageJob) -> dict[str, Any]:
+def score_model(job: StageJob, cfg: EvalConfig, name: str, ref: str, sets: dict[str, list[dict]],
+                responses: TextIO, records: list[dict[str, Any]], accuracy: dict[str, Any]) -> None:
+    """Every decoding of every verifier-scored set on one model."""
     from stages.rl.prompts import render_prompts
 
+    log = StageLogger.for_job(job)
+    model = ModelUnderEval(job, cfg, name, ref)
+    for set_name, rows in sets.items():
+        kept, prompt_ids, _ = render_prompts(rows, model.tokenizer, cfg.prompt_max_len)
+        if not kept:
+            raise StageError(f"eval set {set_name!r}: every prompt is longer than prompt_max_len="
+                             f"{cfg.prompt_max_len} tokens for model {name!r}")
+        for dec_name, dec in cfg.decodings.items():
+            t0 = time.perf_counter()
+            tag = {"model": name, "set": set_name, "decoding": dec_name}
+            per_domain = evaluate(model, cfg, kept, prompt_ids, dec, responses, tag)
+            seconds = time.perf_counter() - t0
+            for domain, m in per_domain.items():
+                records.append({**tag, "domain": domain, **m, "prompts_skipped": len(rows) - len(kept),
+                                "seconds": seconds})
+                log.metrics(0, {f"{name}/{set_name}/{dec_name}/{domain}/{k}": v for k, v in m.items()})
+            acc = per_domain[ALL_DOMAINS]["accuracy"]
+            accuracy.setdefault(name, {}).setdefault(set_name, {})[dec_name] = acc
+            extra = " ".join(f"{k} {v:.3f}" for k, v in per_domain[ALL_DOMAINS].items() if k.startswith("pass_at_"))
+            info(f"eval: {name} on {set_name} ({dec_name}): accuracy {acc:.4f} over "
+                 f"{len(kept)} rows x {dec.samples} {extra} ({len(rows) - len(kept)} skipped as too long, "
+                 f"{seconds:.1f}s)")
+    model.close()
+
+
+def run_harness(job: StageJob, cfg: EvalConfig, name: str, ref: str, tasks: dict[str, LmEvalSet],
+                records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Every lm-eval task on one model: set -> `<metric>,<filter>` -> value."""
+    import torch
+
+    from stages.common.distributed import resolve_device
+    from stages.eval.harness import run_task
+
+    log = StageLogger.for_job(job)
+    model_dir = Path(job.fetch(ref))
+    device = resolve_device(cfg.rollout.device, "rollout.device",
+                            torch.device("cuda:0" if torch.cuda.is_available() else "cpu"))
+    dtype = cfg.rollout.dtype if cfg.rollout.dtype != "auto" else ("bfloat16" if device.startswith("cuda")
+                                                                   else "float32")
+    out: dict[str, dict[str, float]] = {}
+    for set_name, spec in tasks.items():
+        t0 = time.perf_counter()
+        metrics = run_task(spec, set_name, model_dir, job.fetch, device=device, dtype=dtype, seed=cfg.seed,
+                           trust_remote_code=cfg.trust_remote_code)
+        seconds = time.perf_counter() - t0
+        out[set_name] = metrics
+        records.append({"model": name, "set": set_name, "decoding": "lm_eval", "domain": ALL_DOMAINS, **metrics,
+                        "seconds": seconds})
+        # MLflow names take no ',': lm-eval's "<metric>,<filter>" becomes "<metric>/<filter>"
+        log.metrics(0, {f"{name}/{set_name}/lm_eval/{k.replace(',', '/')}": v for k, v in metrics.items()})
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if "stderr" not in k)
+        info(f"eval: {name} on {set_name} (lm-eval): {shown} ({seconds:.1f}s)")
+    return out
+
+
+def main(job: StageJob) -> dict[str, Any]:
     cfg = EvalConfig.model_validate(job.config)
     log = StageLogger.for_job(job)
     out = Path(job.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    sets = {name: load_set(job, name, s.paths, s.limit) for name, s in cfg.sets.items()}
+    sets = {name: load_set(job, name, s) for name, s in cfg.sets.items() if isinstance(s, EvalSet)}
+    tasks = {name: s for name, s in cfg.sets.items() if isinstance(s, LmEvalSet)}
+    if tasks:
+        require_lm_eval(f"eval sets {sorted(tasks)} (lm-eval tasks)")  # before any model is loaded
     records: list[dict[str, Any]] = []
     accuracy: dict[str, dict[str, dict[str, float]]] = {}
+    lm_eval: dict[str, dict[str, dict[str, float]]] = {}
     with open(out / "responses.jsonl", "w", encoding="utf-8") as responses:
         for model_name, ref in cfg.models.items():
-            model = ModelUnderEval(job, cfg, model_name, ref)
-            for set_name, rows in sets.items():
-                kept, prompt_ids, _ = render_prompts(rows, model.tokenizer, cfg.prompt_max_len)
-                if not kept:
-                    raise StageError(f"eval set {set_name!r}: every prompt is longer than prompt_max_len="
-                                     f"{cfg.prompt_max_len} tokens for model {model_name!r}")
-                for dec_name, dec in cfg.decodings.items():
-                    t0 = time.perf_counter()
-                    tag = {"model": model_name, "set": set_name, "decoding": dec_name}
-                    per_domain = evaluate(model, cfg, kept, prompt_ids, dec, responses, tag)
-                    seconds = time.perf_counter() - t0
-                    for domain, m in per_domain.items():
-                        records.append({**tag, "domain": domain, **m, "prompts_skipped": len(rows) - len(kept),
-                                        "seconds": seconds})
-                        log.metrics(0, {f"{model_name}/{set_name}/{dec_name}/{domain}/{k}": v for k, v in m.items()})
-                    acc = per_domain[ALL_DOMAINS]["accuracy"]
-                    accuracy.setdefault(model_name, {}).setdefault(set_name, {})[dec_name] = acc
-                    extra = " ".join(f"{k} {v:.3f}" for k, v in per_domain[ALL_DOMAINS].items() if k.startswith("pass_at_"))
-                    info(f"eval: {model_name} on {set_name} ({dec_name}): accuracy {acc:.4f} over "
-                         f"{len(kept)} rows x {dec.samples} {extra} ({len(rows) - len(kept)} skipped as too long, "
-                         f"{seconds:.1f}s)")
-            model.close()
-    summary = {"accuracy": accuracy, "results": records}
+            if sets:
+                score_model(job, cfg, model_name, ref, sets, responses, records, accuracy)
+            if tasks:
+                lm_eval[model_name] = run_harness(job, cfg, model_name, ref, tasks, records)
+    summary = {"accuracy": accuracy, "results": records, **({"lm_eval": lm_eval} if tasks else {})}
     (out / "stage_summary.json").write_text(json.dumps(summary, indent=2))
     log.artifact(out / "stage_summary.json")
     return summary

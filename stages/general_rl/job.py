@@ -66,7 +66,8 @@ def build_reward(ctx: RLContext) -> GeneralReward:
         except FileNotFoundError as e:
             raise StageError(f"reward_model {cfg.reward_model}: {e}") from None
     return GeneralReward(cfg.reward, cfg.max_len, scorer=scorer, verify_batch=verify_batch,
-                         verifier_workers=cfg.verifier_workers, verifier_timeout_s=cfg.verifier_timeout_s)
+                         verifier_workers=cfg.verifier_workers, verifier_timeout_s=cfg.verifier_timeout_s,
+                         ifeval_grading=cfg.ifeval_grading)
 
 
 def reward_metrics(reward_fn: GeneralReward) -> dict[str, float]:

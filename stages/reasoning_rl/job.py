@@ -64,9 +64,10 @@ class MonitoredReward:
 
     def __call__(self, rows: list[dict], texts: list[str], groups: list[str]) -> list[Any]:
         from verifiers import verify_batch
+        from verifiers.ifeval import with_grading
 
         texts = [str(t) for t in texts]
-        rewards = verify_batch(rows, texts, num_workers=self.cfg.verifier_workers,
+        rewards = verify_batch(with_grading(rows, self.cfg.ifeval_grading), texts, num_workers=self.cfg.verifier_workers,
                                timeout_s=self.cfg.verifier_timeout_s)
         metrics, warnings = self.monitor.step(rewards, [len(t) for t in texts])
         self.last = {f"monitor/{k}": v for k, v in metrics.items()}

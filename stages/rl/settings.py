@@ -136,6 +136,10 @@ class RLConfig(StageConfig, optimizer_settings(lr=2e-6, adam_betas=(0.9, 0.999),
         description="fnmatch patterns of parameter names kept fixed (MoE router bias)")
     verifier_workers: int = Field(2, ge=0, description="verifier processes (0 = in the trainer)")
     verifier_timeout_s: float = Field(10.0, gt=0)
+    ifeval_grading: Literal["strict", "reference"] = Field("strict", description=(
+        "grading of IFEval rows that name none: strict (an RL reward: lookalike characters, padding, "
+        "keywords inside words, empty shapes are rejected; verifiers/ifeval_strict.py) or reference "
+        "(lm-eval's verdicts, as evaluation uses)"))
     checkpoint_every: int = cosmetic(10, ge=1, description="steps between checkpoints")
     sample_rollouts: int = cosmetic(4, ge=0, description="rollouts per step logged as text to MLflow")
 

@@ -431,3 +431,5 @@ register("general_prompts", "open chat prompts (Magpie-style), judged by the rew
          target="stages.general_rl.synthetic_prompts:general_prompts")(None)
 register("ifeval_prompts", "instruction-following prompts with checkable constraints",
          target="stages.general_rl.synthetic_prompts:ifeval_prompts")(None)
+register("reasoning_gym", "reasoning-gym task families (weights, configs, train/heldout split), "
+         "scored by each family's own score_answer", target="stages.synthetic_data.rgym:reasoning_gym_rows")(None)

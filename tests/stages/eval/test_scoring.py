@@ -41,3 +41,24 @@ def test_summary_per_domain_and_all():
                                                 for r in rows) / len(rows))
         assert m["response_len_mean"] == pytest.approx(sum(s.tokens for s in items) / len(items))
         assert m["eos_fraction"] == pytest.approx(sum(s.ended_by_eos for s in items) / len(items))
+
+
+def test_rows_that_name_their_task_are_also_reported_per_domain_and_task():
+    # rows 0-1: leg_counting, 2: chain_sum (4 samples each), 3: a math row without a task
+    right = {0: [1, 1, 1, 1], 1: [1, 0, 0, 0], 2: [0, 0, 0, 0], 3: [1, 0, 1, 0]}
+    task = {0: "leg_counting", 1: "leg_counting", 2: "chain_sum", 3: None}
+    domain = {0: "reasoning_gym", 1: "reasoning_gym", 2: "reasoning_gym", 3: "math"}
+    scored = [Scored(r, domain[r], float(x), 10, True, task[r]) for r, xs in right.items() for x in xs]
+    out = summarize(scored, [4])
+    assert set(out) == {"reasoning_gym", "reasoning_gym/leg_counting", "reasoning_gym/chain_sum", "math",
+                        ALL_DOMAINS}
+    legs = out["reasoning_gym/leg_counting"]
+    assert legs["rows"] == 2 and legs["accuracy"] == pytest.approx(5 / 8) and legs["pass_at_4"] == 1.0
+    assert legs["partly_right"] == 0.5          # row 1 only: row 0 is all right
+    assert out["reasoning_gym/chain_sum"]["partly_right"] == 0.0
+    assert out["reasoning_gym"]["rows"] == 3 and out[ALL_DOMAINS]["partly_right"] == pytest.approx(2 / 4)
+
+
+def test_one_sample_per_row_reports_no_partly_right():
+    out = summarize([Scored(0, "math", 1.0, 3, True), Scored(1, "math", 0.0, 3, True)], [])
+    assert "partly_right" not in out["math"]

@@ -14,7 +14,7 @@ def _step(reward, n_fallback: int) -> list:
 
 
 def test_fallback_jump_is_measured_and_warned(capsys):
-    reward = MonitoredReward(SimpleNamespace(verifier_workers=0, verifier_timeout_s=10))
+    reward = MonitoredReward(SimpleNamespace(verifier_workers=0, verifier_timeout_s=10, ifeval_grading="strict"))
     for _ in range(6):  # a steady history: every answer boxed
         rewards = _step(reward, 0)
         assert all(r.score == 1.0 for r in rewards)
@@ -27,3 +27,12 @@ def test_fallback_jump_is_measured_and_warned(capsys):
     assert metrics["monitor/all/pass_rate"] == 1.0  # the reward alone does not show it
     out = capsys.readouterr().out
     assert "reasoning_rl: warning: reward monitor" in out and "fallback_share" in out
+
+
+def test_ifeval_rows_are_graded_with_the_stages_grading():
+    rows = [{"prompt": "List fruit without commas.", "domain": "ifeval",
+             "reference": {"instructions": [{"type": "no_commas"}]}}]
+    hack = ["Apples\uff0c pears and plums."]  # a full-width comma: the reference does not see it
+    for grading, score in (("strict", 0.0), ("reference", 1.0)):
+        reward = MonitoredReward(SimpleNamespace(verifier_workers=0, verifier_timeout_s=10, ifeval_grading=grading))
+        assert reward(rows, hack, ["g"])[0].score == score
