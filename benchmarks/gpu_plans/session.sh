@@ -66,7 +66,7 @@ case "${1:?start|part|vllm|collect}" in
     summary
     ;;
   asset)
-    mkdir -p /tmp/assets && cp "${2:?folder}"/* /tmp/assets/
+    mkdir -p /tmp/assets && cp -r "${2:?folder}"/. /tmp/assets/
     ls -la /tmp/assets
     ;;
   assets)

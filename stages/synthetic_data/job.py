@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stages.common.contract import StageJob
+from stages.common.contract import StageError, StageJob
 from stages.common.entry import run_job
 from stages.common.stage_log import StageLogger, info
 from stages.synthetic_data.config import SyntheticDataConfig
@@ -25,7 +25,10 @@ def main(job: StageJob) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {"files": {}}
     for name, spec in cfg.files.items():
-        rows = get_generator(spec.generator)(spec.n, spec.seed, **spec.params)
+        try:
+            rows = get_generator(spec.generator)(spec.n, spec.seed, **spec.params)
+        except ValueError as e:  # what the parameters cannot give (e.g. too few distinct questions)
+            raise StageError(f"synthetic_data: files.{name} ({spec.generator}): {e}") from None
         path = out / name
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "w", encoding="utf-8") as f:

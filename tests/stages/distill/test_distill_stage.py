@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[3]
 K, PER_PROMPT, BATCH = 6, 2, 2
 MIN_TOKENS, MAX_TOKENS = 6, 9
 CONFIG = {"samples_per_prompt": K, "temperature": 0.1, "max_new_tokens": 24, "min_tokens": MIN_TOKENS,
-          "max_tokens": MAX_TOKENS, "max_per_prompt": PER_PROMPT, "batch_prompts": BATCH, "prompt_max_len": 320,
+          "max_tokens": MAX_TOKENS, "max_per_prompt": PER_PROMPT, "batch_prompts": BATCH, "prompt_max_len": 1000,
           "rollout": {"device": "cpu", "max_batch": 16}, "verifier_workers": 1, "seed": 3}
 
 
@@ -30,14 +30,17 @@ def prompt_rows(tiny_policy) -> list[dict]:
     """12 sums whose reference is the tiny policy's own greedy answer on the even rows (a
     tiny model rarely solves a task: these it solves often when sampling near greedy) and
     the true sum on the odd ones (task family "sums" on the first 6, the domain on the rest), and
-    3 countdown puzzles (another verifier domain, which it was never taught)."""
+    3 countdown puzzles and 2 reasoning-gym leg_counting questions (other verifier domains,
+    never taught; reasoning_gym rows name their family in `task`)."""
+    from stages.synthetic_data.generators import get_generator
     from verifiers.logic.countdown import generate
 
     sums = [json.loads(line) for line in tiny_policy["data"].read_text().splitlines()][:12]
     answers = [t.rsplit("</think>", 1)[-1] for t in hf_greedy(tiny_policy["model"], sums)]
     sums = [{**r, "reference": {"answer": a.strip()}} if i % 2 == 0 else r for i, (r, a) in enumerate(zip(sums, answers))]
     sums = [{**r, "task": "sums"} if i < 6 else r for i, r in enumerate(sums)]
-    return sums + [{**r, "task": "countdown3"} for r in generate(3, seed=5)]
+    gym = get_generator("reasoning_gym")(2, 1, tasks={"leg_counting": {"config": {"min_animals": 2, "max_animals": 2}}})
+    return sums + [{**r, "task": "countdown3"} for r in generate(3, seed=5)] + gym
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +71,7 @@ def test_report_equals_a_recount_by_the_verifiers(distilled):
     assert len(samples) == len(rows) * K  # every prompt fits prompt_max_len
     rewards = verify_batch([by_id[s["id"]] for s in samples], [s["response"] for s in samples], num_workers=0)
     assert [r.score for r in rewards] == [s["score"] for s in samples]
-    families = {"sums": [], "math": [], "countdown3": []}
+    families = {"sums": [], "math": [], "countdown3": [], "leg_counting": []}
     for s, r in zip(samples, rewards):
         families[by_id[s["id"]].get("task", "math")].append((s, r.score))
     for name, items in families.items():
@@ -89,6 +92,7 @@ def test_report_equals_a_recount_by_the_verifiers(distilled):
     # the policy gives its greedy answer often, not always, and solves no countdown puzzle
     assert 0 < summary["domains"]["math"]["accepted"] < 12 * K
     assert summary["families"]["countdown3"]["accepted"] == 0
+    assert summary["domains"]["reasoning_gym"]["samples"] == 2 * K
 
 
 def test_kept_chats_obey_the_rules(distilled):

@@ -112,3 +112,21 @@ def test_a_synthetic_data_stage_writes_reasoning_gym_files(stage_env):
     rows = {name: [json.loads(line) for line in (out / name).read_text().splitlines()] for name in files}
     assert {k: len(v) for k, v in rows.items()} == {"train.jsonl": 20, "heldout.jsonl": 6}
     assert not {r["prompt"] for r in rows["train.jsonl"]} & {r["prompt"] for r in rows["heldout.jsonl"]}
+
+
+@pytest.mark.slow
+def test_a_file_whose_config_cannot_be_met_fails_the_stage_as_a_user_error_naming_it(tmp_path):
+    from pipeline.execute import run_stage
+    from stages.common.contract import StageFailed
+
+    tiny = {"leg_counting": {"config": {"min_animals": 1, "max_animals": 1, "min_instances": 1,
+                                        "max_instances": 1}}}
+    files = {"ok.jsonl": {"generator": "reasoning_gym", "n": 2, "seed": 0, "params": {"tasks": MIX}},
+             "held.jsonl": {"generator": "reasoning_gym", "n": 200, "seed": 0,
+                            "params": {"tasks": tiny, "split": "heldout"}}}
+    with pytest.raises(StageFailed) as e:
+        run_stage("synthetic_data", {"files": files}, stage="rg_bad", storage=str(tmp_path / "store"),
+                  work_root=tmp_path / "work")
+    message = str(e.value)
+    assert "files.held.jsonl (reasoning_gym)" in message and "distinct 'heldout' questions" in message
+    assert "Traceback" not in message

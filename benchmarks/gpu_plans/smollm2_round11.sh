@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Round 11 (one GPU): recipes/smollm2-reasoning.yaml as issue 30 asks, on the device machine
+# from the repository root (run by benchmarks/gpu_plans/h100x1-round11.yaml's job):
+#  1. the probe: the base model on 24 reasoning-gym families (eval_probe, 8 samples a prompt);
+#  2. scripts/pick_rgym_mix.py picks the mix from it -> recipes/smollm2-picked.yaml;
+#  3. the whole recipe on that mix with reasoning RL seed 0, and beside it the same recipe
+#     with seed 1 (the stages both share run once: the second run waits on their leases).
+# Every finished stage's stage_summary.json is copied to $OUT/summaries/ as it lands, so a
+# collect mid-run brings back what is done.
+set -euo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+OUT=${OUT:?}
+R=recipes/smollm2-reasoning.yaml
+P=recipes/smollm2-picked.yaml
+STORE=.ring/artifacts/smollm2-reasoning
+mkdir -p ../shared "$OUT/summaries" && cp -r /tmp/assets/benchmarks ../shared/
+
+copy_summaries() {
+  while true; do
+    for d in "$STORE"/*/; do
+      [ -f "$d/_SUCCESS" ] && [ -f "$d/stage_summary.json" ] && cp "$d/stage_summary.json" "$OUT/summaries/$(basename "$d").json"
+    done
+    sleep 20
+  done
+}
+copy_summaries &
+trap 'kill %1 2>/dev/null || true' EXIT
+
+python3 -m pipeline.cli run "$R" --only base --only probe_data --only eval_probe
+python3 scripts/pick_rgym_mix.py --summary "$(ls $STORE/eval_probe-*/stage_summary.json)" --recipe "$R" --out "$P" \
+  | tee "$OUT/pick.txt"
+cp "$P" "$OUT/"
+(sleep 30; python3 -m pipeline.cli run "$P" --set stages.reasoning_rl.seed=1 >"$OUT/seed1.log" 2>&1) &
+python3 -m pipeline.cli run "$P" >"$OUT/seed0.log" 2>&1 || echo "seed 0 run: exit $?"
+wait %2 || echo "seed 1 run: exit $?"
+sleep 25  # the last summaries
