@@ -1,5 +1,6 @@
 """The sft stage with `lora:` on the tiny base (one CPU rank, ZeRO-2): a run killed with SIGKILL
-after its first checkpoint resumes to the same published model as an uninterrupted run; the
+after its first checkpoint (which holds the adapters and their optimizer state, not the frozen
+base) resumes to the same published model as an uninterrupted run; the
 published model is the merged one (a plain HF directory, only the adapted layers moved), and
 the summary says so."""
 from __future__ import annotations
@@ -51,6 +52,8 @@ def test_lora_sft_killed_and_resumed_publishes_what_an_uninterrupted_run_does(st
     straight = run_stage("sft", LORA_SFT, resources=one,
                          **_run_args(stage_env, "lorasft1", base_artifact, data_artifact))
     kill_after_first_checkpoint(proc, Path(local_path(stage_env["storage"])) / "lorasft2", "sft-*", 200, "sft")
+    stage_dir = next((Path(local_path(stage_env["storage"])) / "lorasft2").glob("sft-*"))
+    ckpt_bytes = sum(f.stat().st_size for f in next(stage_dir.glob("checkpoints/step-*")).rglob("*.pt"))
     resumed = run_stage("sft", LORA_SFT, resources=one, **kwargs)
     assert resumed.summary["resumed_from_step"] in (3, 6, 9) and resumed.summary["steps"] == 10
 
@@ -61,6 +64,8 @@ def test_lora_sft_killed_and_resumed_publishes_what_an_uninterrupted_run_does(st
         torch.testing.assert_close(weights2[name], w, rtol=0, atol=1e-5, msg=f"{name} after the resume")
         adapted = any(name.endswith(f"{m}.weight") for m in ("q_proj", "v_proj", "down_proj"))
         assert torch.equal(w, base_w[name].to(w.dtype)) != adapted, name  # only the adapted layers moved
+    # the checkpoint holds the adapters and their optimizer state, not the frozen base
+    assert ckpt_bytes < (base / "model.safetensors").stat().st_size / 2, ckpt_bytes
     lora = straight.summary["lora"]
     assert lora["publish"] == "merged" and lora["base_artifact"] == base_artifact.url.rstrip("/")
     assert lora["base_hash"] == base_artifact.hash and lora["target_modules"] == 6
