@@ -27,7 +27,7 @@ copy_summaries &
 trap 'kill %1 2>/dev/null || true' EXIT
 
 python3 -m pipeline.cli run "$R" --only base --only probe_data --only eval_probe
-python3 scripts/pick_rgym_mix.py --summary "$(ls $STORE/eval_probe-*/stage_summary.json)" --recipe "$R" --out "$P" \
+python3 scripts/pick_rgym_mix.py --summary "$(ls $STORE/eval_probe-*/stage_summary.json)" --recipe "$R" --out "$P" --min-partly 0.03 \
   | tee "$OUT/pick.txt"
 cp "$P" "$OUT/"
 (sleep 30; python3 -m pipeline.cli run "$P" --set stages.reasoning_rl.seed=1 >"$OUT/seed1.log" 2>&1) &
