@@ -184,16 +184,12 @@ def lora_state_dict(model: torch.nn.Module, publish: str, zero3: bool, rank: int
     from stages.common.deepspeed_setup import gathered
 
     out: dict[str, torch.Tensor] = {}
-    if publish == "merged":
-        items: Iterator[tuple[str, tuple, callable]] = (
-            (t.name, t.parts, t.value) for t in merged_tensors(model))
-    else:
-        items = ((adapter_key(n), (p,), (lambda p=p: p.data)) for n, p in model.named_parameters()
-                 if adapter_key(n) is not None)
-    for key, parts, value in items:
-        with gathered(list(parts), zero3):
+    tensors = merged_tensors(model) if publish == "merged" else [
+        MergedTensor(adapter_key(n), (p,)) for n, p in model.named_parameters() if adapter_key(n) is not None]
+    for t in tensors:
+        with gathered(list(t.parts), zero3):
             if rank == 0:
-                out[key] = value().detach().to("cpu", copy=True)
+                out[t.name] = t.value().detach().to("cpu", copy=True)
     if publish == "merged" and rank == 0:
         persistent = set(model.state_dict())
         out.update({n.replace(".base_layer.", "."): b.detach().cpu() for n, b in model.named_buffers()
