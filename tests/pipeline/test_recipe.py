@@ -53,7 +53,7 @@ BAD = [
      "refers to stage 'bse', which is not in the recipe"),
     ("bad-ref-syntax", ("model: ${stages.base.output}", "model: x${stages.base.output}"), 13,
      "bad reference"),
-    ("unimplemented-kind", ("kind: sft", "kind: distill"), 12, "does not match any of the expected tags"),
+    ("unimplemented-kind", ("kind: sft", "kind: pretrain"), 12, "does not match any of the expected tags"),
     ("negative-count", ("n: 10", "n: -1"), 6, "Input should be greater than or equal to 1"),
     ("heads-divide", ("hidden_size: 32", "hidden_size: 30"), 9, "divisible by num_attention_heads"),
     ("duplicate-key", ("    lr: 1.0e-3\n", "    lr: 1.0e-3\n    lr: 2.0e-3\n"), 16, "duplicate key"),
