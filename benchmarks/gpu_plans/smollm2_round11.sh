@@ -5,6 +5,8 @@
 #  2. scripts/pick_rgym_mix.py picks the mix from it -> recipes/smollm2-picked.yaml;
 #  3. the whole recipe on that mix with reasoning RL seed 0, and beside it the same recipe
 #     with seed 1 (the stages both share run once: the second run waits on their leases).
+#   bash benchmarks/gpu_plans/smollm2_round11.sh                 # 1-3 above
+#   bash benchmarks/gpu_plans/smollm2_round11.sh --only A B ...  # just these stages of the recipe (its mix as committed)
 # Every finished stage's stage_summary.json is copied to $OUT/summaries/ as it lands, so a
 # collect mid-run brings back what is done.
 set -euo pipefail
@@ -26,6 +28,12 @@ copy_summaries() {
 copy_summaries &
 trap 'kill %1 2>/dev/null || true' EXIT
 
+if [ "${1:-}" = "--only" ]; then
+  shift
+  python3 -m pipeline.cli run "$R" $(printf -- '--only %s ' "$@") >"$OUT/run.log" 2>&1 || echo "run: exit $?"
+  sleep 25
+  exit 0
+fi
 python3 -m pipeline.cli run "$R" --only base --only probe_data --only eval_probe
 python3 scripts/pick_rgym_mix.py --summary "$(ls $STORE/eval_probe-*/stage_summary.json)" --recipe "$R" --out "$P" --min-partly 0.03 \
   | tee "$OUT/pick.txt"
