@@ -24,8 +24,13 @@ def join(url: str, *parts: str) -> str:
 
 
 def filesystem(url: str, storage_options: dict[str, Any] | None = None):
-    """(fsspec filesystem, path inside it) of `url`."""
-    return fsspec.core.url_to_fs(url, **(storage_options or {}))
+    """(fsspec filesystem, path inside it) of `url`. An http(s) URL takes none of the store's
+    options (s3fs's key, endpoint_url, client_kwargs are not aiohttp's): its credentials are
+    its user info."""
+    options = storage_options or {}
+    if url.startswith(("http://", "https://")):
+        options = {}
+    return fsspec.core.url_to_fs(url, **options)
 
 
 def is_local(url: str) -> bool:

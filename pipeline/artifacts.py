@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from data_curation.urls import filesystem, join, normalise_url
+from stages.common import secrets
 from stages.common.artifact_inputs import CHECKPOINTS, MANIFEST, SUCCESS, read_manifest, sha256_file, storage_errors
 from stages.common.checkpoint_store import CheckpointStore
+from stages.common.store_writes import WritePolicy
 
 
 @dataclass
@@ -28,10 +30,12 @@ class ArtifactStore:
 
     root: str
     storage_options: dict[str, Any]
+    writes: WritePolicy = WritePolicy()  # each file's write: a deadline, retries (stages.common.store_writes)
 
     def __post_init__(self) -> None:
         self.root = normalise_url(self.root)
-        self.fs, self.root_path = filesystem(self.root, self.storage_options)
+        with storage_errors("open the store at", self.root):  # an unknown protocol, a backend not installed
+            self.fs, self.root_path = filesystem(self.root, self.storage_options)
 
     def stage_url(self, stage: str, stage_hash: str) -> str:
         return join(self.root, f"{stage}-{stage_hash[:12]}")
@@ -59,7 +63,7 @@ class ArtifactStore:
         with storage_errors(f"write {name} at", stage_url):
             self.fs.makedirs(self._path(stage_url), exist_ok=True)  # a job may fail before writing anything
             with self.fs.open(join(self._path(stage_url), name), "w") as f:
-                json.dump(data, f, default=str)
+                json.dump(secrets.public(data), f, default=str)  # never a credential (stages.common.secrets)
 
     def read_note(self, stage_url: str, name: str) -> dict[str, Any] | None:
         p = join(self._path(stage_url), name)
@@ -112,19 +116,20 @@ class ArtifactStore:
                     continue
                 files.append({"path": rel, "size": path.stat().st_size, "sha256": sha256_file(path)})
                 self.fs.makedirs(join(dest, os.path.dirname(rel)) if "/" in rel else dest, exist_ok=True)
-                self.fs.put_file(str(path), join(dest, rel))
-            manifest = {**manifest, "files": files, "published_at": time.time()}
-            with self.fs.open(join(dest, MANIFEST), "w") as f:
-                json.dump(manifest, f, indent=2, sort_keys=True, default=str)
-            with self.fs.open(join(dest, SUCCESS), "w") as f:
-                f.write("")
+                self.writes.run(f"publish {rel} to", stage_url,
+                                lambda path=path, rel=rel: self.fs.put_file(str(path), join(dest, rel)))
+            manifest = secrets.public({**manifest, "files": files, "published_at": time.time()})
+            text = json.dumps(manifest, indent=2, sort_keys=True, default=str)
+            self.writes.run(f"write {MANIFEST} to", stage_url,
+                            lambda: self.fs.pipe_file(join(dest, MANIFEST), text.encode()))
+            self.writes.run(f"write {SUCCESS} to", stage_url, lambda: self.fs.pipe_file(join(dest, SUCCESS), b""))
         return manifest
 
     def prune_checkpoints(self, stage_url: str, keep: int, dry_run: bool = False) -> list[str]:
         """Keep the newest `keep` complete checkpoints of an artifact (0: none, the final model
         only); remove older and never-completed ones. Returns the URLs removed (or, with
         `dry_run`, that would be)."""
-        ckpt = CheckpointStore(stage_url, self.storage_options)
+        ckpt = CheckpointStore(stage_url, self.storage_options, writes=self.writes)
         with storage_errors("prune checkpoints of", stage_url):
             if not ckpt.fs.exists(ckpt.path):
                 return []

@@ -31,9 +31,13 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _main(version: bool = typer.Option(False, "--version", "-V", is_eager=True, callback=_version,
+def _main(ctx: typer.Context,
+          version: bool = typer.Option(False, "--version", "-V", is_eager=True, callback=_version,
                                        help="print the version and exit")) -> None:
     """Run the Ring-1T training recipe as one declarative pipeline."""
+    from stages.common import secrets
+
+    ctx.with_resource(secrets.redact_console())  # no credential of a recipe reaches the terminal
 
 RecipeArg = typer.Argument(..., help="recipe YAML file")
 SetOpt = typer.Option([], "--set", help="override a recipe value: KEY.PATH=VALUE (repeatable)")
@@ -44,9 +48,15 @@ def _fail(message: str, code: int) -> None:
     raise typer.Exit(code)
 
 
-def _load(recipe: Path, overrides: list[str]):
+def _load(recipe: Path, overrides: list[str], check_endpoints: bool = False):
+    """The recipe; with `check_endpoints`, also whether its store and tracking server answer."""
+    from pipeline.loader import check_endpoints as probe
+
     try:
-        return load_recipe(recipe, overrides)
+        r = load_recipe(recipe, overrides)
+        if check_endpoints:
+            probe(r)
+        return r
     except RecipeError as e:
         _fail("recipe error:\n" + "\n".join(f"  {p}" for p in e.problems), 2)
 
@@ -62,9 +72,12 @@ def _plan(recipe):
 
 
 @app.command()
-def validate(recipe: Path = RecipeArg, set_: list[str] = SetOpt) -> None:
-    """Check a recipe (schema, values, references, cycles) without running anything."""
-    r = _load(recipe, set_)
+def validate(recipe: Path = RecipeArg, set_: list[str] = SetOpt,
+             offline: bool = typer.Option(False, "--offline", help="do not contact the store and the "
+                                          "tracking server (form only)")) -> None:
+    """Check a recipe (schema, values, references, cycles) without running anything; then
+    whether its store and tracking server answer (reachable, credentials accepted)."""
+    r = _load(recipe, set_, check_endpoints=not offline)
     typer.echo(f"{recipe}: ok ({len(r.stages)} stages: {', '.join(r.stages)})")
 
 
@@ -96,7 +109,7 @@ def plan(recipe: Path = RecipeArg, set_: list[str] = SetOpt) -> None:
         typer.echo(f"    artifact: {s.url if s.name not in unhashable else '? (its hash needs the inputs)'}")
         for name, fp in s.inputs.items():
             typer.echo(f"    input:    {name}  ({fp.summary})")
-        cmd = build_command(s.kind.entry, Path("<job.json>"), s.resources, s.launcher, s.kind.distributed)
+        cmd = build_command(s.kind.entry, Path("<job.json>"), s.resources, s.launcher, s.kind.distributed, s.ray)
         typer.echo(f"    launch:   {' '.join(cmd)}  (world size {s.resources.world_size if s.kind.distributed else 1})")
         if unknown:
             continue
@@ -149,7 +162,7 @@ def run(recipe: Path = RecipeArg, set_: list[str] = SetOpt,
 
     if quiet and verbose:
         _fail("run: --quiet and --verbose exclude each other", 2)
-    r = _load(recipe, set_)
+    r = _load(recipe, set_, check_endpoints=True)
     p = _plan(r)
     try:
         p.select(only, from_, force)

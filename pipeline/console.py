@@ -26,6 +26,7 @@ from typing import IO, Iterator
 
 from pipeline.job_output import JobOutput, Line
 from pipeline.stage_metrics import kind_metrics
+from stages.common import secrets
 
 PLAIN_EVERY_S = 60.0
 _NAME_WIDTH = 14
@@ -89,6 +90,7 @@ class RunConsole:
     # -- lines -----------------------------------------------------------------------------
     def say(self, text: str, error: bool = False) -> None:
         """A line of its own (above the progress bars)."""
+        text = secrets.redact(text)
         with self._lock:
             if self._bars is not None:
                 self._bars.console.print(text, markup=False, highlight=False, style="red" if error else None)

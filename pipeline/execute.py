@@ -32,8 +32,10 @@ from pipeline.plan import PlannedStage, plan_stage
 from pipeline.recipe import Defaults, StorageConfig
 from pipeline.stage_metrics import describe, headline
 from pipeline.tracking import InputRef, PipelineTracker, timestamped
+from stages.common import secrets
 from stages.common.artifact_inputs import CHECKPOINTS, ArtifactError, StorageError, read_manifest
-from stages.common.contract import Launcher, Resources, StageJob
+from stages.common.contract import Launcher, RaySettings, Resources, StageJob, launch_problem
+from stages.common.store_writes import WritePolicy
 from stages.registry import STAGE_KINDS, StageKind
 
 FAILED = "_FAILED"
@@ -80,13 +82,16 @@ class StageTarget:
     seed: int = 0
     hashed: dict[str, Any] = field(default_factory=dict)  # what the hash covers (pipeline.plan)
     inputs: dict[str, Fingerprint] = field(default_factory=dict)
+    progress_deadline_s: float | None = None  # pipeline.launch stops a job silent for longer
+    ray: RaySettings | None = None  # the cluster of a `launcher: ray` stage
 
     @classmethod
     def of(cls, stage: PlannedStage) -> "StageTarget":
         """The one way a target is made: from a planned stage (pipeline.plan.plan_stage)."""
         return cls(stage.recipe, stage.name, stage.kind, stage.resolved_config(), stage.hash, stage.url,
                    {d: (stage.upstream_urls[d], stage.upstream[d]) for d in stage.deps},
-                   stage.resources, stage.launcher, stage.seed, stage.hashed, stage.inputs)
+                   stage.resources, stage.launcher, stage.seed, stage.hashed, stage.inputs,
+                   stage.progress_deadline_s, stage.ray)
 
 
 @dataclass(frozen=True)
@@ -97,10 +102,12 @@ class ExecutionPolicy:
     lease_timeout_s: float
     wait_if_running: bool = True
     flow_run_id: str | None = None
+    writes: WritePolicy = WritePolicy()  # the stage job's store writes (checkpoints)
 
     @classmethod
     def of(cls, storage: StorageConfig, **kw: Any) -> "ExecutionPolicy":
-        return cls(storage.keep_checkpoints, storage.lease_timeout_s, **kw)
+        return cls(storage.keep_checkpoints, storage.lease_timeout_s, **kw,
+                   writes=WritePolicy(storage.write_timeout_s, storage.write_attempts))
 
 
 def execute(target: StageTarget, store: ArtifactStore, work_root: Path, policy: ExecutionPolicy,
@@ -181,11 +188,12 @@ def _execute_leased(target: StageTarget, store: ArtifactStore, work_root: Path, 
                    config=target.config, stage_url=target.url, storage_options=store.storage_options,
                    upstream={d: u for d, (u, _) in target.upstream.items()},
                    output_dir=str(output_dir), work_dir=str(scratch),
-                   tracking_uri=tracker.uri if tracker else None, run_id=run_id, seed=target.seed)
+                   tracking_uri=tracker.uri if tracker else None, run_id=run_id, seed=target.seed,
+                   store_timeout_s=policy.writes.timeout_s, store_attempts=policy.writes.attempts)
     job_path = work / "job.json"
-    job.write(job_path)
+    job_env = secrets.job_env(job.write(job_path))  # credentials reach the job through its environment
     command = build_command(target.kind.entry, job_path, target.resources, target.launcher,
-                            target.kind.distributed)
+                            target.kind.distributed, target.ray)
     show = console.current()
     show.stage_started(target.name, f"{target.kind.name}, {target.launcher} on {target.resources.world_size} "
                                     "ranks" if target.kind.distributed else target.kind.name)
@@ -194,11 +202,13 @@ def _execute_leased(target: StageTarget, store: ArtifactStore, work_root: Path, 
         for check in target.kind.pre_launch:  # e.g. the eval-suite gate (stages/common/eval_suite_gate.py)
             check(target.name, target.config, store.storage_options)
         launched = launch_job(command, target.name, log_path, target.resources, kind=target.kind.name,
+                              extra_env=job_env, progress_deadline_s=target.progress_deadline_s,
                            must_stop=lambda: lease.lost and f"its {target.url}/_RUNNING lease was lost: {lease.lost}")
         if lease.lost:  # lost after the job's last poll: publishing could overwrite the new holder's
             raise StageInterrupted(f"stage {target.name!r} was stopped before publishing: its lease "
                                    f"was lost: {lease.lost}")
         finished = time.time()
+        secrets.scrub_files(output_dir)  # a summary or report that quotes a credential is published redacted
         (output_dir / "logs").mkdir(exist_ok=True)
         shutil.copy(log_path, output_dir / "logs" / "stage.log")
         summary_path = output_dir / "stage_summary.json"
@@ -296,13 +306,20 @@ def adhoc_target(kind: str, config: dict[str, Any], *, stage: str, storage: str,
     `upstream` maps the stage names used in `${stages.NAME.output}` references to
     published artifact URLs; their hashes come from their manifests.
     """
-    cfg = STAGE_KINDS[kind].config.model_validate({"kind": kind, **config})
+    spec = STAGE_KINDS[kind]
+    cfg = spec.config.model_validate({"kind": kind, **config})
+    resources, launcher = resources or cfg.resources or Resources(), cfg.launcher or launcher
+    problem = launch_problem(resources, launcher) if spec.distributed else None
+    if problem:
+        raise ValueError(f"stage {stage!r}: {problem}")
     opts = storage_options or {}
     up = {n: (u, read_manifest(u, opts)["hash"])
           for n, u in ((n, normalise_url(u)) for n, u in (upstream or {}).items())}
+    deadline_min = cfg.progress_deadline_min or (Defaults().progress_deadline_min if spec.distributed else None)
     return StageTarget.of(plan_stage(recipe, stage, cfg, up, ArtifactStore(join(storage, recipe), opts),
-                                     resources or cfg.resources or Resources(), cfg.launcher or launcher, seed,
-                                     Defaults().input_hash_max_bytes))
+                                     resources, launcher, seed, Defaults().input_hash_max_bytes,
+                                     progress_deadline_s=deadline_min * 60 if deadline_min else None,
+                                     ray=cfg.ray))
 
 
 def run_stage(kind: str, config: dict[str, Any], *, stage: str, storage: str,
@@ -310,16 +327,18 @@ def run_stage(kind: str, config: dict[str, Any], *, stage: str, storage: str,
               launcher: Launcher = "deepspeed", recipe: str = "adhoc",
               storage_options: dict[str, Any] | None = None, tracking_uri: str | None = None,
               experiment: str = "adhoc", work_root: Path = Path(".ring/work"), seed: int = 0,
-              force: bool = False) -> StageRun:
-    """One stage without a recipe or Prefect (tests, benchmarks, debugging); see `adhoc_target`."""
+              force: bool = False, writes: WritePolicy = WritePolicy()) -> StageRun:
+    """One stage without a recipe or Prefect (tests, benchmarks, debugging); see `adhoc_target`.
+    `writes` bounds each store write (storage.write_timeout_s / write_attempts)."""
     opts = storage_options or {}
     target = adhoc_target(kind, config, stage=stage, storage=storage, upstream=upstream,
                           resources=resources, launcher=launcher, recipe=recipe,
                           storage_options=opts, seed=seed)
-    store = ArtifactStore(join(storage, recipe), opts)
+    store = ArtifactStore(join(storage, recipe), opts, writes)
     tracker = PipelineTracker(tracking_uri, experiment, timestamped(recipe), {},
                               tags={"ring.recipe": recipe}) if tracking_uri else None
-    policy = ExecutionPolicy.of(StorageConfig(url=storage, options=opts))
+    policy = ExecutionPolicy.of(StorageConfig(url=storage, options=opts, write_timeout_s=writes.timeout_s,
+                                              write_attempts=writes.attempts))
     try:
         result = execute(target, store, work_root, policy, tracker, force)
     except BaseException:

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pipeline.interrupt import StageInterrupted
+from stages.common import secrets
 from stages.common.artifact_inputs import ArtifactError
 from stages.common.contract import StageFailed
 
@@ -56,8 +57,10 @@ class StageFailure:
             if category == "bug":  # ours: the exception and where it was raised
                 reason = f"{type(error).__name__}: {error}"
                 excerpt = "".join(traceback.format_tb(error.__traceback__)).rstrip().splitlines()[-_BUG_LINES:]
-        return cls(stage, category, reason.strip(), excerpt, type(error).__name__, exit_code, log, run_id,
-                   run_link, attempt)
+        # shown on the console, in the store's `_FAILED` note, in Prefect and MLflow: never a credential
+        return cls(stage, category, secrets.redact(reason.strip()), secrets.public(list(excerpt)),
+                   type(error).__name__, exit_code, log, run_id, secrets.redact(run_link) if run_link else None,
+                   attempt)
 
     @property
     def retryable(self) -> bool:

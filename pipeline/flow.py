@@ -14,6 +14,7 @@ all of them (`PipelineFailed`).
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -34,6 +35,7 @@ from pipeline.plan import Plan, make_plan
 from pipeline.recipe import StorageConfig
 from pipeline.stage_metrics import describe
 from pipeline.tracking import PipelineTracker, timestamped
+from stages.common import secrets
 
 
 class PipelineFailed(RuntimeError):
@@ -98,17 +100,20 @@ def run_stage_task(target: StageTarget, storage: StorageConfig, work_dir: str, r
     name, kind, logger = target.name, target.kind.name, get_run_logger()
     try:
         interrupt.raise_if_stopping(f"stage {name!r}")
-        tracker = PipelineTracker.attach(**tracking) if tracking else None
+        # the handle holds the tracking URI as its ${env:} reference (a task parameter): resolved here
+        tracker = PipelineTracker.attach(**secrets.resolve(tracking, secrets.job_env(json.dumps(tracking)))) \
+            if tracking else None
         policy = ExecutionPolicy.of(storage, wait_if_running=wait_if_running, flow_run_id=flow_run.id)
         result = execute(target, ArtifactStore(join(storage.url, target.recipe), storage.options), Path(work_dir),
                          policy, tracker, force=force)
     except BaseException as e:
+        secrets.scrub_exception(e)  # Prefect stores its message and traceback
         if not isinstance(getattr(e, "failure", None), StageFailure):  # failed before its job: not reported yet
             e.failure = StageFailure.of(name, e)  # type: ignore[attr-defined]
             console.current().stage_failed(name, e.failure.report(), e.failure.verdict)
         failure = e.failure
-        logger.error("%s failed: %s", name, failure.report())
-        create_markdown_artifact(_stage_markdown(name, kind, None, failure),
+        logger.error("%s failed: %s", name, secrets.redact(failure.report()))
+        create_markdown_artifact(secrets.redact(_stage_markdown(name, kind, None, failure)),
                                  key=_artifact_key(target.recipe, name), description=f"{name}: failed")
         retries, delay = retry
         if failure.retryable and task_run.run_count <= retries and not interrupt.stop_requested():
@@ -116,12 +121,12 @@ def run_stage_task(target: StageTarget, storage: StorageConfig, work_dir: str, r
                                                f"of {retries + 1})")
         raise
     what = "cached" if result.status == "skipped" else f"done in {result.seconds:.1f}s"
-    logger.info("%s %s", name, "  ".join(p for p in (what, describe(result.headline), f"-> {result.url}",
+    logger.info("%s %s", name, secrets.redact("  ".join(p for p in (what, describe(result.headline), f"-> {result.url}",
                                                      f"MLflow run: {result.run_link}" if result.run_link else "")
-                                          if p))
-    create_markdown_artifact(_stage_markdown(name, kind, result, None),
+                                          if p)))
+    create_markdown_artifact(secrets.redact(_stage_markdown(name, kind, result, None)),
                              key=_artifact_key(target.recipe, name), description=f"{name}: {what}")
-    return result.as_dict()
+    return secrets.public(result.as_dict())  # persisted by Prefect
 
 
 def _flow_run_name() -> str:
@@ -151,8 +156,9 @@ def _open_tracker(recipe, recipe_path: str, overrides: list[str], selected: list
                               description=description, tags=tags,
                               artifact_location=recipe.tracking.artifact_location, ui_url=recipe.tracking.ui_url)
     tracker.attach_text(Path(recipe_path).read_text(), f"recipe/{Path(recipe_path).name}")
-    tracker.attach_text(yaml.safe_dump(recipe.model_dump(mode="json", exclude_defaults=False), sort_keys=False),
-                        "recipe/resolved.yaml")
+    # credentials as their `${env:NAME}` references, or masked (stages.common.secrets)
+    tracker.attach_text(yaml.safe_dump(secrets.public(recipe.model_dump(mode="json", exclude_defaults=False)),
+                                       sort_keys=False), "recipe/resolved.yaml")
     return tracker
 
 
@@ -237,7 +243,7 @@ def pipeline_flow(recipe_path: str, overrides: list[str] | None = None, only: li
                **{n: "not started" for n in not_started}}
     times = {n: r["seconds"] for n, r in results.items() if r["status"] == "ran"}
     nothing_ran = not times and not failures and not not_started
-    create_markdown_artifact(_plan_markdown(plan, selected, outcome, times, tracker, nothing_ran),
+    create_markdown_artifact(secrets.redact(_plan_markdown(plan, selected, outcome, times, tracker, nothing_ran)),
                              key=_artifact_key(recipe.name, "pipeline"),
                              description=f"{run_name}: {len(times)} ran, {len(failures)} failed, "
                                          f"{len(results) - len(times)} cached, {time.time() - started:.0f} s")

@@ -12,6 +12,12 @@ a few seconds, then SIGKILLs it (every rank, launcher and itself).
 
 Stopping a job on purpose is the orchestrator's business: it signals the whole group, and the
 guard itself only waits for CMD and exits with its status (128 + N for signal N).
+
+`python -m pipeline.job_guard --exec PARENT_PID -- CMD ...` is the variant without a guard
+process: it asks for SIGKILL on its parent's death and *becomes* CMD (exec; the request
+survives it). A Ray worker (pipeline/ray_worker.py) starts its rank so: when Ray ends an actor
+it SIGKILLs the actor's direct children too, which would kill a guard and leave the rank under
+it running; a rank that is itself the direct child dies with the actor either way.
 """
 from __future__ import annotations
 
@@ -27,12 +33,24 @@ _POLL_S = 0.5
 _GRACE_S = 5.0
 
 
-def _ask_for_parent_death_signal() -> None:
+def _ask_for_parent_death_signal(sig: int = _ORPHAN_SIGNAL) -> bool:
     if sys.platform.startswith("linux"):
         try:
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(_ORPHAN_SIGNAL))
+            return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig)) == 0
         except (OSError, AttributeError):
             pass  # the getppid poll still notices, within _POLL_S
+    return False
+
+
+def exec_with_parent(parent: int, command: list[str]) -> int:
+    """Become `command`, to be SIGKILLed when `parent` dies (Linux); exit 1 at once if it already has."""
+    if not _ask_for_parent_death_signal(signal.SIGKILL):
+        print("job_guard --exec: no parent-death signal on this platform (Linux only)", file=sys.stderr)
+        return 2
+    if os.getppid() != parent:
+        return 1
+    os.execvp(command[0], command)
+    return 1  # not reached
 
 
 def _take_group_down(child: subprocess.Popen) -> None:
@@ -49,8 +67,10 @@ def _take_group_down(child: subprocess.Popen) -> None:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--exec"] and len(argv) >= 4 and argv[1].isdigit() and argv[2] == "--":
+        return exec_with_parent(int(argv[1]), argv[3:])
     if len(argv) < 3 or argv[1] != "--" or not argv[0].isdigit():
-        print("usage: python -m pipeline.job_guard PARENT_PID -- COMMAND [ARGS...]", file=sys.stderr)
+        print("usage: python -m pipeline.job_guard [--exec] PARENT_PID -- COMMAND [ARGS...]", file=sys.stderr)
         return 2
     # the orchestrator's pid as it passed it: a parent that died before we could ask for the
     # parent-death signal is noticed too (getppid would already name the new parent)

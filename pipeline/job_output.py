@@ -18,6 +18,14 @@ for user errors):
   `[rank N] `: its message explains the failure too (rank 0 may be stuck in a collective the
   failed ranks never reached, and be stopped by the launcher without a word).
 - `<name>: warning: <text>`: something the operator should see even on a quiet console.
+- `[heartbeat] <text>`: the job is alive and making progress inside a long step (a stage
+  prints it from its main loop, never from a timer thread: a rank blocked in a collective
+  must stop heartbeating). With `[metrics]` and `[progress]` it resets the job's progress
+  deadline (pipeline.launch, pipeline.hang).
+- `[launcher] <text>`: a launcher's account of the worker that failed first (the Ray launcher,
+  pipeline/ray_launch.py: its rank, node and pid, and that worker's own error); it is the
+  reason a crashed job is reported with, since the failed worker may have printed nothing
+  (kill -9) while its peers print the errors of losing it.
 
 Anything else is text: launcher chatter (DeepSpeed's timestamped log lines, deprecation
 warnings, library progress bars) is recognised so that a failure report leaves it out.
@@ -31,12 +39,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from stages.common.stage_log import METRICS_MARKER, PROGRESS_MARKER
+from stages.common.stage_log import HEARTBEAT_MARKER, METRICS_MARKER, PROGRESS_MARKER
 
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")  # torchrun's per-rank prefix
 _REPORTING_RANK = re.compile(r"^\[rank (\d+)\] ")  # run_job's prefix of a user error on rank N > 0
 _WARNING = re.compile(r"^(?:[\w.-]+: )?warning: ", re.IGNORECASE)
 _TRACEBACK = "Traceback (most recent call last):"
+_LAUNCHER = "[launcher] "
 # Lines that explain nothing about a failure (the launcher and libraries talking)
 _CHATTER = tuple(re.compile(p) for p in (
     r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\] \[(?:INFO|WARNING|DEBUG|ERROR)\] \[[\w.]+:\d+:\w+\]",  # DeepSpeed
@@ -53,7 +62,7 @@ FAILURE_LINES = 10  # lines of context shown for a job that crashed
 class Line:
     """One line of a job's output, as the pipeline reads it."""
 
-    kind: str  # metrics | progress | error | warning | chatter | text | blank
+    kind: str  # metrics | progress | heartbeat | error | warning | launcher | chatter | text | blank
     text: str
     data: dict[str, Any] = field(default_factory=dict)
 
@@ -62,6 +71,10 @@ def classify(raw: str, user_error_prefixes: tuple[str, ...] = ()) -> Line:
     text = _RANK_PREFIX.sub("", raw.rstrip("\r\n"))
     if not text.strip():
         return Line("blank", text)
+    if text.startswith(HEARTBEAT_MARKER):
+        return Line("heartbeat", text)
+    if text.startswith(_LAUNCHER):
+        return Line("launcher", text, {"message": text[len(_LAUNCHER):].strip()})
     for marker, kind in ((METRICS_MARKER, "metrics"), (PROGRESS_MARKER, "progress")):
         if text.startswith(marker):
             try:
@@ -144,9 +157,19 @@ class JobOutput:
         self._error_rank: int | None = None  # the rank whose user error error_lines hold
         self._in_error = False
         self.relevant: deque[str] = deque(maxlen=self._KEEP)
+        self.last_progress_at = time.monotonic()  # the job's start, then its last step / progress / heartbeat
+        self.last_line: str | None = None
+        self.tap: list[str] | None = None  # while set, every line is appended (pipeline.hang's stack dumps)
+        self.launcher_verdict: str | None = None  # which worker failed first, when a launcher says
 
     def feed(self, raw: str) -> Line:
         line = classify(raw, self.user_error_prefixes)
+        if self.tap is not None:
+            self.tap.append(line.text)
+        if line.kind in ("metrics", "progress", "heartbeat"):
+            self.last_progress_at = time.monotonic()
+        if line.kind != "blank":
+            self.last_line = line.text
         if self._in_error:  # a user error's message continues until something else speaks
             if line.kind == "text" and not line.text.startswith(_TRACEBACK) \
                     and len(self.error_lines) < self._MAX_ERROR_LINES:
@@ -172,6 +195,8 @@ class JobOutput:
                 self._in_error = True
         elif line.kind in ("text", "warning"):
             self.relevant.append(line.text)
+        elif line.kind == "launcher":
+            self.launcher_verdict = line.data["message"]
         return line
 
     def failure(self, exit_code: int) -> JobFailure:
@@ -186,6 +211,9 @@ class JobOutput:
         # launcher, or losing their collective) print tracebacks of their own later
         # (with only such tracebacks, the cause printed none: the last lines say more)
         causes = [b for b in blocks if not _CONSEQUENCE.search(b[-1])]
+        if self.launcher_verdict:  # the launcher knows which worker failed; the lines may be its peers'
+            excerpt = causes[0][-FAILURE_LINES - 1:-1] if causes else lines[-FAILURE_LINES:]
+            return JobFailure(f"{self.launcher_verdict} (exit code {exit_code})", excerpt, False)
         if causes:
             block = causes[0]
             return JobFailure(f"{block[-1]} (exit code {exit_code})", block[-FAILURE_LINES - 1:-1] or block, False)

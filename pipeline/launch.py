@@ -1,8 +1,8 @@
 """How a stage's job starts: its own processes, never the Prefect process.
 
-Distributed kinds go through the `deepspeed` launcher (or `torchrun`) with the world
-size from the stage's resources: CPU = N local ranks on gloo, GPU = one rank per GPU,
-many nodes = a hostfile. Data stages run as one plain process. Output is saved to the
+Distributed kinds go through the `deepspeed` launcher (or `torchrun`, or Ray: `pipeline.ray_launch`)
+with the world size from the stage's resources: CPU = N local ranks on gloo, GPU = one rank per
+GPU, many nodes = a hostfile (or the nodes of a Ray cluster). Data stages run as one plain process. Output is saved to the
 stage's log file and read as it comes (pipeline.job_output): progress and warnings reach the
 console (pipeline.console), and a failure is explained by what the job reported.
 
@@ -23,9 +23,11 @@ from pathlib import Path
 from typing import Callable
 
 from pipeline import console, interrupt
+from pipeline.hang import dump_stacks, hang_report
 from pipeline.interrupt import StageInterrupted
 from pipeline.job_output import JobOutput
-from stages.common.contract import Launcher, Resources, StageFailed
+from stages.common import secrets
+from stages.common.contract import Launcher, RaySettings, Resources, StageFailed
 from stages.common.ports import free_port
 
 # Keep NVLink multicast off in every process we start (see the device notes); harmless on CPU.
@@ -37,15 +39,23 @@ _CHILD_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
 }
 _POLL_S = 0.5
+_HUNG = "hung: "  # marks a deadline's stop reason (_deadline_check)
+_COLLECTIVE_AFTER_DEADLINE_S = 60.0  # a collective's own timeout: the deadline's report comes first
 _GRACE_S = 5.0  # per step of SIGINT -> SIGTERM -> SIGKILL
 
 
 def build_command(entry: str, job_path: Path, resources: Resources, launcher: Launcher,
-                  distributed: bool) -> list[str]:
+                  distributed: bool, ray: RaySettings | None = None) -> list[str]:
     """The command line that starts a stage's job (also shown by `ring-pipeline plan`)."""
     module_args = ["--job", str(job_path)]
     if not distributed or launcher == "local":
         return [sys.executable, "-m", entry, *module_args]
+    if launcher == "ray":  # the ranks are workers on the cluster; this process is their driver
+        ray = ray or RaySettings()
+        return [sys.executable, "-m", "pipeline.ray_launch", "--address", ray.address,
+                "--nodes", str(resources.nodes), "--gpus-per-node", str(resources.gpus_per_node),
+                "--cpu-ranks", str(resources.cpu_ranks), "--cpus-per-worker", str(ray.cpus_per_worker),
+                "--placement-timeout", str(ray.placement_timeout_s), "--", "-m", entry, *module_args]
     port = str(resources.master_port or free_port())
     if launcher == "deepspeed":
         cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--master_port", port]
@@ -102,15 +112,22 @@ class LaunchResult:
 
 def launch_job(command: list[str], stage: str, log_path: Path, resources: Resources,
             extra_env: dict[str, str] | None = None, cwd: str | None = None,
-            must_stop: Callable[[], str | None] | None = None, kind: str | None = None) -> LaunchResult:
+            must_stop: Callable[[], str | None] | None = None, kind: str | None = None,
+            progress_deadline_s: float | None = None) -> LaunchResult:
     """Run the job, save its output to `log_path`, show its progress on the console.
 
     A non-zero exit raises StageFailed with what the job reported (a user error's message,
     else the crash and the log lines around it). A stop request of the run, or a reason
     returned by `must_stop` (polled), stops the job's process group and raises
     StageInterrupted; so does any exception here (Ctrl-C on the main thread) after stopping.
+    A job that prints no step, progress or heartbeat line for `progress_deadline_s` is hung:
+    its ranks' stacks are dumped into the log, the job is stopped and StageFailed says which
+    rank does what (pipeline.hang); its collectives time out a minute later by themselves
+    (`RING_COLLECTIVE_TIMEOUT_S`, stages.common.distributed).
     """
     env = {**os.environ, **_CHILD_ENV, **(extra_env or {})}
+    if extra_env:  # the job's credentials reach remote nodes too (pipeline.torchrun_hosts)
+        env["RING_FORWARD_ENV"] = ",".join(sorted(extra_env))
     if resources.gpus_per_node == 0:
         # CPU ranks share the cores: one intra-op thread pool per rank avoids oversubscription.
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // resources.ranks_per_node)))
@@ -118,6 +135,8 @@ def launch_job(command: list[str], stage: str, log_path: Path, resources: Resour
     # the repo root on the path, so `python -m stages.x` works from a source checkout too
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    if progress_deadline_s:
+        env["RING_COLLECTIVE_TIMEOUT_S"] = str(progress_deadline_s + _COLLECTIVE_AFTER_DEADLINE_S)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     output = JobOutput(stage, kind)
     show = console.current()
@@ -129,19 +148,24 @@ def launch_job(command: list[str], stage: str, log_path: Path, resources: Resour
     def pump() -> None:
         with open(log_path, "a", encoding="utf-8") as log:
             for line in proc.stdout:  # type: ignore[union-attr]
+                line = secrets.redact(line)  # a job may print a URL or error holding a credential
                 log.write(line)
                 log.flush()
                 show.stage_output(stage, kind, output.feed(line), output)
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
+    hung = _deadline_check(proc, output, log_path, progress_deadline_s)
     try:
-        stopped_because = _wait(proc, must_stop)
+        stopped_because = _wait(proc, must_stop, hung)
     except BaseException:
         stop_group(proc)
         raise
     finally:
         reader.join(timeout=10)
+    if stopped_because and stopped_because.startswith(_HUNG):
+        raise StageFailed(stopped_because[len(_HUNG):], stage=stage, exit_code=proc.returncode,
+                          user_error=False, log_path=log_path)
     if stopped_because:
         raise StageInterrupted(f"stage {stage!r} was stopped: {stopped_because}. Log: {log_path}")
     if proc.returncode != 0:
@@ -151,7 +175,27 @@ def launch_job(command: list[str], stage: str, log_path: Path, resources: Resour
     return LaunchResult(proc.returncode, log_path, output)
 
 
-def _wait(proc: subprocess.Popen, must_stop: Callable[[], str | None] | None) -> str | None:
+def _deadline_check(proc: subprocess.Popen, output: JobOutput, log_path: Path,
+                    deadline_s: float | None) -> Callable[[], str | None]:
+    """A `_wait` check: past the deadline, the ranks' stacks dumped and the report (prefixed
+    `_HUNG`); else None."""
+    def check() -> str | None:
+        silent = time.monotonic() - output.last_progress_at
+        if not deadline_s or silent < deadline_s:
+            return None
+        last = output.last_line
+        output.tap = []
+        try:
+            dumps = dump_stacks(proc.pid, log_path, output.tap)
+        finally:
+            output.tap = None
+        return _HUNG + hang_report(deadline_s, silent, last, dumps)
+
+    return check
+
+
+def _wait(proc: subprocess.Popen, must_stop: Callable[[], str | None] | None,
+          hung: Callable[[], str | None] = lambda: None) -> str | None:
     """Wait for the job; None when it exited by itself, else why it was stopped."""
     while True:
         try:
@@ -164,6 +208,7 @@ def _wait(proc: subprocess.Popen, must_stop: Callable[[], str | None] | None) ->
             reason = f"the run was interrupted ({reason})"
         elif must_stop:
             reason = must_stop()
+        reason = reason or hung()
         if reason:
             stop_group(proc)
             return reason

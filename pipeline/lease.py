@@ -34,6 +34,7 @@ from typing import Any, Callable
 from filelock import FileLock
 
 from data_curation.urls import filesystem, join, local_path, normalise_url
+from stages.common import secrets
 from stages.common.artifact_inputs import StorageError, storage_errors
 
 RUNNING = "_RUNNING"
@@ -97,7 +98,7 @@ class _LocalBackend:
         return _parse(text, str(self.path)), text
 
     def _write(self, data: dict) -> Any:
-        text = json.dumps(data)
+        text = json.dumps(secrets.public(data))  # the holder's tracking URI: never its password
         tmp = self.path.with_name(f"{self.path.name}.{uuid.uuid4().hex[:8]}.tmp")
         tmp.write_text(text)
         os.replace(tmp, self.path)
@@ -144,7 +145,7 @@ class _S3Backend:
     def _put(self, data: dict, **condition: str) -> Any | None:
         try:
             out = self.fs.call_s3("put_object", Bucket=self.bucket, Key=self.key,
-                                  Body=json.dumps(data).encode(), **condition)
+                                  Body=json.dumps(secrets.public(data)).encode(), **condition)
         except OSError as e:
             if _precondition_failed(e):
                 return None
@@ -194,7 +195,7 @@ class _ReadBackBackend:
         return _parse(text, self.path), text
 
     def _write_and_confirm(self, data: dict) -> Any | None:
-        text = json.dumps(data)
+        text = json.dumps(secrets.public(data))  # the holder's tracking URI: never its password
         with self.fs.open(self.path, "w") as f:
             f.write(text)
         current, version = self.read()

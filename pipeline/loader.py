@@ -15,6 +15,8 @@ import yaml
 from pydantic import ValidationError
 
 from pipeline.recipe import Recipe, RecipeGraphError
+from stages.common import secrets
+from stages.common.secrets import CREDENTIAL_KEY
 
 _ENV_RE = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
 Path_ = tuple  # a key path inside the recipe, e.g. ("stages", "sft", "lr")
@@ -24,6 +26,7 @@ class RecipeError(Exception):
     """A recipe that cannot be used; the message lists every problem with its location."""
 
     def __init__(self, problems: list[str]):
+        problems = [secrets.redact(p) for p in problems]  # a bad value is quoted back: never a credential
         self.problems = problems
         super().__init__("\n".join(problems))
 
@@ -84,6 +87,7 @@ def _interpolate_env(value: str, where: str, problems: list[str]) -> str:
     def sub(m: re.Match) -> str:
         var, default = m.group(1), m.group(2)
         if var in os.environ:
+            secrets.remember_env(var, os.environ[var])  # kept out of everything written (stages.common.secrets)
             return os.environ[var]
         if default is not None:
             return default
@@ -201,6 +205,7 @@ def apply_override(data: dict[str, Any], assignment: str, origins: dict[Path_, O
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as e:
         raise RecipeError([f"--set {assignment}: value is not valid YAML: {e}"]) from None
+    value = _override_value(value, keys[-1], assignment)
     node: Any = data
     for i, k in enumerate(keys[:-1]):
         nxt = node.get(k) if isinstance(node, dict) else None
@@ -217,12 +222,73 @@ def apply_override(data: dict[str, Any], assignment: str, origins: dict[Path_, O
     origins[prefix] = origin
 
 
+def _override_value(value: Any, key: str, assignment: str) -> Any:
+    """A `--set` value with `${env:VAR}` substituted. A credential written out is refused: the
+    command line lands in the Prefect flow run's parameters and the shell's history."""
+    problems: list[str] = []
+    literal = [t for t in _leaf_strings(value, key) if (CREDENTIAL_KEY.match(t[0]) and not
+                                                      secrets.is_reference_only(t[1])) or secrets.url_credentials(t[1])]
+    if literal:
+        secrets.remember_credential(literal[0][1])
+        raise RecipeError([f"--set {assignment}: a credential on the command line is kept in the Prefect flow "
+                           f"run's parameters and the shell's history: put it in an environment variable and "
+                           f"write --set '{assignment.split('=', 1)[0]}=${{env:NAME}}'"])
+    value = _map_strings(value, lambda s: _interpolate_env(s, f"--set {assignment}", problems))
+    if problems:
+        raise RecipeError(problems)
+    return value
+
+
+def _leaf_strings(value: Any, key: str) -> list[tuple[str, str]]:
+    """(key name, string) of every string inside a --set value."""
+    if isinstance(value, dict):
+        return [t for k, v in value.items() for t in _leaf_strings(v, str(k))]
+    if isinstance(value, list):
+        return [t for v in value for t in _leaf_strings(v, key)]
+    return [(key, value)] if isinstance(value, str) else []
+
+
+def _map_strings(value: Any, fn) -> Any:
+    if isinstance(value, dict):
+        return {k: _map_strings(v, fn) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_map_strings(v, fn) for v in value]
+    return fn(value) if isinstance(value, str) else value
+
+
 def load_recipe(path: str | os.PathLike, overrides: list[str] = ()) -> Recipe:
     origins: dict[Path_, Origin] = {}
     data = _load_file(Path(path), origins, ())
     for assignment in overrides:
         apply_override(data, assignment, origins)
-    return validate_data(data, origins, str(_display(Path(path).resolve())))
+    secrets.scan(data)
+    recipe = validate_data(data, origins, str(_display(Path(path).resolve())))
+    recipe._origins = {**origins, (): Origin(str(_display(Path(path).resolve())), None)}
+    return recipe
+
+
+def locate(recipe: Recipe, key: Path_) -> str:
+    """`file:line` of a key path of a loaded recipe (its closest written parent's)."""
+    origins = recipe._origins
+    return _locate(key, origins, str(origins.get((), "recipe")))
+
+
+def check_endpoints(recipe: Recipe) -> None:
+    """RecipeError (`file:line: key: problem`) when the store or the tracking server cannot be
+    used now: unreachable, no credentials, credentials refused, no bucket (pipeline.endpoints)."""
+    from pipeline.endpoints import probe_store, probe_tracking
+
+    problems = []
+    for key, probe in ((("storage", "url"), lambda: probe_store(recipe.storage.url, recipe.storage.options)),
+                       (("tracking", "uri"), lambda: probe_tracking(recipe.tracking.uri))):
+        try:
+            problem = probe()
+        except Exception as e:  # noqa: BLE001 - a probe's own failure is still the URL's problem
+            problem = f"cannot be checked: {type(e).__name__}: {e}"
+        if problem:
+            problems.append(f"{locate(recipe, key)}: {'.'.join(key)}: {problem}")
+    if problems:
+        raise RecipeError(problems)
 
 
 def _locate(loc: Path_, origins: dict[Path_, Origin], fallback: str) -> str:

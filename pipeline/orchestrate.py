@@ -24,6 +24,7 @@ from typing import Any
 
 from pipeline import interrupt
 from pipeline.console import Verbosity
+from stages.common import secrets
 from stages.common.artifact_inputs import ArtifactError
 from stages.common.contract import StageFailed
 
@@ -111,6 +112,10 @@ def _console_logging(verbosity: Verbosity) -> Any:
     quiet = _PrefectConsoleFilter(verbosity)
     for h in handlers:
         h.addFilter(quiet)
+    every = {h for n in (None, *names) for h in logging.getLogger(n).handlers}  # the Prefect API's too
+    redacting = secrets.RedactingFilter()
+    for h in every:
+        h.addFilter(redacting)
     import mlflow  # noqa: F401 - configures its loggers on import: before ours is set below
 
     mlflow_logger = logging.getLogger("mlflow")
@@ -123,6 +128,8 @@ def _console_logging(verbosity: Verbosity) -> Any:
         mlflow_logger.setLevel(mlflow_level)
         for h in handlers:
             h.removeFilter(quiet)
+        for h in every:
+            h.removeFilter(redacting)
 
 
 def _run_flow(params: dict[str, Any], api: str, deployment_name: str | None, outcome: RunOutcome) -> None:

@@ -20,25 +20,25 @@ from data_curation.urls import join
 from pipeline.artifacts import ArtifactStore
 from pipeline.fingerprints import Fingerprint, fingerprint_inputs
 from pipeline.recipe import Recipe, iter_references, topological_order
-from stages.common.contract import Launcher, Resources, StageConfig
+from stages.common.contract import Launcher, RaySettings, Resources, StageConfig
+from stages.common.store_writes import WritePolicy
 from stages.registry import STAGE_KINDS, StageKind
 
 # StageConfig keys that never change results
-_EXECUTION_KEYS = {"resources", "launcher", "retry"}
+_EXECUTION_KEYS = {"resources", "launcher", "ray", "retry"}
 
 
 def result_config(model: BaseModel) -> Any:
-    """The config as data, without cosmetic fields, nor `hashed_when_set` ones while unset
+    """The config as data, without cosmetic fields, nor `added_later` ones at their default
     (recursively)."""
     out: dict[str, Any] = {}
     for name, field in type(model).model_fields.items():
         extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
         if extra.get("cosmetic") or (isinstance(model, StageConfig) and name in _EXECUTION_KEYS):
             continue
-        value = getattr(model, name)
-        if value is None and extra.get("hashed_when_set"):
-            continue  # a field added later, unset: the hash of a config without it is unchanged
-        out[name] = _result_value(value)
+        if extra.get("hash_unless_default") and getattr(model, name) == field.default:
+            continue  # the hash of a config written before the field existed is unchanged
+        out[name] = _result_value(getattr(model, name))
     return out
 
 
@@ -105,6 +105,8 @@ class PlannedStage:
     inputs: dict[str, Fingerprint]
     upstream: dict[str, str]  # dep name -> its hash
     upstream_urls: dict[str, str]  # dep name -> its artifact URL
+    progress_deadline_s: float | None = None  # pipeline.launch stops a job silent for longer
+    ray: RaySettings | None = None  # the cluster of a `launcher: ray` stage
     done: bool = False
 
     @property
@@ -168,7 +170,8 @@ class Plan:
 
 def plan_stage(recipe: str, name: str, cfg: StageConfig, upstream: dict[str, tuple[str, str]],
                store: ArtifactStore, resources: Resources, launcher: Launcher, seed: int,
-               hash_max_bytes: int, tolerate_errors: bool = False) -> PlannedStage:
+               hash_max_bytes: int, tolerate_errors: bool = False,
+               progress_deadline_s: float | None = None, ray: RaySettings | None = None) -> PlannedStage:
     """One stage's hash and artifact URL from its config and its upstream stages (name ->
     (artifact URL, hash)): how a recipe's stages (`make_plan`) and a stage without a recipe
     (`pipeline.execute.adhoc_target`) are planned."""
@@ -178,19 +181,22 @@ def plan_stage(recipe: str, name: str, cfg: StageConfig, upstream: dict[str, tup
     h = stage_hash(kind, cfg, hashes, inputs)
     return PlannedStage(recipe=recipe, name=name, kind=kind, config=cfg, deps=list(upstream), hash=h,
                         url=store.stage_url(name, h), resources=resources, launcher=launcher, seed=seed,
-                        inputs=inputs, upstream=hashes, upstream_urls={d: u for d, (u, _) in upstream.items()})
+                        inputs=inputs, upstream=hashes, upstream_urls={d: u for d, (u, _) in upstream.items()},
+                        progress_deadline_s=progress_deadline_s, ray=ray)
 
 
 def make_plan(recipe: Recipe, check_store: bool = True) -> Plan:
     """The ordered stages with hashes; `check_store` asks the store which are published."""
-    store = ArtifactStore(join(recipe.storage.url, recipe.name), recipe.storage.options)
+    store = ArtifactStore(join(recipe.storage.url, recipe.name), recipe.storage.options,
+                          WritePolicy(recipe.storage.write_timeout_s, recipe.storage.write_attempts))
     deps = recipe.dependencies()
     planned: dict[str, PlannedStage] = {}
     for name in topological_order(deps):
         planned[name] = plan_stage(
             recipe.name, name, recipe.stages[name], {d: (planned[d].url, planned[d].hash) for d in deps[name]},
             store, recipe.stage_resources(name), recipe.stage_launcher(name), recipe.defaults.seed,
-            recipe.defaults.input_hash_max_bytes, tolerate_errors=not check_store)
+            recipe.defaults.input_hash_max_bytes, tolerate_errors=not check_store,
+            progress_deadline_s=recipe.stage_progress_deadline_s(name), ray=recipe.stage_ray(name))
     plan = Plan(recipe, store, list(planned.values()))
     if check_store:
         for s in plan.stages:

@@ -3,10 +3,27 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Iterator, Union
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from stages.common.contract import REFERENCE_RE, Launcher, Resources, RetryPolicy, StageConfig, Strict
+from pipeline.endpoints import form_problem, tracking_form_problem
+from stages.common.contract import (
+    REFERENCE_RE,
+    Launcher,
+    RaySettings,
+    Resources,
+    RetryPolicy,
+    StageConfig,
+    Strict,
+    launch_problem,
+)
 from stages.registry import STAGE_KINDS
+
+
+def _refused(problem: str | None, value: str) -> str:
+    """`value`, or the ValueError pydantic reports with the key's `file:line` (pipeline.loader)."""
+    if problem:
+        raise ValueError(problem)
+    return value
 
 
 class StorageConfig(Strict):
@@ -16,6 +33,14 @@ class StorageConfig(Strict):
                                   "keeps (newest first; 0 = the final model only)")
     lease_timeout_s: float = Field(60.0, gt=0, description="a running stage's `_RUNNING` lease whose "
                                    "heartbeat is older than this was left by a dead run and is taken over")
+    write_timeout_s: float = Field(1800.0, gt=0, description="a store write (one file of an artifact or "
+                                   "checkpoint) that takes longer is abandoned and retried")
+    write_attempts: int = Field(3, ge=1, description="tries of a store write, with backoff between them")
+
+    @field_validator("url")
+    @classmethod
+    def _known_protocol(cls, v: str) -> str:
+        return _refused(form_problem(v), v)
 
 
 class TrackingConfig(Strict):
@@ -27,12 +52,22 @@ class TrackingConfig(Strict):
     ui_url: str | None = Field(None, description="the MLflow UI's address, for links to runs (default: the "
                                "tracking URI when it is a server; e.g. http://127.0.0.1:5000 for `mlflow ui`)")
 
+    @field_validator("uri")
+    @classmethod
+    def _known_scheme(cls, v: str) -> str:
+        return _refused(tracking_form_problem(v), v)
+
 
 class Defaults(Strict):
     resources: Resources = Resources()
     launcher: Launcher = "deepspeed"
+    ray: RaySettings = Field(RaySettings(), description="the Ray cluster of `launcher: ray` stages")
     retry: RetryPolicy = RetryPolicy()
     seed: int = 0
+    progress_deadline_min: float = Field(
+        30.0, gt=0, description="a distributed stage's job that prints no step, progress or heartbeat line "
+        "for this long is hung: its ranks' stacks are dumped to its log, the ranks stopped, the stage failed "
+        "(a retry resumes from its last checkpoint); a stage's own `progress_deadline_min` overrides it")
     work_dir: str = Field(".ring/work", description="local scratch for stage jobs")
     input_hash_max_bytes: int = Field(
         64 << 20, ge=0, description="local inputs (file, directory, glob) up to this total size are "
@@ -70,7 +105,8 @@ class ReferenceSyntaxError(ValueError):
 
 
 class RecipeGraphError(ValueError):
-    """A reference to a missing stage, or a cycle; `path` locates it in the recipe."""
+    """A reference to a missing stage, a cycle, or settings that contradict each other across
+    sections (a stage's launcher and its resources); `path` locates it in the recipe."""
 
     def __init__(self, path: tuple, message: str):
         self.path = path
@@ -84,6 +120,8 @@ class Recipe(Strict):
     tracking: TrackingConfig = TrackingConfig()
     defaults: Defaults = Defaults()
     stages: dict[str, StageSpec] = Field(min_length=1)  # type: ignore[valid-type]
+    # where each key path was written (pipeline.loader: `file:line`), for errors found later
+    _origins: dict = PrivateAttr(default_factory=dict)
 
     @field_validator("stages")
     @classmethod
@@ -96,7 +134,19 @@ class Recipe(Strict):
     @model_validator(mode="after")
     def _graph(self) -> "Recipe":
         self.dependencies()  # raises RecipeGraphError on a missing stage or a cycle
+        self._check_launches()
         return self
+
+    def _check_launches(self) -> None:
+        """Each distributed stage's resources can be started by its launcher (both may come
+        from `defaults`: the error names the section the resources came from)."""
+        for name, spec in self.stages.items():
+            if not STAGE_KINDS[spec.kind].distributed:
+                continue
+            problem = launch_problem(self.stage_resources(name), self.stage_launcher(name))
+            if problem:
+                where = ("stages", name, "resources") if spec.resources else ("defaults", "resources")
+                raise RecipeGraphError(where, f"stage {name!r}: {problem}")
 
     def dependencies(self) -> dict[str, list[str]]:
         """stage -> the stages it reads, in recipe order; checks references and cycles."""
@@ -125,6 +175,17 @@ class Recipe(Strict):
 
     def stage_launcher(self, name: str) -> Launcher:
         return self.stages[name].launcher or self.defaults.launcher
+
+    def stage_progress_deadline_s(self, name: str) -> float | None:
+        """Seconds a stage's job may go without progress: its own setting, else (distributed
+        stages only) `defaults.progress_deadline_min`; None: no deadline."""
+        own = self.stages[name].progress_deadline_min
+        if own is not None:
+            return own * 60
+        return self.defaults.progress_deadline_min * 60 if STAGE_KINDS[self.stages[name].kind].distributed else None
+
+    def stage_ray(self, name: str) -> RaySettings:
+        return self.stages[name].ray or self.defaults.ray
 
     def stage_retry(self, name: str) -> tuple[int, float]:
         """(retries, delay in seconds) of a stage: its own `retry`, else `defaults.retry`;

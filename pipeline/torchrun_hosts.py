@@ -9,7 +9,9 @@ rendezvous master (torchrun's static rendezvous: `--master-addr` / `--master-por
 host one `torchrun --nnodes N --node-rank i --nproc-per-node P` starts: as a child process on
 this machine when the host is this machine (localhost, a loopback address, its own name), over
 `ssh host` elsewhere (in the same directory, with the launch environment: PYTHON*, NCCL_*,
-TORCH_*, HF_*, MLFLOW_*, AWS_*, ... as the DeepSpeed launcher exports it; the hosts need
+TORCH_*, HF_*, MLFLOW_*, AWS_*, RING_*, ... as the DeepSpeed launcher exports it, and the
+variables named in $RING_FORWARD_ENV (the job's credentials, stages.common.secrets), sent on the
+ssh session's stdin as a script, never on a command line that `ps` shows; the hosts need
 passwordless ssh and the same checkout path, as for DeepSpeed). When one node's torchrun fails
 the others are stopped (SIGTERM, SIGKILL after STOP_GRACE_S), and this process exits with the
 failing code; a stop signal is passed on to every node.
@@ -29,7 +31,8 @@ from pathlib import Path
 
 # the environment a remote node's command gets (by name prefix)
 EXPORTED_ENV = ("PYTHON", "NCCL_", "TORCH_", "NVSHMEM_", "CUDA_", "HF_", "MLFLOW_", "AWS_", "OMP_",
-                "TOKENIZERS_", "GLOO_", "UCX_")
+                "TOKENIZERS_", "GLOO_", "UCX_", "RING_")
+FORWARD_ENV = "RING_FORWARD_ENV"  # comma-separated names of more variables to export (pipeline.launch)
 
 
 STOP_GRACE_S = 10.0  # SIGTERM, then SIGKILL, to the other nodes when one fails
@@ -91,14 +94,26 @@ def is_this_machine(host: str) -> bool:
 
 
 def node_command(host: Host, rank: int, nodes: int, nproc: int, master: str, port: int,
-                 program: list[str]) -> list[str]:
+                 program: list[str]) -> tuple[list[str], str | None]:
+    """The command that starts the node's torchrun, and the script its stdin gets (remote
+    nodes: `sh -s` reads the environment and the command from it, so no value is in argv)."""
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--node-rank", str(rank),
                 "--nproc-per-node", str(nproc), "--master-addr", master, "--master-port", str(port), *program]
     if is_this_machine(host.name):
-        return torchrun
-    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(os.environ.items()) if k.startswith(EXPORTED_ENV))
-    return ["ssh", "-o", "BatchMode=yes", host.name,
-            f"cd {shlex.quote(os.getcwd())} && env {env} {shlex.join(torchrun)}"]
+        return torchrun, None
+    named = {n for n in os.environ.get(FORWARD_ENV, "").split(",") if n}
+    exports = [f"export {k}={shlex.quote(v)}" for k, v in sorted(os.environ.items())
+               if (k.startswith(EXPORTED_ENV) or k in named) and k.isidentifier()]
+    script = "\n".join([f"cd {shlex.quote(os.getcwd())}", *exports, f"exec {shlex.join(torchrun)}", ""])
+    return ["ssh", "-o", "BatchMode=yes", host.name, "sh", "-s"], script
+
+
+def _start(command: list[str], script: str | None) -> subprocess.Popen:
+    proc = subprocess.Popen(command, start_new_session=True, stdin=subprocess.PIPE if script else None, text=True)
+    if script:
+        proc.stdin.write(script)  # type: ignore[union-attr]
+        proc.stdin.close()  # type: ignore[union-attr]
+    return proc
 
 
 def master_address(host: Host) -> str:
@@ -108,8 +123,7 @@ def master_address(host: Host) -> str:
 def run(hostfile: str, nodes: int, nproc: int, port: int, program: list[str]) -> int:
     chosen = choose_nodes(read_hostfile(hostfile), nodes, nproc, hostfile)
     master = master_address(chosen[0])
-    procs = [subprocess.Popen(node_command(h, i, nodes, nproc, master, port, program), start_new_session=True)
-             for i, h in enumerate(chosen)]
+    procs = [_start(*node_command(h, i, nodes, nproc, master, port, program)) for i, h in enumerate(chosen)]
 
     stopped_at: list[float] = []  # when the nodes were told to stop (a failure or a signal)
 

@@ -20,11 +20,12 @@ import contextlib
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 from pipeline.changes import git_commit
+from stages.common import secrets
 from stages.common.stage_log import flatten, mlflow_client
 
 _MAX_TAG = 5000  # and a tag value's (mlflow.note.content included)
@@ -85,9 +86,9 @@ def _dataset_input(ref: InputRef):
 
 def _described(tags: dict[str, str], description: str) -> dict[str, str]:
     """`tags` plus the run's description (shown atop its page) and the code's git commit."""
-    out = dict(tags)
+    out = secrets.public(dict(tags))  # never a credential (stages.common.secrets)
     if description:
-        out["mlflow.note.content"] = description[:_MAX_TAG]
+        out["mlflow.note.content"] = secrets.redact(description)[:_MAX_TAG]
     commit = git_commit()
     if commit:
         out["mlflow.source.git.commit"] = commit
@@ -110,14 +111,16 @@ class PipelineTracker:
             self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(
                 experiment, artifact_location=artifact_location or default_artifact_location(uri),
                 tags=_EXPERIMENT_KIND)
-        run = self.client.create_run(self.experiment_id, run_name=run_name,
+        run = self.client.create_run(self.experiment_id, run_name=secrets.redact(run_name),
                                      tags=_described({"ring.kind": "pipeline", **(tags or {})}, description))
         self.parent_id = run.info.run_id
         self._log_params(self.parent_id, params)
 
     def handle(self) -> dict[str, str | None]:
-        return {"uri": self.uri, "experiment_id": self.experiment_id, "parent_id": self.parent_id,
-                "ui_url": self.ui_url}
+        """What a Prefect task needs to attach (a task parameter: any credential in the tracking
+        URI is its `${env:}` reference, resolved by the task with `secrets.resolve`)."""
+        return secrets.for_job({"uri": self.uri, "experiment_id": self.experiment_id, "parent_id": self.parent_id,
+                                "ui_url": self.ui_url})
 
     @classmethod
     def attach(cls, uri: str, experiment_id: str, parent_id: str, ui_url: str | None = None) -> "PipelineTracker":
@@ -131,22 +134,22 @@ class PipelineTracker:
         """The run's page in the MLflow UI, when the UI's address is known."""
         if not self.ui_url:
             return None
-        return f"{self.ui_url}/#/experiments/{self.experiment_id}/runs/{run_id}"
+        return secrets.redact(f"{self.ui_url}/#/experiments/{self.experiment_id}/runs/{run_id}")
 
     def run_link(self, run_id: str) -> str:
         """The run's page, or how to open it (`mlflow ui` on a local tracking store)."""
-        return self.run_url(run_id) or f"{run_id} (open with: mlflow ui --backend-store-uri {self.uri})"
+        return self.run_url(run_id) or secrets.redact(f"{run_id} (open with: mlflow ui --backend-store-uri {self.uri})")
 
     def _log_params(self, run_id: str, params: dict[str, Any]) -> None:
         from mlflow.entities import Param
 
-        items = [Param(k, v) for k, v in flatten(params).items()]
+        items = [Param(k, v) for k, v in flatten(secrets.public(params)).items()]
         for i in range(0, len(items), 100):
             self.client.log_batch(run_id, params=items[i:i + 100])
 
     def attach_text(self, text: str, name: str, run_id: str | None = None) -> None:
         """A text file among the run's artifacts (the recipe, as given and as resolved)."""
-        self.client.log_text(run_id or self.parent_id, text, name)
+        self.client.log_text(run_id or self.parent_id, secrets.redact(text), name)
 
     def start_stage(self, stage: str, kind: str, stage_hash: str, config: dict[str, Any],
                     inputs: list[InputRef] = (), description: str = "") -> str:
@@ -162,7 +165,8 @@ class PipelineTracker:
         stages recording one dataset at once collide in MLflow's get-or-create."""
         try:
             with _setup_lock(self.uri):
-                self.client.log_inputs(run_id, datasets=[_dataset_input(r) for r in inputs])
+                self.client.log_inputs(run_id, datasets=[_dataset_input(InputRef(*secrets.public(list(astuple(r)))))
+                                                         for r in inputs])
         except Exception as e:  # noqa: BLE001
             print(f"warning: could not record the input datasets of MLflow run {run_id}: {e}",
                   file=sys.stderr, flush=True)
@@ -189,7 +193,7 @@ class PipelineTracker:
     def mark_killed(self, holder: dict[str, Any]) -> None:
         """The MLflow runs of a dead executor whose stage lease was taken over: KILLED, not
         RUNNING forever (when they live in this tracking store)."""
-        if holder.get("tracking_uri") != self.uri:
+        if holder.get("tracking_uri") not in (self.uri, secrets.redact(self.uri)):  # notes hold it redacted
             return
         for run_id in (holder.get("run_id"), holder.get("parent_run_id")):
             if not run_id:

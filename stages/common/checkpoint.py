@@ -39,6 +39,7 @@ from stages.common.checkpoint_store import CheckpointStore
 from stages.common.contract import StageError, StageJob
 from stages.common.distributed import Ranks
 from stages.common.lora import has_lora
+from stages.common.store_writes import WritePolicy
 
 STATE_FILE = "state.json.gz"
 
@@ -103,7 +104,8 @@ class Checkpointer:
 
     def __init__(self, job: StageJob, engine, ranks: Ranks, state: dict[str, Stateful | None],
                  fingerprint: dict[str, Any] | None = None, rank_state: dict[str, Stateful | None] | None = None):
-        self.store = CheckpointStore(job.stage_url, job.storage_options)
+        self.store = CheckpointStore(job.stage_url, job.storage_options,
+                                     writes=WritePolicy(job.store_timeout_s, job.store_attempts))
         self.engine, self.ranks, self.state = engine, ranks, state
         self.rank_state = {k: s for k, s in (rank_state or {}).items() if s is not None}
         self.fingerprint = {"world size": ranks.world, **(fingerprint or {})}

@@ -10,6 +10,7 @@ from typing import Any
 
 from data_curation.urls import filesystem, join
 from stages.common.artifact_inputs import CHECKPOINTS
+from stages.common.store_writes import WritePolicy
 
 
 @dataclass
@@ -19,6 +20,7 @@ class CheckpointStore:
     stage_url: str
     storage_options: dict[str, Any]
     keep: int = 2
+    writes: WritePolicy = WritePolicy()  # each file's write: a deadline, retries
 
     def __post_init__(self) -> None:
         self.fs, self.path = filesystem(join(self.stage_url, CHECKPOINTS), self.storage_options)
@@ -59,12 +61,13 @@ class CheckpointStore:
         for path in sorted(p for p in Path(local_dir).rglob("*") if p.is_file()):
             rel = path.relative_to(local_dir).as_posix()
             self.fs.makedirs(join(dest, os.path.dirname(rel)) if "/" in rel else dest, exist_ok=True)
-            self.fs.put_file(str(path), join(dest, rel))
+            self.writes.run(f"upload checkpoint step {step}'s {rel} to", self.stage_url,
+                            lambda path=path, rel=rel: self.fs.put_file(str(path), join(dest, rel)))
         return dest
 
     def mark_complete(self, step: int) -> None:
-        with self.fs.open(join(self._step_path(step), "_COMPLETE"), "w") as f:
-            f.write(str(step))
+        self.writes.run(f"mark checkpoint step {step} complete at", self.stage_url,
+                        lambda: self.fs.pipe_file(join(self._step_path(step), "_COMPLETE"), str(step).encode()))
         for old in self.steps()[:-self.keep]:
             self.fs.rm(self._step_path(old), recursive=True)
 
@@ -78,5 +81,6 @@ class CheckpointStore:
             if rel == "_COMPLETE":
                 continue
             (local_dir / rel).parent.mkdir(parents=True, exist_ok=True)
-            self.fs.get_file(p, str(local_dir / rel))
+            self.writes.run(f"download checkpoint step {step}'s {rel} from", self.stage_url,
+                            lambda p=p, rel=rel: self.fs.get_file(p, str(local_dir / rel)))
         return local_dir

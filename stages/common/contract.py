@@ -11,14 +11,16 @@ raising `StageError`; the pipeline reports a stage that did not finish as `Stage
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from data_curation.benchmarks import EvalSuite
+from stages.common import secrets
 from stages.common.artifact_inputs import ArtifactError, fetch_input
 
 
@@ -55,11 +57,12 @@ def cosmetic(default: Any = None, **kw: Any) -> Any:
     return Field(default, json_schema_extra=extra, **kw)
 
 
-def hashed_when_set(default: Any = None, **kw: Any) -> Any:
-    """An optional field added after stages were published: left out of the stage hash while
-    it is None (unset), so every existing config keeps its hash; once set it is hashed."""
+def added_later(default: Any = None, **kw: Any) -> Any:
+    """A field added to an existing kind whose default keeps the old behaviour: at its default
+    it stays out of the stage hash (configs written before it keep their hashes); set to
+    anything else, it is hashed like every field."""
     extra = dict(kw.pop("json_schema_extra", None) or {})
-    extra["hashed_when_set"] = True
+    extra["hash_unless_default"] = True
     return Field(default, json_schema_extra=extra, **kw)
 
 
@@ -77,12 +80,6 @@ class Resources(Strict):
                                  "per line (DeepSpeed's format, for both launchers)")
     master_port: int | None = Field(None, ge=1024, le=65535, description="default: a free port")
 
-    @model_validator(mode="after")
-    def _hosts(self) -> "Resources":
-        if self.nodes > 1 and not self.hostfile:
-            raise ValueError(f"nodes={self.nodes} needs `hostfile` (one `hostname slots=N` line per node)")
-        return self
-
     @property
     def ranks_per_node(self) -> int:
         return self.gpus_per_node or self.cpu_ranks
@@ -92,7 +89,31 @@ class Resources(Strict):
         return self.nodes * self.ranks_per_node
 
 
-Launcher = Literal["deepspeed", "torchrun", "local"]
+Launcher = Literal["deepspeed", "torchrun", "local", "ray"]
+
+
+class RaySettings(Strict):
+    """Where and how a `launcher: ray` stage runs its ranks (pipeline/ray_launch.py, docs/ray.md)."""
+
+    address: str = Field("auto", description="the Ray cluster: `auto` (the cluster this machine belongs "
+                         "to, or $RAY_ADDRESS), `ray://host:10001` (Ray Client) or `host:6379` (the head's "
+                         "GCS address)")
+    cpus_per_worker: float = Field(1.0, gt=0, description="CPUs each rank's worker reserves (beside its GPU)")
+    placement_timeout_s: float = Field(300.0, gt=0, description="how long to wait for the cluster to have "
+                                       "room for all of the stage's workers before failing")
+
+
+def launch_problem(resources: Resources, launcher: Launcher) -> str | None:
+    """Why `resources` cannot be started by `launcher`, or None. Hostfile launchers need a
+    hostfile to run on several nodes; Ray places the nodes itself and takes no hostfile."""
+    if launcher == "ray":
+        if resources.hostfile:
+            return "launcher ray places the nodes itself: remove `hostfile` (it is for deepspeed / torchrun)"
+        return None
+    if resources.nodes > 1 and not resources.hostfile:
+        return (f"nodes={resources.nodes} needs `hostfile` (one `hostname slots=N` line per node), "
+                "or `launcher: ray` on a Ray cluster")
+    return None
 
 
 class RetryPolicy(Strict):
@@ -110,8 +131,12 @@ class StageConfig(Strict):
     kind: str
     resources: Resources | None = Field(None, description="overrides defaults.resources")
     launcher: Launcher | None = Field(None, description="overrides defaults.launcher")
+    ray: RaySettings | None = Field(None, description="overrides defaults.ray (launcher: ray)")
     retry: RetryPolicy | None = Field(None, description="overrides defaults.retry")
     log_every: int = cosmetic(1, ge=1, description="metrics logging interval (steps)")
+    progress_deadline_min: float | None = cosmetic(
+        None, gt=0, description="overrides defaults.progress_deadline_min: a job that prints no step, "
+        "progress or heartbeat line for this long is stopped (its ranks' stacks dumped to its log)")
     eval_suite: EvalSuite | None = cosmetic(None, description="the evaluation suite this stage is "
                                             "judged on: the pipeline does not start the stage while "
                                             "its `data` overlaps the suite (stages/common/eval_suite_gate.py)")
@@ -133,6 +158,9 @@ class StageJob(BaseModel):
     tracking_uri: str | None = None
     run_id: str | None = None
     seed: int = 0
+    store_timeout_s: float = Field(1800.0, gt=0, description="one store write (a file) that takes longer "
+                                   "is abandoned and retried (storage.write_timeout_s)")
+    store_attempts: int = Field(3, ge=1, description="tries of a store write (storage.write_attempts)")
 
     # -- helpers for the stage's own process ------------------------------------
     @classmethod
@@ -142,10 +170,22 @@ class StageJob(BaseModel):
         # deepspeed's launcher appends --local_rank=N; accept and ignore it
         parser.add_argument("--local_rank", type=int, default=None)
         args, _ = parser.parse_known_args(argv)
-        return cls.model_validate_json(Path(args.job).read_text())
+        data = json.loads(Path(args.job).read_text())
+        try:
+            return cls.model_validate(secrets.resolve(data))  # credentials come from the environment
+        except secrets.MissingSecret as e:
+            raise StageError(str(e.args[0])) from None
 
-    def write(self, path: str | os.PathLike) -> None:
-        Path(path).write_text(self.model_dump_json(indent=2))
+    def write(self, path: str | os.PathLike) -> str:
+        """job.json, readable by its owner only, with every credential as a `${env:NAME}`
+        reference (stages.common.secrets); returns its text (`secrets.job_env` of it is what the
+        job's processes must be given)."""
+        text = json.dumps(secrets.for_job(self.model_dump(mode="json")), indent=2)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(fd, 0o600)  # an existing file keeps its mode under O_CREAT
+            f.write(text)
+        return text
 
     @property
     def rank(self) -> int:

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from stages.common.contract import StageError
-from stages.common.groups import Group, StandaloneGroup, WorldGroup
+from stages.common.groups import Group, StandaloneGroup, WorldGroup, collective_timeout
 
 
 # -- joining --------------------------------------------------------------------------------------------
@@ -68,20 +68,20 @@ def init_distributed(local_rank: int | None = None, *, world_of_one_without_laun
         torch.cuda.set_device(device)
     backend = "nccl" if on_gpu else "gloo"
     if not split_last:
-        deepspeed.init_distributed(dist_backend=backend)
+        deepspeed.init_distributed(dist_backend=backend, timeout=collective_timeout())
         _release_cpu_allreduce_workspace(on_gpu)
         return Ranks(dist.get_rank(), dist.get_world_size(), local_rank, device, on_gpu, WorldGroup(device=device))
-    store, rank, world = next(dist.rendezvous("env://"))
+    store, rank, world = next(dist.rendezvous("env://", timeout=collective_timeout()))
     if not 0 < split_last < world:
         raise ValueError(f"split_last must be in [1, world size - 1 = {world - 1}], got {split_last}")
     first = world - split_last
     role, members = ("last", range(first, world)) if rank >= first else ("first", range(first))
     dist.init_process_group(backend, store=dist.PrefixStore(f"world/{role}", store),
-                            rank=rank - members.start, world_size=len(members))
+                            rank=rank - members.start, world_size=len(members), timeout=collective_timeout())
     # $WORLD_SIZE names the world of the default group from now on: DeepSpeed checks its
     # process group against it ($RANK stays the launch's: rank 0 reports the stage's errors)
     os.environ["WORLD_SIZE"] = str(len(members))
-    deepspeed.init_distributed(dist_backend=backend)
+    deepspeed.init_distributed(dist_backend=backend, timeout=collective_timeout())
     _release_cpu_allreduce_workspace(on_gpu)
     everyone = StandaloneGroup(store, "everyone", rank, world, device)
     return Ranks(rank, world, local_rank, device, on_gpu, everyone, store)
@@ -108,7 +108,7 @@ def make_group(ranks: Ranks, name: str, members: Sequence[int]) -> Group | None:
     made again under the same `name` does not meet the earlier one's stale addresses)."""
     members = list(members)
     if ranks.store is None:
-        sub = dist.new_group(members)
+        sub = dist.new_group(members, timeout=collective_timeout())
         return WorldGroup(sub, ranks.device) if ranks.rank in members else None
     key = f"{name}/{next(_standalone_groups)}"
     if ranks.rank not in members:

@@ -7,11 +7,21 @@ Imports only torch, so the benchmarks that use the RL scheduler stay light.
 """
 from __future__ import annotations
 
+import os
 import pickle
+from datetime import timedelta
 from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
+
+
+def collective_timeout() -> timedelta:
+    """How long a collective (and joining a group) waits for its peers before it fails: the
+    stage's progress deadline plus a minute, which pipeline.launch puts in
+    $RING_COLLECTIVE_TIMEOUT_S (so the pipeline's report of a hang comes first and a job run
+    without the pipeline still cannot wait forever); 30 minutes without it."""
+    return timedelta(seconds=float(os.environ.get("RING_COLLECTIVE_TIMEOUT_S", "1800")))
 
 
 class Group:
@@ -109,10 +119,12 @@ class StandaloneGroup(Group):
     def __init__(self, store: Any, name: str, rank: int, size: int, device: torch.device):
         self.rank, self.size, self.device = rank, size, device
         prefixed = dist.PrefixStore(f"group/{name}", store)
-        if device.type == "cuda":
-            self.backend = dist.ProcessGroupNCCL(prefixed, rank, size)
+        if device.type == "cuda":  # NCCL's watchdog aborts a collective past the timeout
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = collective_timeout()
+            self.backend = dist.ProcessGroupNCCL(prefixed, rank, size, options)
         else:
-            self.backend = dist.ProcessGroupGloo(prefixed, rank, size)
+            self.backend = dist.ProcessGroupGloo(prefixed, rank, size, collective_timeout())
 
     def broadcast_(self, tensor: torch.Tensor, src: int) -> None:
         opts = dist.BroadcastOptions()

@@ -12,10 +12,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from stages.common import secrets
+
 MAX_PARAM = 500  # MLflow's limit on a param value's length
 # the stdout protocol: `[metrics] {"step": N, ...}` and `[progress] {"done": N, "total": T, "unit": u}`
 METRICS_MARKER = "[metrics] "
 PROGRESS_MARKER = "[progress] "
+HEARTBEAT_MARKER = "[heartbeat]"  # alive inside a long step: resets the progress deadline (pipeline.hang)
 
 
 def mlflow_client(uri: str):
@@ -91,19 +94,27 @@ class StageLogger:
                 **({"unit": unit} if unit else {})}
         print(PROGRESS_MARKER + json.dumps(line), flush=True)
 
+    def heartbeat(self, what: str = "") -> None:
+        """Alive inside a long step (call it from the main loop, never a timer thread: a rank
+        blocked in a collective must stop heartbeating): resets the stage's progress deadline."""
+        if self.enabled:
+            print(f"{HEARTBEAT_MARKER} {what}".rstrip(), flush=True)
+
+    # what goes to MLflow never holds a credential of the job (stages.common.secrets)
     def params(self, values: dict[str, Any]) -> None:
         if self.enabled and self.client:
             from mlflow.entities import Param
 
-            self.client.log_batch(self.run_id, params=[Param(k, v) for k, v in flatten(values).items()])
+            self.client.log_batch(self.run_id, params=[Param(k, v) for k, v in flatten(secrets.public(values)).items()])
 
     def artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
         if self.enabled and self.client:
+            secrets.scrub_files(path)  # a report may quote an input's URL
             self.client.log_artifact(self.run_id, str(path), artifact_path)
 
     def text(self, text: str, name: str) -> None:
         if self.enabled and self.client:
-            self.client.log_text(self.run_id, text, name)
+            self.client.log_text(self.run_id, secrets.redact(text), name)
 
 
 def info(msg: str) -> None:

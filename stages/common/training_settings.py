@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import Field, create_model, model_validator
 from pydantic.fields import FieldInfo
 
-from stages.common.contract import Strict, cosmetic, hashed_when_set
+from stages.common.contract import Strict, added_later, cosmetic
 from stages.common.precision import PRECISION_HELP
 
 # the projections of the decoder layers of llama / qwen / mistral-style models
@@ -56,7 +56,7 @@ class OptimizerSettings(Strict):
     weight_decay: float = Field(ge=0, description="AdamW weight decay of matrices (none on norms and biases)")
     grad_clip: float = Field(1.0, gt=0, description="gradient norm clipping")
     zero_stage: Literal[0, 1, 2, 3] = Field(2, description="DeepSpeed ZeRO stage")
-    lora: LoraSettings | None = hashed_when_set(None, description=(
+    lora: LoraSettings | None = added_later(None, description=(
         "train low-rank adapters instead of every weight (LoraSettings); unset: every weight trains"))
 
 

@@ -12,6 +12,7 @@ from typing import Any
 from data_curation import discovery, io, urls
 from data_curation._base import CurationError
 from data_curation.engine import run_curation
+from stages.common import secrets
 from stages.common.contract import StageError, StageJob
 from stages.common.entry import run_job
 from stages.common.stage_log import StageLogger, info
@@ -49,7 +50,8 @@ def input_identity(data: list[str], storage_options: dict[str, Any]) -> list[Any
         if _in_artifact(url, storage_options):
             out.append({"artifact": urls.normalise_url(url)})
         else:
-            out.append({"external": [s.as_dict() for s in discovery.discover([url], storage_options)]})
+            # written into the step cache: an input's user info as its reference (stages.common.secrets)
+            out.append({"external": secrets.public([s.as_dict() for s in discovery.discover([url], storage_options)])})
     return out
 
 
@@ -77,7 +79,7 @@ def main(job: StageJob) -> dict[str, Any]:
             continue
         path = str(job.fetch(url))
         local.append(path)
-        names[path] = url
+        names[path] = secrets.public(url)  # reports name their inputs
     cache = cache_url(job.stage_url, job.stage, cfg.cache)
     info(f"curate: {len(cfg.data)} input(s), {len(cfg.steps)} step(s), step cache {cache}")
     try:

@@ -142,7 +142,8 @@ def test_shipped_recipes_validate_and_schema_accepts_them():
     schema = json.loads(runner.invoke(app, ["schema"]).output)
     for name in ("tiny.yaml", "ring1t.yaml"):
         path = REPO / "recipes" / name
-        assert _validate(path).exit_code == 0, _validate(path).output
+        # ring1t's store and tracking server are a cluster's: the form only, offline
+        assert _validate(path, "--offline").exit_code == 0, _validate(path, "--offline").output
         jsonschema.validate(yaml.safe_load(path.read_text()), schema)
 
 

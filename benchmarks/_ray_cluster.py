@@ -1,0 +1,84 @@
+"""A Ray cluster of several nodes on this one machine: one raylet per node, `ray start --head` then
+`ray start --address` for the others, each `--block`ed in a process group of its own, torn down by
+signalling those groups (never `ray stop`, which stops every Ray process of the user on the host).
+Used by the Ray launcher's tests (two CPU nodes) and by benchmarks/ray_vs_deepspeed.py (a 4-GPU
+host as two nodes of two GPUs: each node's raylet started with its own CUDA_VISIBLE_DEVICES).
+
+    with local_ray_cluster(tmp, [Node(cpus=2), Node(cpus=2)]) as address:   # "127.0.0.1:PORT"
+        ...
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+
+@dataclass(frozen=True)
+class Node:
+    cpus: int
+    gpus: int = 0
+    env: dict[str, str] = field(default_factory=dict)  # e.g. CUDA_VISIBLE_DEVICES of its GPUs
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(node: Node, args: list[str], log: Path, timeout_s: float) -> subprocess.Popen:
+    """`ray start ... --block` in its own process group; returns once the node is up. Every port
+    a node would take by default is a free one, so clusters of parallel runs do not collide."""
+    env = {**os.environ, **node.env, "RAY_USAGE_STATS_ENABLED": "0"}
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            # `ray start`, without needing the `ray` script on PATH
+            [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--disable-usage-stats",
+             f"--num-cpus={node.cpus}", f"--num-gpus={node.gpus}", "--object-store-memory=80000000",
+             "--node-ip-address=127.0.0.1",
+             f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
+             f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}", *args],
+            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    deadline = time.time() + timeout_s
+    while "Ray runtime started" not in log.read_text():
+        if proc.poll() is not None or time.time() > deadline:
+            stop_node(proc)
+            raise RuntimeError(f"ray start did not come up (exit {proc.returncode}):\n{log.read_text()[-3000:]}")
+        time.sleep(0.2)
+    return proc
+
+
+def stop_node(proc: subprocess.Popen) -> None:
+    """The node's whole process group (raylet, GCS, agents, workers), by group id only."""
+    for sig, grace_s in ((signal.SIGTERM, 3), (signal.SIGKILL, 10)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace_s)
+
+
+@contextlib.contextmanager
+def local_ray_cluster(logs: Path, nodes: list[Node], timeout_s: float = 90) -> Iterator[str]:
+    """The GCS address of a cluster of `nodes` on this machine (the first is the head)."""
+    temp = Path("/tmp") / f"ring-ray-{os.getpid()}-{free_port()}"  # Ray's socket paths must stay short
+    port = free_port()
+    started: list[subprocess.Popen] = []
+    try:
+        started.append(_start(nodes[0], ["--head", f"--port={port}", f"--temp-dir={temp}", "--include-dashboard=false",
+                                         f"--dashboard-port={free_port()}"], logs / "ray-head.log", timeout_s))
+        for i, node in enumerate(nodes[1:], 1):
+            started.append(_start(node, [f"--address=127.0.0.1:{port}"], logs / f"ray-node{i}.log", timeout_s))
+        yield f"127.0.0.1:{port}"
+    finally:
+        for proc in reversed(started):
+            stop_node(proc)
+        shutil.rmtree(temp, ignore_errors=True)

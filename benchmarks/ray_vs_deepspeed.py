@@ -1,0 +1,148 @@
+"""Issue 33 item 5: the Ray launcher against the DeepSpeed launcher on the same GPUs, in one run.
+
+A host of 4 GPUs plays a Ray cluster of two nodes (two raylets, GPUs 0,1 and 2,3: each node's
+raylet started with its own CUDA_VISIBLE_DEVICES, benchmarks/_ray_cluster.py). The same stage
+config runs twice, each time through `pipeline.execute.run_stage` as a recipe would run it:
+
+  sft-deepspeed   `sft` (ZeRO-3) under DeepSpeed's launcher, 1 node x 4 GPUs
+  sft-ray         the same under `launcher: ray`, 2 Ray nodes x 2 GPUs
+  rl-deepspeed    `reasoning_rl` split (rollout.gpus: 2: ranks 0-1 train under ZeRO-3, ranks 2-3
+                  generate; NCCL weight sync from trainer 0) under DeepSpeed's launcher
+  rl-ray          the same under `launcher: ray`: the trainers on Ray node 0, the engines on node 1
+
+and the table compares SFT tokens/s (the stage's per-step `tokens_per_s`, the first two steps
+left out) and RL rollout tokens/s and step seconds (benchmarks/gpu_scaling.py's readers), with
+the ratio Ray / DeepSpeed (issue 33's goal: within 5%). The two launchers alternate (deepspeed,
+ray, ray, deepspeed with --repeat 2) so a drift of the host does not favour one of them.
+
+    # on the 4-GPU machine (the wheels of scripts/gpu_wheels.sh in /tmp/site, and ray's: a session
+    # of benchmarks/gpu_plans/h100x4-ray.yaml says how it travels):
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    timeout 580 python3 benchmarks/ray_vs_deepspeed.py --out "$OUT" 2>&1 | tee "$OUT/ray_vs_deepspeed.log"
+    # here (CPU): the same code paths on tiny shapes, 1 CPU rank per Ray node (no timing claims)
+    python benchmarks/ray_vs_deepspeed.py --smoke --out /tmp/ray_vs_ds_smoke
+
+NOT RUN YET on GPUs (written without one, issue 33): no number of it is in RESULTS.md.
+Results: OUT/ray_vs_deepspeed.json (rewritten after every run), the stage logs under OUT/work.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run from anywhere
+
+from benchmarks._ray_cluster import Node, local_ray_cluster  # noqa: E402 - needs ROOT on sys.path
+from benchmarks._record import SAFE_ENV, ResultFile, log, versions  # noqa: E402
+from benchmarks.gpu_scaling import BODY_05B, TINY_BODY, rl_metrics, sft_metrics  # noqa: E402
+from pipeline.launch import pinned_gpus  # noqa: E402
+
+os.environ.update(SAFE_ENV)  # this process and every one it starts
+
+
+def _setup(work: Path, smoke: bool) -> dict[str, str]:
+    """Synthetic data and a 0.5B-shape base (tiny for the smoke), published in a file:// store."""
+    from pipeline.execute import run_stage
+
+    store = f"file://{work}/store"
+    data = run_stage("synthetic_data", {"files": {
+        "sft.jsonl": {"generator": "arithmetic_cot", "n": 600 if smoke else 6000, "params": {"max_digits": 3}},
+        "rl.jsonl": {"generator": "arithmetic_rl", "n": 64 if smoke else 2048, "seed": 1}}},
+        stage="data", storage=store, recipe="ray-vs-ds", work_root=work / "runs")
+    base = run_stage("init_model", {
+        "architecture": {"model_type": "qwen2", "max_position_embeddings": 4096, **(TINY_BODY if smoke else BODY_05B)},
+        "tokenizer": {"corpus": ["${stages.data.output}/sft.jsonl"], "vocab_size": 512 if smoke else 8192}},
+        stage="base", storage=store, recipe="ray-vs-ds", work_root=work / "runs", upstream={"data": data.url})
+    return {"data": data.url, "base": base.url}
+
+
+def _configs(smoke: bool) -> dict[str, dict[str, Any]]:
+    sft = {"model": "${stages.base.output}", "data": "${stages.data.output}/sft.jsonl",
+           "max_seq_len": 256 if smoke else 2048, "epochs": 4, "max_steps": 4 if smoke else 14,
+           "micro_batch_size": 2 if smoke else 8, "lr": 1e-4, "warmup_steps": 1, "zero_stage": 3,
+           "checkpoint_every": 1000}
+    # a random policy rarely says EOS: the token budget (C3PO++'s Phi) bounds each step's rollout work
+    rl = {"model": "${stages.base.output}", "data": "${stages.data.output}/rl.jsonl", "steps": 2 if smoke else 4,
+          "prompts_per_step": 4 if smoke else 16, "rollouts_per_prompt": 4 if smoke else 8,
+          "max_len": 24 if smoke else 512, "prompt_max_len": 64 if smoke else 128, "lr": 1e-6,
+          "scheduler": "c3po", "c3po": {"pool_capacity": 16 if smoke else 256, "token_budget": 160 if smoke else 16384},
+          "rollout": {"engine": "torch", "device": "auto", "max_batch": 8 if smoke else 128, "gpus": 1 if smoke else 2},
+          "zero_stage": 3, "verifier_workers": 0, "checkpoint_every": 1000, "sample_rollouts": 0}
+    return {"sft": sft, "reasoning_rl": rl}
+
+
+def _run(kind: str, launcher: str, config: dict[str, Any], work: Path, upstream: dict[str, str], smoke: bool,
+         address: str, repeat: int) -> dict[str, Any]:
+    """One stage run under `launcher` on all 4 GPUs (smoke: 2 CPU ranks); its rates."""
+    from pipeline.execute import run_stage
+    from stages.common.contract import Resources
+
+    if launcher == "ray":
+        resources = Resources(nodes=2, cpu_ranks=1) if smoke else Resources(nodes=2, gpus_per_node=2)
+        config = {**config, "ray": {"address": address, "placement_timeout_s": 120}}
+    else:
+        resources = Resources(cpu_ranks=2) if smoke else Resources(gpus_per_node=4)
+    name = f"{'sft' if kind == 'sft' else 'rl'}-{launcher}-{repeat}"
+    t0 = time.time()
+    run = run_stage(kind, config, stage=name, storage=f"file://{work}/store", recipe="ray-vs-ds",
+                    work_root=work / "runs", upstream={k: upstream[k] for k in ("data", "base")},
+                    resources=resources, launcher=launcher)
+    out = Path(run.url.removeprefix("file://"))
+    rates = sft_metrics(out, resources.world_size) if kind == "sft" else rl_metrics(out, run.as_dict())
+    return {"launcher": launcher, "wall_s": time.time() - t0, **rates}
+
+
+def _ratio(rows: list[dict[str, Any]], key: str) -> float | None:
+    by = {ln: [r[key] for r in rows if r["launcher"] == ln and key in r] for ln in ("ray", "deepspeed")}
+    if not by["ray"] or not by["deepspeed"]:
+        return None
+    return (sum(by["ray"]) / len(by["ray"])) / (sum(by["deepspeed"]) / len(by["deepspeed"]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--smoke", action="store_true", help="CPU, tiny shapes: the code paths, no timing claims")
+    parser.add_argument("--repeat", type=int, default=1, help="pairs of runs per kind (order alternates)")
+    parser.add_argument("--only", choices=["sft", "reasoning_rl"], nargs="*", default=["sft", "reasoning_rl"])
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = args.out / "work"
+    work.mkdir(exist_ok=True)
+    results = ResultFile.resume(args.out / "ray_vs_deepspeed.json")
+    results.put("versions", result=versions())
+    if args.smoke:
+        os.environ.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+        nodes = [Node(cpus=2), Node(cpus=2)]
+    else:  # the GPUs this script was given (gpu_queue pins them), two per Ray node
+        gpus = pinned_gpus() or ["0", "1", "2", "3"]
+        if len(gpus) < 4:
+            raise SystemExit(f"needs 4 GPUs, CUDA_VISIBLE_DEVICES gives {gpus}")
+        nodes = [Node(cpus=8, gpus=2, env={"CUDA_VISIBLE_DEVICES": ",".join(gpus[:2])}),
+                 Node(cpus=8, gpus=2, env={"CUDA_VISIBLE_DEVICES": ",".join(gpus[2:4])})]
+    upstream = _setup(work, args.smoke)
+    log(f"setup done: {upstream}")
+    configs = _configs(args.smoke)
+    with local_ray_cluster(work, nodes) as address:
+        log(f"Ray cluster of {len(nodes)} nodes at {address}")
+        for kind in args.only:
+            rows: list[dict[str, Any]] = []
+            for i in range(args.repeat):
+                order = ("deepspeed", "ray") if i % 2 == 0 else ("ray", "deepspeed")
+                for launcher in order:
+                    log(f"{kind} under {launcher} ({i + 1}/{args.repeat})")
+                    rows.append(_run(kind, launcher, configs[kind], work, upstream, args.smoke, address, i))
+                    key = "tokens_per_s" if kind == "sft" else "rollout_tokens_per_s"
+                    results.put(kind, result={"runs": rows, "ray_over_deepspeed": _ratio(rows, key),
+                                              "step_seconds_ray_over_deepspeed": _ratio(rows, "step_seconds_mean")})
+                    log(f"  {rows[-1]}")
+    log(f"results: {results.path}")
+
+
+if __name__ == "__main__":
+    main()

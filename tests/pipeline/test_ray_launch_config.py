@@ -1,0 +1,160 @@
+"""`launcher: ray` without a cluster: the recipe's settings (validated, located, out of the
+stage hash), the command `plan` shows, how ranks and GPUs are numbered on a node, and how a
+launcher's verdict explains a failed job."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from pipeline.cli import app
+from pipeline.job_output import JobOutput
+from pipeline.launch import build_command
+from pipeline.loader import load_recipe
+from pipeline.plan import make_plan
+from pipeline.ray_launch import Layout, number_ranks, rank_env
+from stages.common.contract import RaySettings, Resources
+from tests.pipeline.test_recipe import GOOD
+
+RAY = "defaults:\n  launcher: ray\n  resources: {nodes: 2, gpus_per_node: 4}\n  ray: {address: 'ray://head:10001'}\n"
+
+
+def _recipe(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "r.yaml"
+    path.write_text(text.replace("name: t\n", f"name: t\nstorage: {{url: 'file://{tmp_path}/store'}}\n"))
+    return path
+
+
+def test_a_ray_recipe_needs_no_hostfile_and_plan_shows_the_ray_launch(tmp_path):
+    path = _recipe(tmp_path, GOOD.replace("stages:\n", RAY + "stages:\n"))
+    plan = make_plan(load_recipe(path), check_store=False)
+    sft = plan["sft"]
+    assert sft.launcher == "ray" and sft.ray.address == "ray://head:10001"
+    cmd = build_command(sft.kind.entry, Path("job.json"), sft.resources, sft.launcher, True, sft.ray)
+    assert cmd[:3] == [sys.executable, "-m", "pipeline.ray_launch"]
+    flags = dict(zip(cmd[3:cmd.index("--")][::2], cmd[3:cmd.index("--")][1::2]))
+    assert flags == {"--address": "ray://head:10001", "--nodes": "2", "--gpus-per-node": "4", "--cpu-ranks": "1",
+                     "--cpus-per-worker": "1.0", "--placement-timeout": "300.0"}
+    assert cmd[cmd.index("--") + 1:] == ["-m", "stages.sft.job", "--job", "job.json"]
+    # a data stage still runs as one local process
+    assert build_command("stages.synthetic_data.job", Path("j"), sft.resources, "ray", False, sft.ray)[1:3] == \
+        ["-m", "stages.synthetic_data.job"]
+    res = CliRunner().invoke(app, ["plan", str(path)])
+    assert res.exit_code == 0 and "pipeline.ray_launch --address ray://head:10001" in res.output, res.output
+
+
+def test_the_launcher_and_its_cluster_stay_out_of_the_stage_hash(tmp_path):
+    plain = make_plan(load_recipe(_recipe(tmp_path, GOOD)), check_store=False)
+    on_ray = make_plan(load_recipe(_recipe(tmp_path, GOOD.replace("stages:\n", RAY + "stages:\n")),
+                                   ["stages.sft.ray.cpus_per_worker=4"]), check_store=False)
+    assert [s.hash for s in on_ray.stages] == [s.hash for s in plain.stages]
+
+
+@pytest.mark.parametrize("edit,line,fragment", [
+    # Ray places the nodes: a hostfile there is a mistake, named at the stage's resources
+    (("    lr: 1.0e-3\n", "    lr: 1.0e-3\n    launcher: ray\n    resources: {nodes: 2, hostfile: /h}\n"), 18,
+     "stages.sft.resources: stage 'sft': launcher ray places the nodes itself: remove `hostfile`"),
+    # several nodes without a hostfile, for the hostfile launchers, named where the resources come from
+    (("stages:\n", "defaults:\n  resources: {nodes: 2}\nstages:\n"), 4,
+     "defaults.resources: stage 'sft': nodes=2 needs `hostfile`"),
+    (("stages:\n", "defaults:\n  ray: {adress: auto}\nstages:\n"), 4, "defaults.ray.adress: unknown key"),
+    (("stages:\n", "defaults:\n  ray: {placement_timeout_s: 0}\nstages:\n"), 4,
+     "defaults.ray.placement_timeout_s: Input should be greater than 0"),
+])
+def test_launch_settings_that_cannot_work_are_located(tmp_path, edit, line, fragment):
+    res = CliRunner().invoke(app, ["validate", str(_recipe(tmp_path, GOOD.replace(*edit)))])
+    assert res.exit_code == 2, res.output
+    assert f"r.yaml:{line}: {fragment}" in res.output, res.output
+
+
+def test_ranks_are_numbered_node_by_node_and_local_ranks_follow_the_gpus(tmp_path):
+    layout = Layout(nodes=2, gpus_per_node=2, cpu_ranks=1, cpus_per_worker=1.0)
+    def where(node: str, gpu: str) -> dict:
+        return {"node_id": node * 8, "ip": "10.0.0.2" if node == "b" else "10.0.0.1", "host": node, "pid": 1,
+                "gpus": [gpu]}
+
+    # Ray handed out the GPUs in no particular order, and bundle 1's actors came back first
+    placed = [(1, "b-x", where("b", "7")), (1, "b-y", where("b", "6")), (0, "a-x", where("a", "3")),
+              (0, "a-y", where("a", "1"))]
+    workers = number_ranks(layout, placed)
+    assert [(w.rank, w.local_rank, w.node_rank, w.actor) for w in workers] == \
+        [(0, 0, 0, "a-y"), (1, 1, 0, "a-x"), (2, 0, 1, "b-y"), (3, 1, 1, "b-x")]
+    env = rank_env(workers[3], workers, layout, ("10.0.0.1", 29500))
+    assert env["CUDA_VISIBLE_DEVICES"] == "6,7" and env["LOCAL_RANK"] == "1"  # cuda:1 is GPU 7
+    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"], env["NODE_RANK"]) == ("3", "4", "2", "1")
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("10.0.0.1", "29500")
+    cpu = Layout(nodes=2, gpus_per_node=0, cpu_ranks=3, cpus_per_worker=0.5)
+    assert cpu.bundle() == {"CPU": 1.5} and layout.bundle() == {"CPU": 2.0, "GPU": 2.0}
+    cpu_workers = number_ranks(cpu, [(b, f"{b}{i}", where("a", "")) for b in (0, 1) for i in range(3)])
+    assert rank_env(cpu_workers[4], cpu_workers, cpu, ("h", 1))["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_the_launchers_verdict_explains_a_crash_but_not_a_user_error():
+    lines = ["[rank0]: Traceback (most recent call last):", "[rank0]:   File \"x.py\", line 1, in f",
+             "[rank0]: RuntimeError: Connection reset by peer",
+             "[launcher] worker rank 1 (node b 10.0.0.2, Ray node d664ae97, pid 7) failed first: "
+             "its job exited with code 137 (killed by SIGKILL)"]
+    out = JobOutput("sft", "sft")
+    for line in lines:
+        out.feed(line)
+    failure = out.failure(137)
+    assert failure.reason.startswith("worker rank 1 (node b 10.0.0.2") and "SIGKILL" in failure.reason
+    assert not failure.user_error
+    out = JobOutput("sft", "sft")
+    for line in ["[rank1]: [rank 1] sft (sft) failed: shard 3 is corrupt", lines[-1]]:
+        out.feed(line)
+    assert out.failure(2).reason == "[rank 1] shard 3 is corrupt" and out.failure(2).user_error
+
+
+def test_ray_settings_defaults():
+    assert RaySettings().address == "auto"
+    assert Resources(nodes=3).world_size == 3  # the hostfile check moved to where the launcher is known
+
+
+def test_ring1t_on_ray_is_ring1t_with_another_launcher():
+    from tests.conftest import REPO
+
+    on_ray = make_plan(load_recipe(REPO / "recipes" / "ring1t-ray.yaml"), check_store=False)
+    hostfile = make_plan(load_recipe(REPO / "recipes" / "ring1t.yaml"), check_store=False)
+    assert [(s.name, s.hash) for s in on_ray.stages] == [(s.name, s.hash) for s in hostfile.stages]
+    sft = on_ray["sft"]
+    assert sft.launcher == "ray" and sft.resources.world_size == 256 and sft.resources.hostfile is None
+    assert on_ray["curate"].launcher == "ray"  # a data stage: still one local process (build_command)
+
+
+@pytest.mark.parametrize("address,fragment", [
+    ("127.0.0.1:{port}", "nothing answers at 127.0.0.1:{port}"),   # a cluster that is not up: at once, not in minutes
+    ("head-without-port", "expected auto, host:port or ray://host:port"),
+])
+def test_an_address_without_a_cluster_fails_at_once_as_the_users_error(tmp_path, address, fragment):
+    import subprocess
+
+    from stages.common.ports import free_port
+
+    port = free_port()
+    job = tmp_path / "job.json"
+    job.write_text('{"stage": "sft", "kind": "sft", "stage_url": "file:///x", "output_dir": "/o", "work_dir": "/w"}')
+    out = subprocess.run([sys.executable, "-m", "pipeline.ray_launch", "--address", address.format(port=port),
+                          "--nodes", "2", "--", "-c", "pass", "--job", str(job)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.startswith("sft (sft) failed: ") and fragment.format(port=port) in out.stderr, out.stderr
+    output = JobOutput("sft", "sft")
+    for line in out.stderr.splitlines():
+        output.feed(line)
+    assert output.failure(2).user_error
+
+
+def test_each_node_gets_a_scratch_dir_of_its_own_and_the_same_outputs():
+    import json
+
+    from pipeline.ray_launch import node_job, with_job
+
+    text = json.dumps({"stage": "sft", "work_dir": "/w/a/scratch", "output_dir": "/w/a/output"})
+    path, node1 = node_job("/w/a/job.json", text, 1)
+    assert path == "/w/a/job-node1.json"
+    assert json.loads(node1) == {"stage": "sft", "work_dir": "/w/a/scratch/node1", "output_dir": "/w/a/output"}
+    assert with_job(["-m", "stages.sft.job", "--job", "/w/a/job.json", "--x"], path) == \
+        ["-m", "stages.sft.job", "--job", "/w/a/job-node1.json", "--x"]
