@@ -75,5 +75,12 @@ for req in $(grep -E "$sdist_re" "$wanted" || true); do
   else python3 -m pip wheel -q --no-deps --no-build-isolation -w "$OUT" "$src"/* 2>&1 | grep -v '^WARNING: Location' || true; fi
   rm -rf "$src"
 done
+# a wheel that did not build is an error here, not a ModuleNotFoundError on the device (round 11b:
+# deepspeed's build needs setuptools with bdist_wheel and torch: run this from the project's venv)
+for name in $SDIST_ONLY; do
+  if grep -qiE "^${name}==" "$wanted" && ! ls "$OUT" | grep -qi "^${name//-/_}-.*\.whl$"; then
+    echo "gpu_wheels: no wheel was built for $name (run from the project's venv)" >&2; exit 1
+  fi
+done
 rm -f "$resolved" "$pin" "$wanted"
 echo "$OUT: $(ls "$OUT" | wc -l) wheels, $(du -sh "$OUT" | cut -f1)"
