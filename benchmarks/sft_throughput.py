@@ -5,6 +5,10 @@ transformers + fused AdamW loop, and the RL learner's step, on one GPU, in one r
     # installed into /tmp/site; at most ~8 minutes, each result lands in $OUT when it is measured:
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
     timeout 480 python3 benchmarks/sft_throughput.py --out "$OUT" 2>&1 | tee "$OUT/sft_throughput.log"
+    # LoRA next to full training (issue 35; NOT run yet): the stage's step and the RL learner's,
+    # each variant with its `_lora` twin (rank 16 on every projection), memory and tokens/s
+    timeout 480 python3 benchmarks/sft_throughput.py --out "$OUT" --only 0.5B@4096 learner --lora \
+        --variants stage_mixed stage_z2 --learner-variants causal_loss 2>&1 | tee "$OUT/sft_throughput.log"
     # one case only (e.g. a second run for what the first did not reach):
     timeout 480 python3 benchmarks/sft_throughput.py --out "$OUT" --only 1.5B@16384 2>&1 | tee "$OUT/sft_throughput.log"
     # here (CPU): the whole orchestration on a tiny shape (compile_layers traced with aot_eager:
@@ -145,6 +149,11 @@ VARIANTS = {  # the sft stage's config per variant
     "stage_mixed_compiled_mb2_eager_loss": {"precision": "bf16-mixed", "compile_layers": True, "micro_batch_size": 2,
                                             "_env": {"RING_COMPILE_LOSS": "off"}},
 }
+# LoRA twins (issue 35): every stage variant as `<variant>_lora`, training rank-16 adapters on
+# every projection (the `lora:` block's defaults) instead of every weight; `--lora` adds the twin
+# of each variant it runs, the learner's too
+LORA = {"rank": 16, "alpha": 32}
+VARIANTS.update({f"{name}_lora": {**v, "lora": LORA} for name, v in list(VARIANTS.items())})
 DEFAULT_VARIANTS = {"1.5B@4096": ["plain", "stage", "stage_flex", "stage_before"]}
 PROFILED_STEPS = 2  # with --profile, after the timed steps
 PEAK_BF16 = [("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("A100", 312e12)]
@@ -309,7 +318,8 @@ def run_stage_variant(variant: str, path: Path, rows_file: Path, shape: str, tok
     # per token of the stage's data: the attention spans are the samples (document mask)
     toks = sum(sum(p) for p in pack_lengths)
     attn_per_token = 6 * m["layers"] * m["d_attn"] * sum(s * s for p in pack_lengths for s in p) / toks
-    flops_per_token = 6 * n + attn_per_token
+    # LoRA: the frozen weights get no weight gradients (4 * N, not 6 * N); adapters not counted
+    flops_per_token = (4 if "lora" in config else 6) * n + attn_per_token
     peaks = [m["peak_memory_gib"] for m in steps if "peak_memory_gib" in m]
     if args.profile:
         keep_profile(out_dir / "logs" / "profile", args, f"{shape}@{tokens}", variant)
@@ -374,6 +384,8 @@ LEARNER_VARIANTS = {  # PolicyHead's padding mask, decoder layers compiled, the 
     "causal_loss": {"keep_padding_mask": False, "compiled": False, "loss": "auto"},
     "causal_compiled_loss": {"keep_padding_mask": False, "compiled": True, "loss": "auto"},
 }
+FULL_LEARNER_VARIANTS = list(LEARNER_VARIANTS)  # what runs by default; `--lora` adds their twins
+LEARNER_VARIANTS.update({f"{name}_lora": {**v, "lora": True} for name, v in list(LEARNER_VARIANTS.items())})
 LEARNER_MICRO_TOKENS = {"0.5B": 16384, "1.5B": 12288, "tiny": 256}  # module docstring: why 12288
 
 
@@ -411,11 +423,17 @@ def run_learner(path: Path, shape: str, args, device: str, peak: float | None) -
             model.config.use_cache = False
             n = sum(p.numel() for p in model.parameters())
             body = n - m["head_params"]
+            if how.get("lora"):  # as build_policy does with `lora:` (the optimizer: adapters only)
+                from stages.common.lora import apply_lora
+                from stages.common.training_settings import LoraSettings
+
+                apply_lora(model, LoraSettings(**LORA))
             if how["compiled"]:  # as stages/rl/policy.py build_policy does with compile_layers
                 torch._dynamo.reset()
                 counters.clear()
                 compile_decoder_layers(model, shape, dynamic=True)
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=device == "cuda")
+            opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6,
+                                    fused=device == "cuda")
             head = PolicyHead(model, keep_padding_mask=how["keep_padding_mask"])
             learner = Learner(TorchBackend(head, opt, grad_clip=1.0),
                               LearnerConfig(loss=LossConfig(correction="icepop"), pad_id=0,
@@ -430,12 +448,15 @@ def run_learner(path: Path, shape: str, args, device: str, peak: float | None) -
                 sync(device)
                 times.append(time.perf_counter() - t0)
             dt = statistics.median(times[1:])
-            # theta_old forward (2/8) + update forward and backward (6/8); the head on responses only
-            flops = (8 * body * all_tokens + 8 * m["head_params"] * resp_tokens
+            # theta_old forward (2/8) + update forward and backward (6/8); the head on responses only.
+            # LoRA: no weight gradients of the frozen matrices (2 of the 8 go), adapters not counted
+            weights = 6 if how.get("lora") else 8
+            flops = (weights * body * all_tokens + 8 * m["head_params"] * resp_tokens
                      + 8 * m["layers"] * m["d_attn"] * sum((len(s.prompt_ids) + len(s.response_ids)) ** 2
                                                            for s in samples))
             out[variant] = {**how, "step_seconds": dt, "first_step_seconds": times[0],
                             "tokens_per_s": all_tokens / dt, "mfu": mfu(flops / dt, peak),
+                            "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
                             "peak_memory_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if device == "cuda" else None}
             if how["compiled"]:
                 out[variant]["compiled_graphs"] = counters["stats"]["unique_graphs"]
@@ -486,10 +507,13 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--grad-accum", type=int, default=1,
                    help="micro batches per optimizer step, plain loop and stage alike (default 1: the "
                         "optimizer steps after every pack)")
-    p.add_argument("--learner-variants", nargs="*", default=list(LEARNER_VARIANTS), choices=list(LEARNER_VARIANTS),
+    p.add_argument("--learner-variants", nargs="*", default=FULL_LEARNER_VARIANTS, choices=list(LEARNER_VARIANTS),
                    help="the learner case's variants (default: all)")
     p.add_argument("--learner-shape", choices=["0.5B", "1.5B"], default="0.5B",
                    help="the learner case's model shape (the smoke: tiny)")
+    p.add_argument("--lora", action="store_true",
+                   help="also run the LoRA twin (`<variant>_lora`, rank 16 on every projection) of every SFT "
+                        "and learner variant run: memory and tokens/s of LoRA next to full training")
     p.add_argument("--profile", action="store_true",
                    help="torch.profiler over two more steps after the timed ones of every SFT variant: "
                         "OUT/profile_<case>_<variant>.txt")
@@ -498,6 +522,9 @@ def parse(argv=None) -> argparse.Namespace:
         unknown = sorted(set(a.variants) - set(VARIANTS) - {"plain"})
         if unknown:
             p.error(f"unknown --variants {unknown}; known: plain {' '.join(VARIANTS)}")
+    if a.lora:
+        a.learner_variants = [*a.learner_variants, *(f"{v}_lora" for v in a.learner_variants
+                                                     if not v.endswith("_lora"))]
     a.steps = a.steps or (2 if a.smoke else 8)
     a.skip = a.skip if a.skip is not None else (1 if a.smoke else 3)
     a.rows = a.rows or (300 if a.smoke else 3000)
@@ -552,6 +579,8 @@ def main(argv=None) -> int:
             pack_ids, pack_lengths = packs_of(rows_file, tokenizer_dir, tokens)
             variants = args.variants or DEFAULT_VARIANTS.get(
                 case, ["plain", "stage", "stage_before"] if args.smoke else ["plain", "stage_flex", "stage_before"])
+            if args.lora:
+                variants = [*variants, *(f"{v}_lora" for v in variants if f"{v}_lora" in VARIANTS)]
             for variant in variants:
                 log(f"{case} {variant}: start")
                 try:

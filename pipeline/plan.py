@@ -29,14 +29,15 @@ _EXECUTION_KEYS = {"resources", "launcher", "ray", "retry"}
 
 
 def result_config(model: BaseModel) -> Any:
-    """The config as data, without cosmetic fields (recursively)."""
+    """The config as data, without cosmetic fields, nor `added_later` ones at their default
+    (recursively)."""
     out: dict[str, Any] = {}
     for name, field in type(model).model_fields.items():
         extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
         if extra.get("cosmetic") or (isinstance(model, StageConfig) and name in _EXECUTION_KEYS):
             continue
         if extra.get("hash_unless_default") and getattr(model, name) == field.default:
-            continue
+            continue  # the hash of a config written before the field existed is unchanged
         out[name] = _result_value(getattr(model, name))
     return out
 

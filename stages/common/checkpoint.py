@@ -38,6 +38,7 @@ import torch
 from stages.common.checkpoint_store import CheckpointStore
 from stages.common.contract import StageError, StageJob
 from stages.common.distributed import Ranks
+from stages.common.lora import has_lora
 from stages.common.store_writes import WritePolicy
 
 STATE_FILE = "state.json.gz"
@@ -109,6 +110,9 @@ class Checkpointer:
         self.rank_state = {k: s for k, s in (rank_state or {}).items() if s is not None}
         self.fingerprint = {"world size": ranks.world, **(fingerprint or {})}
         self.local_root = Path(job.work_dir) / "checkpoints"
+        # a LoRA model's frozen weights are the input model's (loaded again on resume): its
+        # checkpoints hold the adapters, fully trained modules and their optimizer state only
+        self.trained_only = engine is not None and has_lora(engine.module)
 
     @staticmethod
     def tag(step: int) -> str:
@@ -123,7 +127,8 @@ class Checkpointer:
             shutil.rmtree(local, ignore_errors=True)
         group.barrier()
         if self.engine is not None:
-            self.engine.save_checkpoint(str(self.local_root), tag=tag, save_latest=False)
+            self.engine.save_checkpoint(str(self.local_root), tag=tag, save_latest=False,
+                                        exclude_frozen_parameters=self.trained_only)
         local.mkdir(parents=True, exist_ok=True)
         torch.save(rng_state(), local / f"rng_rank{r.rank:05d}.pt")
         if self.rank_state:
@@ -163,7 +168,7 @@ class Checkpointer:
                 "Resume with the same resources and data, or delete its checkpoints/")
         mine = self._read(root / tag, rank_state_file(r.rank)) if self.rank_state else {}
         if self.engine is not None:
-            path, _ = self.engine.load_checkpoint(str(root), tag=tag)
+            path, _ = self.engine.load_checkpoint(str(root), tag=tag, load_module_strict=not self.trained_only)
             if path is None:
                 raise CheckpointError(f"checkpoint {tag} of {self.store.stage_url} has no loadable DeepSpeed state")
         for name, obj in self.state.items():

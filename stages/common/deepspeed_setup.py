@@ -3,6 +3,7 @@ groups (no decay on 1-D params), a torch AdamW handed to `deepspeed.initialize`,
 warmup + cosine learning-rate factor."""
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, Callable, Iterable
 
@@ -105,3 +106,13 @@ def hf_zero3_context(ds_cfg: dict[str, Any]):
     from transformers.integrations import HfDeepSpeedConfig
 
     return HfDeepSpeedConfig(ds_cfg)
+
+
+def gathered(params: list[torch.Tensor], zero3: bool):
+    """The full parameters inside the block: ZeRO-3 all-gathers them (every rank of their
+    data-parallel group joins), otherwise they are full already."""
+    if not zero3:
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(params, modifier_rank=None)

@@ -100,14 +100,15 @@ def load_sequence_classifier(model_dir: str | Path, dtype, *, trust_remote_code:
 
 
 def save_hf_model(engine, module, model_dir: Path, out: Path, zero_stage: int, rank: int,
-                  dtype: Any = None) -> None:
+                  dtype: Any = None, state_dict: dict[str, Any] | None = None) -> None:
     """`module` (the HF model inside the DeepSpeed `engine`) written to `out` as a HF directory,
     with the input model dir's tokenizer files and custom code (`*.py`, which config.json's
     `auto_map` names: the written model loads like its input). Every rank calls it (ZeRO-3
     gathers the weights onto rank 0); rank 0 writes. `dtype`: the weights are written in it
-    (a bf16-mixed run trains fp32 weights and publishes bf16 ones, like a bf16 run)."""
-    state_dict = None
-    if zero_stage == 3:
+    (a bf16-mixed run trains fp32 weights and publishes bf16 ones, like a bf16 run).
+    `state_dict`: the weights to write, already full on rank 0 (a LoRA model's merged ones,
+    stages/common/lora.py); else the module's own."""
+    if state_dict is None and zero_stage == 3:
         full = engine._zero3_consolidated_16bit_state_dict()
         prefix = next(f"{name}." if name else "" for name, m in engine.module.named_modules() if m is module)
         state_dict = {k.removeprefix(prefix): v for k, v in full.items()} if rank == 0 else None

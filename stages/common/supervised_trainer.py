@@ -18,7 +18,8 @@ its outputs), as an RL kind plugs an `RLSpec` into `RLTrainer`.
    line per step, metrics go out every `log_every` steps (and the last), a checkpoint every
    `checkpoint_every` steps;
 6. rank 0 (ZeRO-3 weights gathered on every rank first) writes the model as a HF directory
-   with the input model's tokenizer files, the task's own files and stage_summary.json.
+   with the input model's tokenizer files (with `lora:`, the merged model or the adapter:
+   stages/common/lora.py), the task's own files and stage_summary.json.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ import torch
 from stages.common.checkpoint import Checkpointer, StatefulDataclass
 from stages.common.contract import StageJob
 from stages.common.data_plan import DataPlan
-from stages.common.hf_io import save_hf_model
+from stages.common.lora import publish_trained_model
 from stages.common.stage_log import info
 from stages.common.training_job import TrainingJob, start_training_job, supervised_engine
 from stages.common.training_settings import SupervisedSettings
@@ -152,10 +153,12 @@ def train_supervised(job: StageJob, cfg: SupervisedSettings,
     task.before_training(run)
     _train(run, task, ckpt)
     out = Path(job.output_dir)
-    save_hf_model(run.engine, task.trained_module(run.engine), setup.model_dir, out, cfg.zero_stage,
-                  setup.ranks.rank, setup.published_dtype)
+    lora = publish_trained_model(job, run.engine, task.trained_module(run.engine), cfg.lora, setup.model_dir,
+                                 cfg.zero_stage, setup.ranks.rank, setup.published_dtype)
     if setup.ranks.rank != 0:
         return None
     summary = task.outputs(run, out)
+    if lora is not None:
+        summary["lora"] = lora
     (out / "stage_summary.json").write_text(json.dumps(summary, indent=2))
     return summary

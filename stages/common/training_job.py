@@ -63,6 +63,9 @@ def start_training_job(job: StageJob, cfg: TrainingConfig, split_last: int = 0) 
     ranks = init_distributed(world_of_one_without_launcher=True, split_last=split_last)
     seed_all(cfg.seed)
     model_dir = Path(job.fetch(cfg.model))
+    if not (model_dir / "config.json").is_file() and (model_dir / "adapter_config.json").is_file():
+        raise StageError(f"model {cfg.model}: {model_dir} holds a LoRA adapter alone (its stage has "
+                         "lora.publish: adapter); a stage trains from a model: publish it merged (the default)")
     if not (model_dir / "config.json").is_file():
         raise StageError(f"model {cfg.model}: {model_dir} is not a Hugging Face model dir (no config.json)")
     tokenizer = load_tokenizer(model_dir, trust_remote_code=cfg.trust_remote_code, what=f"model {cfg.model}:")

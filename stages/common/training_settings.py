@@ -1,5 +1,6 @@
-"""The settings every training kind shares, declared once: the optimizer and ZeRO
-(`OptimizerSettings`: sft, reward_model and the RL kinds) and the supervised schedule
+"""The settings every training kind shares, declared once: the optimizer, ZeRO and what it
+trains (`OptimizerSettings`, with its `lora:` block `LoraSettings`: sft, reward_model and the
+RL kinds) and the supervised schedule
 (`SupervisedSettings`: sft and reward_model). A kind's config inherits the class
 `optimizer_settings(...)` / `supervised_settings(...)` returns, which holds the same fields
 with the kind's defaults: the YAML keys stay flat (`lr:`, `zero_stage:` ...), and so does the
@@ -12,18 +13,51 @@ from typing import Any, Literal
 from pydantic import Field, create_model, model_validator
 from pydantic.fields import FieldInfo
 
-from stages.common.contract import Strict, cosmetic
+from stages.common.contract import Strict, added_later, cosmetic
 from stages.common.precision import PRECISION_HELP
+
+# the projections of the decoder layers of llama / qwen / mistral-style models
+DEFAULT_LORA_TARGETS = ("*.q_proj", "*.k_proj", "*.v_proj", "*.o_proj", "*.gate_proj", "*.up_proj", "*.down_proj")
+
+
+class LoraSettings(Strict):
+    """Low-rank adapters (LoRA, through peft) instead of training every weight: the base's
+    weights stay frozen, each target linear layer W learns W + (alpha / rank) * B @ A
+    (stages/common/lora.py)."""
+
+    rank: int = Field(16, ge=1, description="the adapters' rank r (A: r x in, B: out x r)")
+    alpha: float = Field(32.0, gt=0, description="the scale's numerator: the update is (alpha / rank) * B @ A")
+    dropout: float = Field(0.0, ge=0, lt=1, description=(
+        "dropout on the adapters' input (sft, reward_model; the RL kinds train with every dropout off "
+        "and refuse one above 0)"))
+    target_modules: list[str] = Field(default_factory=lambda: list(DEFAULT_LORA_TARGETS), min_length=1,
+                                      description=(
+        "fnmatch patterns on module names (e.g. `*.q_proj`, `model.layers.1*.mlp.*_proj`): the linear "
+        "layers that get adapters; a pattern that matches no linear layer is an error"))
+    train_fully: list[str] = Field(default_factory=list, description=(
+        "fnmatch patterns on module names trained in full beside the adapters (e.g. `lm_head`); "
+        "reward_model always trains its new score head `score` fully"))
+    publish: Literal["merged", "adapter"] = Field("merged", description=(
+        "what the stage's artifact holds: the model with the adapters merged into its weights (what "
+        "the next stage and any HF tool load), or the adapter alone (peft's adapter_config.json + "
+        "adapter_model.safetensors) with the base model's artifact reference and hash"))
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
 
 
 class OptimizerSettings(Strict):
-    """The torch AdamW under DeepSpeed (stages/common/deepspeed_setup.py) and its ZeRO stage."""
+    """The torch AdamW under DeepSpeed (stages/common/deepspeed_setup.py), its ZeRO stage, and
+    whether it trains every weight or low-rank adapters (`lora`)."""
 
     lr: float = Field(gt=0, description="the AdamW learning rate (the schedule's peak)")
     adam_betas: tuple[float, float] = Field(description="AdamW (beta1, beta2)")
     weight_decay: float = Field(ge=0, description="AdamW weight decay of matrices (none on norms and biases)")
     grad_clip: float = Field(1.0, gt=0, description="gradient norm clipping")
     zero_stage: Literal[0, 1, 2, 3] = Field(2, description="DeepSpeed ZeRO stage")
+    lora: LoraSettings | None = added_later(None, description=(
+        "train low-rank adapters instead of every weight (LoraSettings); unset: every weight trains"))
 
 
 class SupervisedSettings(OptimizerSettings):

@@ -39,6 +39,7 @@ from stages.common.contract import StageError, StageJob
 from stages.common.distributed import local_first
 from stages.common.entry import run_job
 from stages.common.hf_io import load_sequence_classifier
+from stages.common.lora import apply_lora
 from stages.common.rows import input_rows
 from stages.common.stage_log import info
 from stages.common.supervised_trainer import StepReport, SupervisedRun, TrainingProgress, train_supervised
@@ -74,6 +75,10 @@ def load_pairs(job: StageJob, source: str, tokenizer, cfg: RewardModelConfig
         raise StageError(f"reward_model data {source}: no usable pair ({stats.rows} rows read, "
                                f"{bad} quarantined, {stats.ties_dropped} ties dropped)")
     return pairs, stats, quarantine
+
+
+# the head a sequence classifier of transformers scores with (llama, qwen, mistral: `score`)
+RM_HEADS = ("score", "classifier")
 
 
 def collate_pairs(pairs: list[EncodedPair], pad_id: int, device: torch.device):
@@ -170,6 +175,8 @@ class RewardModelTask:
         model = load_sequence_classifier(self.setup.model_dir, torch.float32, num_labels=1, attn_implementation=attn,
                                          trust_remote_code=self.cfg.trust_remote_code)
         model.config.pad_token_id = self.setup.pad_id
+        if self.cfg.lora is not None:  # the score head is new: it always trains in full
+            apply_lora(model, self.cfg.lora, always_train=RM_HEADS)
         return model
 
     def evaluate(self, run: SupervisedRun) -> dict[str, float]:

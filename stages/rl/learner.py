@@ -41,6 +41,7 @@ from typing import Any, Protocol, Sequence
 import torch
 
 from stages.common.fused_loss import chunks_for, token_logprobs
+from stages.common.lora import adapters_disabled
 from stages.common.packed_attention import sdpa_without_cudnn
 from stages.rl.loss import STAT_KEYS, LossConfig, MismatchStats, policy_loss
 from stages.rl.micro_batches import MicroBatch, collate, plan_micro_batches
@@ -187,15 +188,18 @@ class PolicyHead(torch.nn.Module):
 
 # -- the update ----------------------------------------------------------------------------------
 class Learner:
-    """`routing`: hooks on the policy's MoE routers (routing.py): the engine's expert choices are
+    """`ref_model`: the reference model of the KL term; or `ref_is_base`: the policy is a LoRA
+    model, and its reference is the policy with its adapters off (stages/common/lora.py).
+    `routing`: hooks on the policy's MoE routers (routing.py): the engine's expert choices are
     compared with the trainer's in the theta_old pass, and replayed in both passes when
     `routing.replay`; None = the policy routes by itself, nothing measured."""
 
     def __init__(self, backend: Backend, cfg: LearnerConfig, ref_model: torch.nn.Module | None = None,
-                 routing: RouterReplay | None = None):
-        if cfg.loss.kl_coef > 0 and ref_model is None:
+                 ref_is_base: bool = False, routing: RouterReplay | None = None):
+        if cfg.loss.kl_coef > 0 and ref_model is None and not ref_is_base:
             raise ValueError("kl_coef > 0 needs a reference model")
         self.backend, self.cfg, self.ref_model = backend, cfg, ref_model
+        self.ref_is_base = ref_is_base and cfg.loss.kl_coef > 0
         self.routing = routing
 
     def _routed(self, mb: "MicroBatch", measure: bool):
@@ -275,12 +279,15 @@ class Learner:
                     if ref_head is not None:
                         rlp, _ = ref_head(mb.input_ids, mb.attention_mask, mb.resp_pos, mb.targets, cfg.temperature,
                                           cfg.logit_chunk, False, n_calls)
+                    elif self.ref_is_base:
+                        with adapters_disabled(model):
+                            rlp, _ = be.forward(mb, cfg.temperature, cfg.logit_chunk, False, n_calls)
                     if mb.dummy:
                         continue
                     stats.add(lp, mb.infer_logp, mb.mask, cfg.loss, entropy=ent, stale=mb.stale)
                     for b, i in enumerate(mb_idx):
                         old[i] = lp[b]
-                        if self.ref_model is not None:
+                        if self.ref_model is not None or self.ref_is_base:
                             ref_lps[i] = rlp[b]
         t_old = time.perf_counter() - t0
 

@@ -1,6 +1,7 @@
 """The trainable policy of an RL stage: the HF causal LM under DeepSpeed (ZeRO stage from the
-config, a torch AdamW over its trainable parameters), the reference model when `kl_coef > 0`,
-and the learner (learner.py) that updates it through `DeepSpeedBackend`."""
+config, a torch AdamW over its trainable parameters; with `lora:` the adapters only), the
+reference model when `kl_coef > 0` (a LoRA policy's reference is the policy with its adapters
+off: no second copy), and the learner (learner.py) that updates it through `DeepSpeedBackend`."""
 from __future__ import annotations
 
 import math
@@ -16,6 +17,7 @@ from stages.common.contract import StageError
 from stages.common.deepspeed_setup import ds_config, initialize
 from stages.common.distributed import Ranks
 from stages.common.hf_io import load_causal_lm
+from stages.common.lora import apply_lora
 from stages.rl.learner import Learner, LearnerConfig, PolicyHead, freeze_parameters
 from stages.rl.loss import LossConfig
 from stages.rl.routing import RouterReplay, moe_routers
@@ -82,6 +84,8 @@ def build_policy(cfg: RLConfig, model_dir: Path, ranks: Ranks, precision: str, p
     `kl_coef > 0`."""
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     model = load_causal_lm(model_dir, dtype, trust_remote_code=cfg.trust_remote_code)
+    if cfg.lora is not None:
+        apply_lora(model, cfg.lora)
     frozen = freeze_parameters(model, cfg.frozen_param_patterns)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
@@ -91,7 +95,7 @@ def build_policy(cfg: RLConfig, model_dir: Path, ranks: Ranks, precision: str, p
     ds_engine, _ = initialize(PolicyHead(model), trainable, policy_ds_config(cfg, precision), lr=cfg.lr,
                               betas=cfg.adam_betas, weight_decay=cfg.weight_decay)
     ref_model = None
-    if cfg.kl_coef > 0:
+    if cfg.kl_coef > 0 and cfg.lora is None:  # a LoRA policy's reference is itself, adapters off
         ref_model = load_causal_lm(model_dir, dtype, trust_remote_code=cfg.trust_remote_code).to(ranks.device).eval()
         ref_model.requires_grad_(False)
     high = cfg.clip_eps_high if cfg.clip_eps_high is not None else cfg.clip_eps
@@ -101,7 +105,7 @@ def build_policy(cfg: RLConfig, model_dir: Path, ranks: Ranks, precision: str, p
                       LearnerConfig(loss=loss_cfg, pad_id=pad_id, temperature=cfg.temperature,
                                     micro_batch_tokens=cfg.micro_tokens, updates_per_batch=cfg.updates_per_batch,
                                     ppo_epochs=cfg.ppo_epochs, logit_chunk=cfg.logit_chunk),
-                      ref_model=ref_model, routing=router_hooks(cfg, model))
+                      ref_model=ref_model, ref_is_base=cfg.lora is not None, routing=router_hooks(cfg, model))
     return Policy(ds_engine, learner, frozen)
 
 

@@ -170,6 +170,9 @@ class RLConfig(StageConfig, optimizer_settings(lr=2e-6, adam_betas=(0.9, 0.999),
             raise ValueError(f"c3po.min_group_size ({self.c3po.min_group_size}) exceeds rollouts_per_prompt "
                              f"({self.rollouts_per_prompt})")
         check_zero_stage(self.compile_layers, self.zero_stage)
+        if self.lora is not None and self.lora.dropout > 0:
+            raise ValueError(f"lora.dropout ({self.lora.dropout}): the RL kinds train with every dropout off "
+                             "(pi_train(theta_old) must be the policy the engines sample); set lora.dropout: 0")
         self._check_truncated_sampling()
         if self.routing_replay and self.rollout.engine not in ROUTE_RECORDING_ENGINES:
             raise ValueError(f"routing_replay: true needs an engine that records the experts it routed to "

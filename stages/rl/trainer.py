@@ -46,7 +46,8 @@ from typing import Any
 from stages.common.checkpoint import Checkpointer, StatefulDataclass
 from stages.common.contract import StageJob
 from stages.common.distributed import run_on
-from stages.common.hf_io import eos_token_ids_of, save_hf_model
+from stages.common.hf_io import eos_token_ids_of
+from stages.common.lora import publish_trained_model
 from stages.common.stage_log import info
 from stages.common.training_job import start_training_job
 from stages.rl.decoding import make_decoder
@@ -86,8 +87,12 @@ class RLTrainer:
                        if placement.is_trainer else None)
         self.rollouts = DataParallelRollouts.start(cfg, placement, ranks, setup.model_dir, self.prompts,
                                                    lambda: spec.build_reward(ctx), ctx.decode, spec.step_metrics)
+        # a LoRA policy changes only its adapted and fully trained modules; a colocated engine that
+        # drops its weights while asleep needs them all again
+        changed_only = cfg.lora is not None and (placement.split or cfg.rollout.sleep != "weights")
         self.weight_sync = make_weight_sync(placement, ranks, self.policy.module if self.policy else None,
-                                            self.rollouts.engine, cfg.zero_stage == 3, cfg.rollout.sync_bucket_mb << 20)
+                                            self.rollouts.engine, cfg.zero_stage == 3, cfg.rollout.sync_bucket_mb << 20,
+                                            changed_only)
         self.progress = RLProgress()
         self.checkpointer = Checkpointer(job, self.policy.ds_engine if self.policy else None, ranks,
                                          {"progress": self.progress, "hooks": self.hooks},
@@ -162,9 +167,10 @@ class RLTrainer:
         """The policy as a HF dir (every trainer rank joins a ZeRO-3 gather), metrics.jsonl and
         the summary (rank 0)."""
         cfg, out = self.cfg, Path(self.ctx.job.output_dir)
+        lora = None
         if self.policy is not None:
-            save_hf_model(self.policy.ds_engine, self.policy.module, self.ctx.model_dir, out, cfg.zero_stage,
-                          self.rank)
+            lora = publish_trained_model(self.ctx.job, self.policy.ds_engine, self.policy.module, cfg.lora,
+                                         self.ctx.model_dir, cfg.zero_stage, self.rank, None)
         if self.rank != 0:
             return None
         history = self.progress.history
@@ -176,6 +182,8 @@ class RLTrainer:
             "frozen_params": len(self.policy.frozen), "frozen_param_names": self.policy.frozen[:20],
             "pool_capacity": cfg.pool_capacity, "token_budget": cfg.token_budget,
             "retention_limit": cfg.c3po.retention_limit, **self.prompts.summary, **extra})
+        if lora is not None:
+            summary["lora"] = lora
         with open(out / "metrics.jsonl", "w") as f:
             for i, h in enumerate(history, 1):
                 f.write(json.dumps({"step": i, **{k: v for k, v in h.items() if math.isfinite(v)}}) + "\n")

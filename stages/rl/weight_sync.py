@@ -2,7 +2,12 @@
 rank calls `push()` (which returns its wall time); `make_weight_sync` picks the way for the
 placement (placement.py). Nothing goes through files.
 
-The policy's parameters travel in buckets of about `rollout.sync_bucket_mb` MiB (consecutive
+What travels is the policy's weights under the base model's names (`sync_tensors`): its
+parameters, or for a LoRA policy each adapted layer merged (W + scale * B @ A, computed here
+from the gathered W, A and B) and, unless a colocated engine drops its weights while asleep,
+only what training changes (the adapted layers and the fully trained modules).
+
+They travel in buckets of about `rollout.sync_bucket_mb` MiB (consecutive
 parameters of one dtype), so ZeRO-3 gathers each parameter once, a bucket per collective.
 
 - `GatherIntoEngines` (colocated: every rank trains and generates). Under ZeRO-3 one
@@ -18,14 +23,15 @@ parameters of one dtype), so ZeRO-3 gathers each parameter once, a bucket per co
 """
 from __future__ import annotations
 
-import contextlib
 import time
 from typing import Iterator, Protocol
 
 import torch
 
+from stages.common.deepspeed_setup import gathered
 from stages.common.distributed import Ranks, make_group
 from stages.common.groups import Group
+from stages.common.lora import MergedTensor, merged_tensors
 from stages.rl.engines.protocol import RolloutEngine
 from stages.rl.placement import Placement
 
@@ -42,24 +48,31 @@ class WeightSync(Protocol):
         ...
 
 
-def full_shape(p: torch.Tensor) -> tuple[int, ...]:
-    """A parameter's shape, also while ZeRO-3 holds it partitioned (then `ds_shape`)."""
-    return tuple(getattr(p, "ds_shape", p.shape))
-
-
-def buckets(named: list[tuple[str, torch.Tensor]], bucket_bytes: int) -> list[list[tuple[str, torch.Tensor]]]:
-    """Consecutive parameters of one dtype, at most `bucket_bytes` a bucket (a larger parameter
-    gets a bucket of its own)."""
-    out: list[list[tuple[str, torch.Tensor]]] = []
+def buckets(tensors: list[MergedTensor], bucket_bytes: int) -> list[list[MergedTensor]]:
+    """Consecutive tensors of one dtype, at most `bucket_bytes` a bucket (a larger tensor gets a
+    bucket of its own)."""
+    out: list[list[MergedTensor]] = []
     size = 0
-    for name, p in named:
-        nbytes = _numel(full_shape(p)) * p.element_size()
-        if not out or out[-1][0][1].dtype != p.dtype or size + nbytes > bucket_bytes:
+    for t in tensors:
+        nbytes = _numel(t.shape) * t.dtype.itemsize
+        if not out or out[-1][0].dtype != t.dtype or size + nbytes > bucket_bytes:
             out.append([])
             size = 0
-        out[-1].append((name, p))
+        out[-1].append(t)
         size += nbytes
     return out
+
+
+def sync_tensors(module: torch.nn.Module, changed_only: bool) -> list[MergedTensor]:
+    """What the engines receive, under the base model's names (the names the engine loaded):
+    every parameter; a LoRA policy's adapted layers merged (W + scale * B @ A, stages/common/
+    lora.py), and with `changed_only` only those and the fully trained modules (the engine
+    holds the frozen rest since it loaded the base)."""
+    return merged_tensors(module, changed_only)
+
+
+def _parts(bucket: list[MergedTensor]) -> list[torch.Tensor]:
+    return [p for t in bucket for p in t.parts]
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -69,31 +82,22 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def gathered(params: list[torch.Tensor], zero3: bool):
-    """The full parameters inside the block: ZeRO-3 all-gathers them (every rank of their
-    data-parallel group joins), otherwise they are full already."""
-    if not zero3:
-        return contextlib.nullcontext()
-    import deepspeed
-
-    return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
-
-
 class GatherIntoEngines:
-    def __init__(self, module: torch.nn.Module, engine: RolloutEngine, zero3: bool, bucket_bytes: int):
-        self.engine, self.zero3 = engine, zero3
-        self.buckets = buckets(list(module.named_parameters()), bucket_bytes)
-        self.bytes = sum(_numel(full_shape(p)) * p.element_size() for b in self.buckets for _, p in b)
+    def __init__(self, module: torch.nn.Module, engine: RolloutEngine, zero3: bool, bucket_bytes: int,
+                 changed_only: bool = False):
+        self.engine, self.zero3, self.partial = engine, zero3, changed_only
+        self.buckets = buckets(sync_tensors(module, changed_only), bucket_bytes)
+        self.bytes = sum(_numel(t.shape) * t.dtype.itemsize for b in self.buckets for t in b)
 
     def _full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         for bucket in self.buckets:
-            with gathered([p for _, p in bucket], self.zero3):
-                for name, p in bucket:
-                    yield name, p.data
+            with gathered(_parts(bucket), self.zero3):
+                for t in bucket:
+                    yield t.name, t.value()
 
     def push(self) -> float:
         t0 = time.perf_counter()
-        self.engine.update_weights(self._full_tensors())
+        self.engine.update_weights(self._full_tensors(), partial=self.partial)
         return time.perf_counter() - t0
 
 
@@ -102,9 +106,9 @@ class BroadcastToEngines:
     group of trainer 0 (member 0) and the engine ranks (None on the other trainers)."""
 
     def __init__(self, module: torch.nn.Module | None, engine: RolloutEngine | None, zero3: bool,
-                 bucket_bytes: int, sync: Group | None, is_trainer0: bool):
-        self.engine, self.zero3, self.sync = engine, zero3, sync
-        self.buckets = buckets(list(module.named_parameters()), bucket_bytes) if module is not None else []
+                 bucket_bytes: int, sync: Group | None, is_trainer0: bool, changed_only: bool = False):
+        self.engine, self.zero3, self.sync, self.partial = engine, zero3, sync, changed_only
+        self.buckets = buckets(sync_tensors(module, changed_only), bucket_bytes) if module is not None else []
         layout = self._layout() if is_trainer0 else None
         if sync is not None:
             layout = sync.broadcast_object(layout, 0)
@@ -112,12 +116,12 @@ class BroadcastToEngines:
         self.bytes = sum(_numel(shape) * dtype.itemsize for b in (layout or self._layout()) for _, shape, dtype in b)
 
     def _layout(self) -> Layout:
-        return [[(name, full_shape(p), p.dtype) for name, p in b] for b in self.buckets]
+        return [[(t.name, t.shape, t.dtype) for t in b] for b in self.buckets]
 
     def push(self) -> float:
         t0 = time.perf_counter()
         if self.engine is not None:
-            self.engine.update_weights(self._received())
+            self.engine.update_weights(self._received(), partial=self.partial)
         else:
             self._send()
         return time.perf_counter() - t0
@@ -125,9 +129,9 @@ class BroadcastToEngines:
     def _send(self) -> None:
         """Trainers: gather each bucket (ZeRO-3), trainer 0 broadcasts it flat."""
         for bucket in self.buckets:
-            with gathered([p for _, p in bucket], self.zero3):
+            with gathered(_parts(bucket), self.zero3):
                 if self.sync is not None:
-                    flat = torch.cat([p.data.reshape(-1) for _, p in bucket])
+                    flat = torch.cat([t.value().reshape(-1) for t in bucket])
                     self.sync.broadcast_(flat, 0)
         if self.sync is not None and self.sync.device.type == "cuda":
             torch.cuda.synchronize(self.sync.device)
@@ -145,10 +149,13 @@ class BroadcastToEngines:
 
 
 def make_weight_sync(placement: Placement, ranks: Ranks, module: torch.nn.Module | None,
-                     engine: RolloutEngine | None, zero3: bool, bucket_bytes: int) -> WeightSync:
-    """The weight sync of the placement (every rank calls it: the sync group is made here)."""
+                     engine: RolloutEngine | None, zero3: bool, bucket_bytes: int,
+                     changed_only: bool = False) -> WeightSync:
+    """The weight sync of the placement (every rank calls it: the sync group is made here).
+    `changed_only`: send only the trained tensors (`sync_tensors`)."""
     if not placement.split:
-        return GatherIntoEngines(module, engine, zero3, bucket_bytes)
+        return GatherIntoEngines(module, engine, zero3, bucket_bytes, changed_only)
     members = [placement.trainers.start, *placement.engines]
     sync = make_group(ranks, "weight-sync", members)
-    return BroadcastToEngines(module, engine, zero3, bucket_bytes, sync, ranks.rank == placement.trainers.start)
+    return BroadcastToEngines(module, engine, zero3, bucket_bytes, sync, ranks.rank == placement.trainers.start,
+                              changed_only)

@@ -43,6 +43,7 @@ from stages.common.distributed import local_first
 from stages.common.entry import run_job
 from stages.common.fused_loss import chunks_for, linear_cross_entropy_sum
 from stages.common.hf_io import load_causal_lm
+from stages.common.lora import apply_lora
 from stages.common.packed_attention import flattens_micro_batch, pad_packed_batch, static_width
 from stages.common.rows import input_rows
 from stages.common.stage_log import info
@@ -118,10 +119,12 @@ def packed_loss_sum(model, batch: dict[str, torch.Tensor], device: torch.device,
 
 
 def load_packed_lm(model_dir: Path, cfg: SFTConfig, attn: str) -> PackedLMLoss:
-    """The input model in float32 (DeepSpeed casts it), with the configured attention,
-    gradient checkpointing and compiled layers, wrapped for the chunked loss."""
+    """The input model in float32 (DeepSpeed casts it), with the configured attention, LoRA
+    adapters, gradient checkpointing and compiled layers, wrapped for the chunked loss."""
     lm = load_causal_lm(model_dir, torch.float32, attn_implementation=attn,
                         trust_remote_code=cfg.trust_remote_code)
+    if cfg.lora is not None:
+        apply_lora(lm, cfg.lora)
     if cfg.gradient_checkpointing:  # transformers >= 5.20 renamed it (the old name warns)
         enable = getattr(lm, "activation_checkpointing_enable", None)
         if enable is not None:

@@ -34,11 +34,26 @@ def test_learner_case_smoke_writes_every_variant(tmp_path, monkeypatch):
     learner = data["cases"]["learner"]["tiny"]
     assert data["device"] == "cpu" and data["smoke"] is True
     assert learner["micro_batch_tokens"] > learner["logit_chunk"]
-    for variant, how in sft_throughput.LEARNER_VARIANTS.items():
+    assert not any(v.endswith("_lora") for v in learner)  # LoRA twins run with --lora only
+    for variant in sft_throughput.FULL_LEARNER_VARIANTS:
+        how = sft_throughput.LEARNER_VARIANTS[variant]
         assert "error" not in learner[variant], learner[variant]
         assert {k: learner[variant][k] for k in how} == how
         assert learner[variant]["tokens_per_s"] == pytest.approx(learner["tokens"] / learner[variant]["step_seconds"])
     assert 1 <= learner["causal_compiled"]["compiled_graphs"] <= 4
-    for variant in sft_throughput.LEARNER_VARIANTS:  # --profile: one more step's operator table each
+    for variant in sft_throughput.FULL_LEARNER_VARIANTS:  # --profile: one more step's operator table each
         table = (tmp_path / f"profile_learner-tiny_{variant}.txt").read_text()
         assert "aten::addmm" in table or "aten::mm" in table, table[:500]
+
+
+@pytest.mark.slow
+def test_lora_adds_the_twin_of_each_learner_variant(tmp_path):
+    """`--lora`: the learner's step with rank-16 adapters next to the full one (issue 35's table)."""
+    assert sft_throughput.main(["--smoke", "--only", "learner", "--learner-variants", "causal", "--lora",
+                                "--out", str(tmp_path)]) == 0
+    learner = json.loads((tmp_path / "sft_throughput.json").read_text())["cases"]["learner"]["tiny"]
+    full, lora = learner["causal"], learner["causal_lora"]
+    assert "error" not in lora and lora["lora"] is True, lora
+    assert 0 < lora["trainable_params"] < full["trainable_params"] / 2
+    assert "stage_mixed_lora" in sft_throughput.VARIANTS
+    assert sft_throughput.VARIANTS["stage_mixed_lora"]["lora"] == sft_throughput.LORA

@@ -79,8 +79,9 @@ class RolloutEngine(Protocol):
         """
         ...
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load new policy weights in place (after every trainer update)."""
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], partial: bool = False) -> None:
+        """Load new policy weights in place (after every trainer update). `partial`: only the
+        tensors training changed (a LoRA policy's merged layers); the engine keeps the rest."""
         ...
 
     def sleep(self, weights: bool = False) -> None:

@@ -246,7 +246,8 @@ class VllmEngine(SyncTiming):
                 for i, r in enumerate(requests)]
 
     # ---------------------------------------------------------------- weights
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], partial: bool = False) -> None:
+        # vLLM's load_weights takes any subset of the weights: `partial` needs nothing more
         t0 = time.perf_counter()
         weights = ((_strip(n), t.detach()) for n, t in named_tensors)
         self.llm.collective_rpc(_load_weights, kwargs={"weights": weights})

@@ -45,15 +45,19 @@ class EngineWeights:
         self._stale_weights = True
 
     @torch.no_grad()
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], partial: bool = False) -> None:
         """Copy full tensors by name into this engine's parameters, in place.
 
         Names are the trainer model's `named_parameters()` (a leading `module.` of a
         DeepSpeed engine or `_orig_mod.` of torch.compile is ignored). Every engine
         parameter must be covered (a tied lm_head is covered by the embedding); unknown
-        names and shape mismatches raise. Sets `last_sync_seconds`.
+        names and shape mismatches raise. Sets `last_sync_seconds`. `partial`: only some
+        parameters come (the rest are kept), which needs weights that were never released.
         """
         t0 = time.perf_counter()
+        if partial and self._stale_weights:
+            raise ValueError("torch engine: update_weights(partial=True) after its weights were released "
+                             "(sleep(weights=True)): every parameter must be sent")
         seen: set[int] = set()
         unknown: list[str] = []
         for name, tensor in named_tensors:
@@ -76,7 +80,7 @@ class EngineWeights:
             raise ValueError(f"torch engine: update_weights: {len(unknown)} names match no "
                              f"engine parameter, e.g. {unknown[:5]}")
         missing = sorted({k for k, p in self._params.items() if id(p) not in seen})
-        if missing:
+        if missing and not partial:
             raise ValueError(f"torch engine: update_weights: {len(missing)} engine parameters "
                              f"were not sent, e.g. {missing[:5]}")
         if self.fp8 is not None:  # the FP8 copies follow the weights just written
