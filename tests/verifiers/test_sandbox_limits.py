@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -305,8 +306,10 @@ def test_sandboxes_work_under_a_private_tmpdir(tmp_path, monkeypatch, private):
 
 
 def test_a_private_tmpdir_from_the_environment_reaches_pool_workers(tmp_path):
-    private = tmp_path / "job"
-    private.mkdir(mode=0o700)
+    # a short path, as a scheduler's TMPDIR is: the pool's forkserver binds an AF_UNIX socket
+    # under it, and a socket path has at most 107 bytes (pytest's tmp_path can exceed that)
+    private = Path(tempfile.mkdtemp(prefix="ring-job-", dir="/tmp"))
+    private.chmod(0o700)
     code = textwrap.dedent('''
         from verifiers import verify_batch
         row = {"domain": "code", "reference": {"tests": [{"input": "2 3", "output": "5"}]}}
@@ -315,5 +318,8 @@ def test_a_private_tmpdir_from_the_environment_reaches_pool_workers(tmp_path):
     ''')
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90, check=False,
                          env={**os.environ, "PYTHONPATH": str(PROJECT), "TMPDIR": str(private)})
-    assert out.stdout.startswith("1.0 "), out.stdout + out.stderr[-1000:]
-    assert stat.S_IMODE(private.stat().st_mode) == 0o700
+    try:
+        assert out.stdout.startswith("1.0 "), out.stdout + out.stderr[-1000:]
+        assert stat.S_IMODE(private.stat().st_mode) == 0o700
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
