@@ -181,3 +181,66 @@ def test_a_lora_policy_agrees_with_the_engine_after_the_weight_sync(saved):
     for e, t in zip(got.engine_logprobs, got.trainer_logprobs):
         torch.testing.assert_close(torch.tensor(e), torch.tensor(t), atol=1e-4, rtol=0)
     assert got.stats["abs_log_k_max"] < 1e-4 and got.stats["masked_fraction"] == 0.0
+
+
+def _tied_llama(path: Path, seed: int = 0) -> Path:
+    """A llama with tied embeddings and SmolLM2's rope theta (1e5), saved in fp32."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    config = AutoConfig.for_model("llama", **SIZES, tie_word_embeddings=True, rope_theta=100000.0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    return path
+
+
+def test_a_bf16_engine_rotates_positions_as_the_fp32_trainer_does(tmp_path):
+    """The rotary frequencies are a buffer, not a weight: a bf16 engine keeps them fp32 as the
+    trainer has them, so its cos/sin at every position are the trainer's rounded once to bf16.
+    (Cast to bf16 with the weights, they were 0.3% off: ~1 rad at a distance of 700 tokens.)"""
+    from stages.common.hf_io import load_causal_lm
+
+    path = _tied_llama(tmp_path / "llama")
+    engine = create_engine("torch", str(path), device="cpu", dtype="bfloat16", max_batch=2, max_len=64)
+    trainer = load_causal_lm(path, torch.float32, trust_remote_code=False)
+    pos = torch.arange(2048)[None]
+    x = torch.zeros(1, 1, SIZES["hidden_size"])
+    with torch.no_grad():
+        want = trainer.model.rotary_emb(x, pos)
+        got = engine.model.model.rotary_emb(x.to(torch.bfloat16), pos)
+    for g, w in zip(got, want):
+        assert g.dtype == torch.bfloat16
+        torch.testing.assert_close(g, w.to(torch.bfloat16), atol=0, rtol=0)
+    # the weights themselves are bf16, and the tied head is still the embedding
+    assert engine.model.lm_head.weight is engine.model.model.embed_tokens.weight
+    assert {p.dtype for p in engine.model.parameters()} == {torch.bfloat16}
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_an_engine_synced_step_after_step_equals_one_built_from_the_weights(tmp_path, dtype):
+    """Nothing of the old weights survives the weight sync (a packed q/k/v or gate/up copy, the
+    tied head, an fp32 buffer): after several large AdamW steps, each pushed through the stage's
+    sync, the engine decodes exactly what a fresh engine loaded from the trainer's saved weights
+    decodes, token for token and log-prob for log-prob."""
+    from stages.common.hf_io import load_causal_lm
+    from stages.rl.weight_sync import GatherIntoEngines
+
+    path = _tied_llama(tmp_path / "llama")
+    options = dict(device="cpu", dtype=dtype, max_batch=4, max_len=96, eos_token_ids=[])
+    synced = create_engine("torch", str(path), **options)
+    trainer = load_causal_lm(path, torch.float32, trust_remote_code=False)
+    sync = GatherIntoEngines(trainer, synced, zero3=False, bucket_bytes=16 << 10)
+    opt = torch.optim.AdamW(trainer.parameters(), lr=3e-3)
+    requests, sampling = _requests(5, seed=3), SamplingParams(temperature=0.9, seed=5)
+    for _ in range(4):
+        opt.zero_grad()
+        ids = torch.tensor([requests[0].prompt_ids])
+        trainer(ids, labels=ids).loss.backward()
+        opt.step()
+        sync.push()
+    trainer.save_pretrained(tmp_path / "now")
+    fresh = create_engine("torch", str(tmp_path / "now"), **options)
+    a, b = synced.generate(requests, sampling), fresh.generate(requests, sampling)
+    assert [u.token_ids for u in a] == [u.token_ids for u in b]
+    assert [u.logprobs for u in a] == [u.logprobs for u in b]
+    moved = load_causal_lm(path, torch.float32, trust_remote_code=False).model.embed_tokens.weight
+    assert (moved - trainer.model.embed_tokens.weight).abs().max() > 1e-3  # the steps moved the weights

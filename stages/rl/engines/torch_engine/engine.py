@@ -71,7 +71,7 @@ from .moe import MoEFeedForward, feed_forward
 from .route_log import RouteLog
 from .sampling import SamplingMode, sample
 from .structure import check_structure
-from .weights import EngineWeights
+from .weights import EngineWeights, on_device
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ class TorchEngine(EngineWeights, SyncTiming):
                              f"this engine does not implement; use the vllm engine")
         check_structure(config, model_dir, trust_remote_code)
         model = load_causal_lm(path, self.dtype, trust_remote_code=trust_remote_code)
-        self.model = model.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
+        self.model = on_device(model, self.device, self.dtype).eval().requires_grad_(False)
         self.config = config
         inner = self.model.model
         for attr in ("embed_tokens", "layers", "norm", "rotary_emb"):

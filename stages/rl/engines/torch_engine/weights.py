@@ -11,6 +11,19 @@ import torch
 from stages.rl.engines.protocol import IGNORED_PREFIXES
 
 
+def on_device(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    """`model` on `device` with its parameters in `dtype` and its buffers as the loader made them:
+    the rotary frequencies (`inv_freq`) stay fp32, as the trainer has them (transformers' loader
+    and DeepSpeed's bf16 mode keep them so). `model.to(dtype)` rounded them to bf16, 0.33%
+    relative, which turns the rotation between positions 400 apart by up to 0.56 rad (SmolLM2,
+    theta 1e5): the engine ran another function than the trainer (RESULTS.md, round 12)."""
+    model.to(device=device)
+    for p in model.parameters():
+        if p.dtype != dtype:
+            p.data = p.data.to(dtype)
+    return model
+
+
 class EngineWeights:
     """Mixin of TorchEngine: needs `_params` (name -> parameter, tied names included), `_packs`
     (FusedLinear packs owning some parameters' storage), `fp8` (Fp8Weights or None), `_released`, `_stale_weights`,
