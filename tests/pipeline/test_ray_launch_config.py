@@ -128,12 +128,11 @@ def test_ring1t_on_ray_is_ring1t_with_another_launcher():
     ("127.0.0.1:{port}", "nothing answers at 127.0.0.1:{port}"),   # a cluster that is not up: at once, not in minutes
     ("head-without-port", "expected auto, host:port or ray://host:port"),
 ])
-def test_an_address_without_a_cluster_fails_at_once_as_the_users_error(tmp_path, address, fragment):
+def test_an_address_without_a_cluster_fails_at_once_as_the_users_error(tmp_path, address, fragment,
+                                                                       unreachable_port):
     import subprocess
 
-    from stages.common.ports import free_port
-
-    port = free_port()
+    port = unreachable_port
     job = tmp_path / "job.json"
     job.write_text('{"stage": "sft", "kind": "sft", "stage_url": "file:///x", "output_dir": "/o", "work_dir": "/w"}')
     out = subprocess.run([sys.executable, "-m", "pipeline.ray_launch", "--address", address.format(port=port),
