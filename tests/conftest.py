@@ -62,6 +62,18 @@ def pytest_collection_modifyitems(items):
 
 
 @pytest.fixture
+def no_aws_credentials(monkeypatch, tmp_path):
+    """No AWS credentials from anywhere (environment, files, instance metadata). The s3_server
+    fixture puts test credentials in the environment for the worker's whole session: with
+    them, resolving a real s3:// URL (no network here) waits out botocore's retries."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+@pytest.fixture
 def unreachable_port():
     """A loopback port nothing listens on for the whole test: reserved (stages.common.ports), so
     no other process of the machine starts listening there meanwhile."""

@@ -33,15 +33,6 @@ def _invoke(*args):
     return res
 
 
-@pytest.fixture
-def no_aws_credentials(monkeypatch, tmp_path):
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-
-
 @pytest.mark.parametrize("url, fragment", [
     ("s4://bucket/x", "unknown storage protocol 's4'"),
     ("nosuchfs://b/x", "unknown storage protocol 'nosuchfs'"),

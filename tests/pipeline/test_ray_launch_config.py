@@ -113,7 +113,9 @@ def test_ray_settings_defaults():
     assert Resources(nodes=3).world_size == 3  # the hostfile check moved to where the launcher is known
 
 
-def test_ring1t_on_ray_is_ring1t_with_another_launcher():
+def test_ring1t_on_ray_is_ring1t_with_another_launcher(no_aws_credentials):
+    """(Without credentials, the cluster's s3:// inputs are unreachable at once: with the suite's
+    moto credentials in the environment each one waited out botocore's retries, 2 min in all.)"""
     from tests.conftest import REPO
 
     on_ray = make_plan(load_recipe(REPO / "recipes" / "ring1t-ray.yaml"), check_store=False)
