@@ -83,17 +83,24 @@ class SupervisedSettings(OptimizerSettings):
         return self
 
 
-def with_defaults(base: type[Strict], name: str | None = None, **defaults: Any) -> type:
-    """`base` with new defaults for some of its fields (each field keeps its type, constraints
-    and description): how a kind gives a setting declared elsewhere its own default."""
+def with_defaults(base: type[Strict], name: str | None = None, *,
+                  descriptions: dict[str, str | None] | None = None, **defaults: Any) -> type:
+    """`base` with new defaults (and descriptions) for some of its fields (each field keeps its
+    type, constraints and the rest): how a kind gives a setting declared elsewhere its own
+    default, or says what the setting means in that kind."""
     name = name or base.__name__
-    unknown = set(defaults) - set(base.model_fields)
+    descriptions = descriptions or {}
+    unknown = (set(defaults) | set(descriptions)) - set(base.model_fields)
     if unknown:
         raise TypeError(f"{name}: no such settings {sorted(unknown)}")
+    changes: dict[str, dict[str, Any]] = {}
+    for field, value in defaults.items():
+        changes.setdefault(field, {})["default"] = value
+    for field, text in descriptions.items():
+        changes.setdefault(field, {})["description"] = text
     fields: dict[str, Any] = {
-        field: (base.model_fields[field].annotation,
-                FieldInfo.merge_field_infos(base.model_fields[field], default=value))
-        for field, value in defaults.items()}
+        field: (base.model_fields[field].annotation, FieldInfo.merge_field_infos(base.model_fields[field], **change))
+        for field, change in changes.items()}
     return create_model(name, __base__=base, **fields)
 
 

@@ -45,22 +45,18 @@ def load_reasoning_set(ctx: RLContext) -> dict[str, Any]:
 
 def reasoning_check(engine, eval_set: dict[str, Any], decode, cfg: GeneralRLConfig) -> dict[str, float]:
     """Decode the held-out reasoning set with the engine's current weights and verify it."""
-    from stages.rl.engines.protocol import RolloutRequest, SamplingParams
-    from verifiers import verify_batch
+    from stages.rl.engines.protocol import SamplingParams
+    from stages.rl.verified_sampling import generate_and_score
 
     ev = cfg.reasoning_eval
-    n_new = ev.max_new_tokens or cfg.max_len
     t0 = time.perf_counter()
-    requests = [RolloutRequest(uid=f"eval{i}", prompt_ids=list(ids), max_new_tokens=n_new)
-                for i, ids in enumerate(eval_set["prompt_ids"])]
-    updates = engine.generate(requests, SamplingParams(temperature=ev.temperature, seed=cfg.seed))
-    texts = [decode(list(u.token_ids)) for u in updates]
-    rewards = verify_batch(eval_set["rows"], [str(t) for t in texts], num_workers=cfg.verifier_workers,
-                           timeout_s=cfg.verifier_timeout_s)
-    n = len(rewards)
-    return {"accuracy": sum(r.score for r in rewards) / n, "n": float(n),
-            "response_len_mean": sum(len(u.token_ids) for u in updates) / n,
-            "truncated_fraction": sum(not t.ended_by_eos for t in texts) / n,
+    scored = generate_and_score(engine, decode, eval_set["rows"], eval_set["prompt_ids"],
+                                SamplingParams(temperature=ev.temperature, seed=cfg.seed),
+                                max_new_tokens=ev.max_new_tokens or cfg.max_len, verifier=cfg, uid="eval{row}")
+    n = len(scored)
+    return {"accuracy": sum(r.reward.score for r in scored) / n, "n": float(n),
+            "response_len_mean": sum(r.text.n_tokens for r in scored) / n,
+            "truncated_fraction": sum(not r.text.ended_by_eos for r in scored) / n,
             "seconds": time.perf_counter() - t0}
 
 

@@ -34,13 +34,13 @@ class RLData(DataInput):
                                        "(a dataset of one domain rarely has the field)")
 
 
-class ReasoningRLConfig(RLConfig):
-    kind: Literal["reasoning_rl"] = "reasoning_rl"
+class VerifiableData(Strict):
+    """The `data` of a kind that reads RL rows (reasoning_rl, distill): one input or several,
+    at least one."""
+
     data: str | RLData | list[str | RLData] = Field(description=(
         "RL rows: data inputs (files, dirs, saved or hub datasets; see RLData for `split`, field "
         "names and a default domain) with a domain, a prompt and a reference (id optional)"))
-    domain_weights: dict[str, float] | None = Field(
-        None, description="sampling weight per domain; default: proportional to row counts")
 
     @field_validator("data")
     @classmethod
@@ -48,6 +48,17 @@ class ReasoningRLConfig(RLConfig):
         if isinstance(v, list) and not v:
             raise ValueError("data: give at least one file or directory")
         return v
+
+    @property
+    def data_list(self) -> list[RLData]:
+        return [d if isinstance(d, RLData) else RLData(path=d)
+                for d in (self.data if isinstance(self.data, list) else [self.data])]
+
+
+class ReasoningRLConfig(RLConfig, VerifiableData):
+    kind: Literal["reasoning_rl"] = "reasoning_rl"
+    domain_weights: dict[str, float] | None = Field(
+        None, description="sampling weight per domain; default: proportional to row counts")
 
     @field_validator("domain_weights")
     @classmethod
@@ -59,11 +70,6 @@ class ReasoningRLConfig(RLConfig):
             if not any(w > 0 for w in v.values()):
                 raise ValueError("domain_weights: at least one domain needs a positive weight")
         return v
-
-    @property
-    def data_list(self) -> list[RLData]:
-        return [d if isinstance(d, RLData) else RLData(path=d)
-                for d in (self.data if isinstance(self.data, list) else [self.data])]
 
 
 KIND = register(StageKind(
