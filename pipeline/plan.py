@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from data_curation.urls import join
 from pipeline.artifacts import ArtifactStore
-from pipeline.fingerprints import Fingerprint, fingerprint_inputs
+from pipeline.fingerprints import Fingerprint, fingerprint_inputs, package_inputs
 from pipeline.recipe import Recipe, iter_references, topological_order
 from stages.common.contract import Launcher, RaySettings, Resources, StageConfig
 from stages.common.store_writes import WritePolicy
@@ -52,9 +52,14 @@ def _result_value(v: Any) -> Any:
     return v
 
 
-def input_fingerprints(config: StageConfig, storage_options: dict[str, Any],
+def input_fingerprints(kind: StageKind, config: StageConfig, storage_options: dict[str, Any],
                        hash_max_bytes: int, tolerate_errors: bool = False) -> dict[str, Fingerprint]:
-    return fingerprint_inputs(result_config(config), storage_options, hash_max_bytes, tolerate_errors)
+    """The config's external inputs, and the installed libraries the kind says its results
+    depend on (`StageKind.input_packages`)."""
+    inputs = fingerprint_inputs(result_config(config), storage_options, hash_max_bytes, tolerate_errors)
+    if kind.input_packages is not None:
+        inputs.update(package_inputs(kind.input_packages(config)))
+    return inputs
 
 
 def hash_payload(kind: StageKind, config: StageConfig, upstream: dict[str, str],
@@ -177,7 +182,7 @@ def plan_stage(recipe: str, name: str, cfg: StageConfig, upstream: dict[str, tup
     (`pipeline.execute.adhoc_target`) are planned."""
     kind = STAGE_KINDS[cfg.kind]
     hashes = {d: h for d, (_, h) in upstream.items()}
-    inputs = input_fingerprints(cfg, store.storage_options, hash_max_bytes, tolerate_errors)
+    inputs = input_fingerprints(kind, cfg, store.storage_options, hash_max_bytes, tolerate_errors)
     h = stage_hash(kind, cfg, hashes, inputs)
     return PlannedStage(recipe=recipe, name=name, kind=kind, config=cfg, deps=list(upstream), hash=h,
                         url=store.stage_url(name, h), resources=resources, launcher=launcher, seed=seed,
