@@ -46,6 +46,7 @@ from stages.common.hf_io import load_causal_lm
 from stages.common.lora import apply_lora
 from stages.common.packed_attention import flattens_micro_batch, pad_packed_batch, static_width
 from stages.common.rows import input_rows
+from stages.common.speed_defaults import settle_auto
 from stages.common.stage_log import info
 from stages.common.step_profile import StepProfiler
 from stages.common.supervised_trainer import StepReport, SupervisedRun, TrainingProgress, train_supervised
@@ -264,7 +265,7 @@ class SFTTask:
 
 
 def main(job: StageJob) -> dict[str, Any] | None:
-    cfg = SFTConfig.model_validate(job.config)
+    cfg = settle_auto(SFTConfig.model_validate(job.config))  # `auto` left only without the pipeline
     return train_supervised(job, cfg, lambda setup: SFTTask(job, cfg, setup))
 
 
