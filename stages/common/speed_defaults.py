@@ -319,7 +319,8 @@ def resolve_speed(profile: str, config: dict[str, Any], hw: HardwareFacts, model
         updates["grad_accum"] = config.get("grad_accum", 1) // updates["micro_batch_size"]
     notes = []
     if model is None and hw.device == "cuda":
-        notes.append("model size unknown (its stage has not run yet): memory not checked; decided again at launch")
+        notes.append("model size unknown (no readable config.json yet, e.g. its stage has not run): memory "
+                     "not checked; `plan` decides again once it exists, as the launch does")
     elif model is not None and hw.device == "cuda":
         c = s.config
         peak = s.peak_gib(c.get("zero_stage", 2), _planned_precision(s, c.get("zero_stage", 2)),
