@@ -121,7 +121,9 @@ def packed_loss_sum(model, batch: dict[str, torch.Tensor], device: torch.device,
 
 def load_packed_lm(model_dir: Path, cfg: SFTConfig, attn: str) -> PackedLMLoss:
     """The input model in float32 (DeepSpeed casts it), with the configured attention, LoRA
-    adapters, gradient checkpointing and compiled layers, wrapped for the chunked loss."""
+    adapters, gradient checkpointing and compiled layers, wrapped for the chunked loss. A setting
+    still at `auto` (a config not launched by the pipeline) takes its old default."""
+    cfg = settle_auto(cfg)
     lm = load_causal_lm(model_dir, torch.float32, attn_implementation=attn,
                         trust_remote_code=cfg.trust_remote_code)
     if cfg.lora is not None:
