@@ -104,7 +104,7 @@ class Situation:
 
     def micro_tokens(self, micro_batch: int | None = None) -> int:
         c = self.config
-        if self.profile == "rl":
+        if self.profile == "rl":  # RLConfig.micro_tokens (stages/rl/settings.py, which common/ must not import)
             return c.get("micro_batch_tokens") or max(16384, c.get("prompt_max_len", 4096) + c.get("max_len", 65536))
         mb = micro_batch or (c["micro_batch_size"] if isinstance(c.get("micro_batch_size"), int) else 1)
         return mb * c.get("max_seq_len", 4096) * (2 if self.profile == "reward_model" else 1)  # a pair: 2 sides

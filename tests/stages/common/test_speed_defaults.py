@@ -17,7 +17,7 @@ from pipeline.plan import make_plan, result_config
 from stages.common.contract import Resources
 from stages.common.packed_attention import choose_attention
 from stages.common.precision import resolve_precision
-from stages.common.speed_defaults import RULES, HardwareFacts, ModelFacts, resolve_speed, settle_auto
+from stages.common.speed_defaults import RULES, HardwareFacts, ModelFacts, Situation, resolve_speed, settle_auto
 from stages.reasoning_rl.config import ReasoningRLConfig
 from stages.reward_model.config import RewardModelConfig
 from stages.sft.config import SFTConfig
@@ -110,6 +110,12 @@ def test_gradient_checkpointing_only_when_memory_needs_it():
     assert _decided("sft", _sft(max_seq_len=4096), H100, QWEN_7B, world=8)["zero_stage"] >= 1
     r = resolve_speed("sft", _sft(max_seq_len=65536), H100, ModelFacts.from_config(QWEN_7B), 1)
     assert r.updates["gradient_checkpointing"] is True and any("expect out of memory" in n for n in r.notes)
+
+
+@pytest.mark.parametrize("over", [{}, {"max_len": 512, "prompt_max_len": 128}, {"micro_batch_tokens": 4096}])
+def test_the_rl_micro_batch_estimate_is_the_learners(over):
+    cfg = ReasoningRLConfig.model_validate({"model": "m", "data": "d", "steps": 1, **over})
+    assert Situation("rl", cfg.model_dump(mode="json"), H100, None, 1).micro_tokens() == cfg.micro_tokens
 
 
 def test_every_rule_says_why():
