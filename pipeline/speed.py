@@ -62,8 +62,8 @@ def local_gpus() -> HardwareFacts:
 def model_facts(model_url: Any, storage_options: dict[str, Any]) -> ModelFacts | None:
     """The model's size from its config.json; None where it cannot be read yet (an upstream
     stage that has not run) or has no size fields the estimate knows."""
-    if not isinstance(model_url, str):
-        return None
+    if not isinstance(model_url, str) or model_url.startswith(("hf://", "http://", "https://")):
+        return None  # nothing is downloaded to plan a stage (the job fetches its model itself)
     try:
         fs, path = filesystem(join(model_url, "config.json"), storage_options)
         with fs.open(path, "r") as f:
