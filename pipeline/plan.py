@@ -20,7 +20,7 @@ from data_curation.urls import join
 from pipeline.artifacts import ArtifactStore
 from pipeline.fingerprints import Fingerprint, fingerprint_inputs, package_inputs
 from pipeline.recipe import Recipe, iter_references, topological_order
-from stages.common.contract import Launcher, RaySettings, Resources, StageConfig
+from stages.common.contract import AUTO_LEGACY, Launcher, RaySettings, Resources, StageConfig
 from stages.common.store_writes import WritePolicy
 from stages.registry import STAGE_KINDS, StageKind
 
@@ -30,7 +30,7 @@ _EXECUTION_KEYS = {"resources", "launcher", "ray", "retry"}
 
 def result_config(model: BaseModel) -> Any:
     """The config as data, without cosmetic fields, nor `added_later` ones at their default
-    (recursively)."""
+    (recursively); an `auto_setting` at `auto` as its old default."""
     out: dict[str, Any] = {}
     for name, field in type(model).model_fields.items():
         extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
@@ -38,7 +38,10 @@ def result_config(model: BaseModel) -> Any:
             continue
         if extra.get("hash_unless_default") and getattr(model, name) == field.default:
             continue  # the hash of a config written before the field existed is unchanged
-        out[name] = _result_value(getattr(model, name))
+        value = getattr(model, name)
+        if AUTO_LEGACY in extra and value == "auto":
+            value = extra[AUTO_LEGACY]  # hashed as before `auto` existed (contract.auto_setting)
+        out[name] = _result_value(value)
     return out
 
 

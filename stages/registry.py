@@ -61,6 +61,9 @@ class StageKind:
     pre_launch: tuple[Callable[[str, dict[str, Any], dict[str, Any]], Any], ...] = (check_eval_suite,)
     # the headline numbers of the stage's finish line and the curves plotted when it ends
     metrics: KindMetrics = KindMetrics()
+    # the profile of the speed settings whose `auto` the pipeline decides before launch (sft,
+    # reward_model, rl: stages/common/speed_defaults.py); None: the kind has none
+    speed: str | None = None
     # `ring-pipeline curate RECIPE --only S --benchmarks L` on a stage of this kind: its config
     # (as data) -> the config to run; None: the command does not apply to the kind
     rerun_config: Callable[[dict[str, Any], list[str] | None, str | None], dict[str, Any]] | None = None

@@ -131,6 +131,6 @@ class GeneralRLConfig(with_defaults(RLConfig, lr=3e-6)):  # the paper's general-
 KIND = register(StageKind(
     name="general_rl", config=GeneralRLConfig, version=2,  # 2: torch engine prefills longest first (other samples per seed)
     sources=("stages.general_rl", "stages.rl", "stages.reward_model", "stages.common", "verifiers"),
-    distributed=True,
+    distributed=True, speed="rl",
     description="RLHF: GRPO on a weighted prompt mix, reward model + rule rewards, reasoning guard",
     metrics=rl_metrics(Curve("reasoning_eval/delta"))))

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from stages.common.compile_layers import check_zero_stage, compile_layers_field
-from stages.common.contract import StageConfig, Strict, added_later, cosmetic
+from stages.common.contract import StageConfig, Strict, added_later, auto_setting, cosmetic
 from stages.common.hf_io import trust_remote_code_field
 from stages.common.kind_metrics import Curve, KindMetrics
 from stages.common.training_settings import optimizer_settings, with_defaults
@@ -163,9 +163,12 @@ class RLConfig(StageConfig, optimizer_settings(lr=2e-6, adam_betas=(0.9, 0.999),
         None, ge=1, description=f"padded tokens per micro-batch; default the larger of {DEFAULT_MICRO_BATCH_TOKENS} "
                                 "and prompt_max_len + max_len (one whole rollout)")
     logit_chunk: int = Field(2048, ge=1, description="response tokens per lm-head chunk")
-    gradient_checkpointing: bool = False
-    compile_layers: bool = compile_layers_field()  # the policy's layers; not the reference model's
-    precision: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto = bf16 on GPU, fp32 on CPU")
+    gradient_checkpointing: Literal["auto"] | bool = auto_setting(False, description=(
+        "recompute the policy's layer activations in the backward pass; auto = on only when the estimated "
+        "memory needs it (stages/common/speed_defaults.py)"))
+    compile_layers: Literal["auto"] | bool = compile_layers_field()  # the policy's layers; not the reference model's
+    precision: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto = bf16 on GPU, fp32 on CPU "
+                                                       "(decided before launch: stages/common/speed_defaults.py)")
     routing_replay: bool = added_later(False, description=(
         "MoE policies: the learner routes each token to the experts the rollout engine chose for it "
         "(R3; stages/rl/routing.py), in the theta_old pass and the update; needs rollout.engine torch "
