@@ -71,7 +71,7 @@ class RLTrainer:
     def __init__(self, job: StageJob, cfg: RLConfig, spec: RLSpec):
         self.cfg, self.spec = cfg, spec
         self.placement = placement = Placement.of(cfg, job.rank, job.world_size)
-        setup = start_training_job(job, cfg, split_last=len(placement.engines) if placement.split else 0)
+        setup = start_training_job(job, cfg, split_last=len(placement.generators) if placement.split else 0)
         self.ranks = ranks = setup.ranks
         self.rank = ranks.rank
         tokenizer = setup.tokenizer
