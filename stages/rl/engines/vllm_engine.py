@@ -275,6 +275,7 @@ class VllmEngine(SyncTiming):
         what they have."""
         tasks = {asyncio.ensure_future(self._one(rid, requests[i], sampling)): rid for rid, i in todo.items()}
         results: dict[int, tuple] = {}
+        idle = 0  # consecutive waits in which nothing finished and vLLM held none of our requests
         try:
             pending = set(tasks)
             while pending:
@@ -290,7 +291,9 @@ class VllmEngine(SyncTiming):
                     for task in pending:
                         results[todo[tasks[task]]] = await task
                     pending = set()
-                elif not finished and not self.llm.output_processor.has_unfinished_requests():
+                    continue
+                idle = idle + 1 if not finished and not self.llm.output_processor.has_unfinished_requests() else 0
+                if idle >= 2:  # twice: an output handed over as the wait timed out is not a loss
                     # vLLM holds none of our live requests: waiting on would wait for ever
                     # (the stage's first generate went silent on an H100 twice, rounds 5b and 7)
                     raise RuntimeError(f"vllm engine: {len(pending)} request(s) vanished from vLLM's scheduler "
@@ -308,7 +311,9 @@ class VllmEngine(SyncTiming):
         # vLLM's load_weights takes any subset of the weights: `partial` needs nothing more
         t0 = time.perf_counter()
         self.last_sync = self._weights.send((_strip(n), t) for n, t in named_tensors)
-        self._loop.run(self.llm.reset_prefix_cache())
+        if not self._loop.run(self.llm.reset_prefix_cache()):
+            log.warning("vllm engine: vLLM did not reset its prefix cache after the weight sync (requests still "
+                        "held blocks): continued rollouts may reuse KV of the old weights (watch icepop/)")
         self._record_sync(t0)
         log.info("vllm engine: weight sync of %.2f GB in %d bucket(s): %.1f GB/s", self.last_sync.bytes / 1e9,
                  self.last_sync.buckets, self.last_sync.gb_per_s)
