@@ -13,6 +13,7 @@ the weight sync into our vllm engine against the GPU's copy bandwidth.
 Cases: `0.5B` and `1.5B` (Qwen2 shapes, batch 256, prompt 128, 512 new tokens) and `0.5B-8k`
 (batch 64, prompt 128, 8192 new tokens). Runners:
 - `native`: `vllm.LLM(...).generate(prompts, [SamplingParams per request])`, what vLLM does alone.
+  (`native_unseeded`, not run by default: the same without per-request seeds, what they cost.)
 - `ours`: `create_engine("vllm", ...)` and its `generate` (stages/rl/engines/vllm_engine.py).
 - `torch`: `create_engine("torch", ..., compile=True)`, the torch engine's fastest step.
 - `sync`: `update_weights` of the model's own weights (bf16, from the HF model on this GPU)
@@ -102,7 +103,7 @@ def _timed(fn, repeats: int, cuda: bool) -> tuple[float, int]:
 
 
 # -- the runners (each in its own process) ----------------------------------------------------
-def run_native(args, case: str, mdir: Path) -> dict:
+def run_native(args, case: str, mdir: Path, seeded: bool = True) -> dict:
     from vllm import LLM, SamplingParams, TokensPrompt
 
     from stages.rl.engines.vllm_engine import _request_seed
@@ -112,8 +113,9 @@ def run_native(args, case: str, mdir: Path) -> dict:
               gpu_memory_utilization=args.gpu_mem, enable_prefix_caching=True, logprobs_mode="processed_logprobs")
 
     def call(ps: list[list[int]], tokens: int = new) -> int:
-        params = [SamplingParams(n=1, temperature=1.0, top_p=1.0, top_k=-1, seed=_request_seed(SEED, f"r{i}", 0),
-                                 max_tokens=tokens, logprobs=0, stop_token_ids=[], ignore_eos=True, detokenize=False)
+        params = [SamplingParams(n=1, temperature=1.0, top_p=1.0, top_k=-1,
+                                 seed=_request_seed(SEED, f"r{i}", 0) if seeded else None, max_tokens=tokens,
+                                 logprobs=0, stop_token_ids=[], ignore_eos=True, detokenize=False)
                   for i in range(len(ps))]
         outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in ps], params, use_tqdm=False)
         assert all(len(o.outputs[0].logprobs) == len(o.outputs[0].token_ids) for o in outs)
@@ -190,7 +192,8 @@ def _row(seconds: float, tokens: int) -> dict:
 def child(args) -> dict:
     case, runner = args.child.split(":")
     mdir = model_dir(args.work, case)
-    fn = {"native": lambda: run_native(args, case, mdir), "ours": lambda: run_engine(args, case, mdir, "vllm"),
+    fn = {"native": lambda: run_native(args, case, mdir), "native_unseeded": lambda: run_native(args, case, mdir, False),
+          "ours": lambda: run_engine(args, case, mdir, "vllm"),
           "torch": lambda: run_engine(args, case, mdir, "torch"), "sync": lambda: run_sync(args, case, mdir)}[runner]
     return {**fn(), "device": device_name(not args.smoke)}
 
