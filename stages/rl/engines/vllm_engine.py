@@ -41,8 +41,8 @@ vLLM nor a GPU and drives this module against a stand-in of the same API
 
 GPUs: the engine runs on `tensor_parallel_size` GPUs starting at `device` (cuda:N = this
 process's N-th visible GPU): the engine's processes are started with CUDA_VISIBLE_DEVICES set
-to those GPUs, so one stage rank (an engine rank of the placement, stages/rl/placement.py)
-owns a tensor-parallel group of GPUs.
+to those GPUs (and without the launcher's RANK / LOCAL_RANK / ...), so one stage rank (an engine
+rank of the placement, stages/rl/placement.py) owns a tensor-parallel group of GPUs.
 """
 from __future__ import annotations
 
@@ -134,19 +134,30 @@ def engine_gpus(device: str, tensor_parallel_size: int) -> list[str]:
     return visible[first:first + tensor_parallel_size]
 
 
+# the stage launcher's torch.distributed variables: vLLM's processes form process groups of their
+# own, and some of its code reads LOCAL_RANK when set (vllm/distributed/parallel_state.py)
+LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
 @contextlib.contextmanager
-def _visible_devices(gpus: list[str]):
-    """CUDA_VISIBLE_DEVICES for the processes the engine starts meanwhile (this one's CUDA is
-    already up and keeps its numbering)."""
-    before = os.environ.get("CUDA_VISIBLE_DEVICES")
-    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+def _engine_environment(gpus: list[str]):
+    """The environment of the processes the engine starts meanwhile: CUDA_VISIBLE_DEVICES = the
+    engine's GPUs (this process's CUDA is already up and keeps its numbering), none of the
+    launcher's rank variables."""
+    before = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", *LAUNCHER_ENV)}
+    _set_environ({"CUDA_VISIBLE_DEVICES": ",".join(gpus), **{k: None for k in LAUNCHER_ENV}})
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        _set_environ(before)
+
+
+def _set_environ(values: dict[str, str | None]) -> None:
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
         else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = before
+            os.environ[key] = value
 
 
 class VllmEngine(SyncTiming):
@@ -186,7 +197,7 @@ class VllmEngine(SyncTiming):
         async def start():  # on the loop: AsyncLLM's output handler becomes a task of it
             return AsyncLLM.from_engine_args(EngineArgs(**kwargs))
 
-        with _visible_devices(self.gpus):
+        with _engine_environment(self.gpus):
             self.llm = self._loop.run(start())
         self._weights = IpcWeightSender(self._rpc, self.device, int(sync_bucket_mb) << 20)
         self._calls = 0

@@ -58,7 +58,8 @@ class FakeModel:
 class FakeAsyncLLM:
     def __init__(self, args: FakeEngineArgs):
         self.kw = args.kw
-        self.env = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "VLLM_ALLOW_INSECURE_SERIALIZATION")}
+        self.env = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "VLLM_ALLOW_INSECURE_SERIALIZATION",
+                                                    "LOCAL_RANK")}
         self.live: dict[str, dict] = {}
         self.prompts: dict[str, list[int]] = {}
         self.params: dict[str, FakeParams] = {}

@@ -453,15 +453,18 @@ def test_vllm_engine_glue_against_a_fake_vllm(monkeypatch, model_dir):
     """vLLM cannot run here; this drives vllm_engine.py's own logic (streams to their end, the
     budget stop and abort with partial outputs, continuation prompts, logprob extraction,
     finish reasons, seeds, sleep) against the stand-in of the vLLM API it calls (fake_vllm.py)."""
+    import os
+
     import stages.rl.engines.protocol as base
     from tests.stages.rl.fake_vllm import install, open_engine, rule
 
     mod, fake, _ = install(monkeypatch)
     assert "vllm" in base.ENGINES and not base.UNAVAILABLE
+    monkeypatch.setenv("LOCAL_RANK", "3")  # the stage launcher's: not for vLLM's processes
     eng = open_engine(mod, model_dir, max_batch=4, max_len=64, seed=3)
     assert eng.llm.kw["logprobs_mode"] == "processed_logprobs" and eng.llm.kw["max_num_seqs"] == 4
-    assert eng.llm.env == {"CUDA_VISIBLE_DEVICES": "0", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
-    assert "CUDA_VISIBLE_DEVICES" not in __import__("os").environ  # only the engine's processes got it
+    assert eng.llm.env == {"CUDA_VISIBLE_DEVICES": "0", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1", "LOCAL_RANK": None}
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ and os.environ["LOCAL_RANK"] == "3"  # only the engine's got it
     assert eng.eos_token_ids == [EOS]
     reqs = [RolloutRequest("a", [5, 6], 3), RolloutRequest("b", [9], 6, generated_ids=[10, 11]),
             RolloutRequest("z", [4], 0)]
@@ -529,13 +532,15 @@ def test_vllm_weight_sync_sends_ipc_handles_in_buckets(monkeypatch, model_dir):
     offset in the staging buffer; buckets hold at most sync_bucket_mb unless one tensor is
     larger; what crosses to the workers is a handle and a layout (no tensor pickled); the prefix
     cache is reset and the sync timed."""
+    import os
+
     from tests.stages.rl.fake_vllm import install, open_engine
 
     mod, _, ipc = install(monkeypatch, sender_gpu=2)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
     eng = open_engine(mod, model_dir, device="cuda:2", tensor_parallel_size=2, sync_bucket_mb=1)
     assert eng.gpus == ["6", "7"] and eng.llm.env["CUDA_VISIBLE_DEVICES"] == "6,7"
-    assert __import__("os").environ["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
     g = torch.Generator().manual_seed(0)
     sent = {"module.model.embed_tokens.weight": torch.randn(600, 1000, generator=g),  # 2.4 MB: a bucket alone
             "_orig_mod.model.norm.weight": torch.randn(7, generator=g).to(torch.bfloat16),
