@@ -173,6 +173,9 @@ class VllmEngine(SyncTiming):
                  eos_token_ids: list[int] | None = None, trust_remote_code: bool = False, **engine_kwargs):
         if not torch.cuda.is_available():
             raise RuntimeError("vllm engine: no CUDA device is visible")
+        if "in_process" in engine_kwargs:
+            raise ValueError("vllm engine: rollout.options in_process is gone (issue 32): the engine always runs "
+                             "vLLM's multi-process engine and syncs weights over CUDA IPC; remove the option")
         self.gpus = engine_gpus(device, int(engine_kwargs.get("tensor_parallel_size", 1)))
         self.device = torch.device("cuda", torch.device(device).index or 0)
         self.max_len, self.seed = int(max_len), int(seed)

@@ -563,6 +563,8 @@ def test_vllm_weight_sync_sends_ipc_handles_in_buckets(monkeypatch, model_dir):
         open_engine(mod, model_dir, device="cuda:3", tensor_parallel_size=2)
     with pytest.raises(ValueError, match="'cuda' or 'cuda:N'"):
         open_engine(mod, model_dir, device="cpu")
+    with pytest.raises(ValueError, match="in_process is gone"):
+        open_engine(mod, model_dir, in_process=True)
 
 
 def test_the_vllm_engine_registers_without_importing_vllm(monkeypatch):
