@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -55,6 +56,7 @@ import logging
 import os
 import sys
 import time
+import weakref
 from typing import Iterable
 
 import torch
@@ -160,6 +162,11 @@ def _set_environ(values: dict[str, str | None]) -> None:
             os.environ[key] = value
 
 
+def _rpc(loop: LoopThread, llm, fn, kwargs: dict) -> list:
+    """`fn(worker, **kwargs)` on every vLLM worker, their results."""
+    return loop.run(llm.collective_rpc(fn, kwargs=kwargs))
+
+
 class VllmEngine(SyncTiming):
     name = "vllm"
     # with logprobs_mode="processed_logprobs" the reported log-prob is that of the distribution
@@ -202,7 +209,11 @@ class VllmEngine(SyncTiming):
 
         with _engine_environment(self.gpus):
             self.llm = self._loop.run(start())
-        self._weights = IpcWeightSender(self._rpc, self.device, int(sync_bucket_mb) << 20)
+        # nothing here refers back to the engine: dropping it frees vLLM's processes (AsyncLLM's
+        # own finaliser) and ends the loop thread, with no wait for the cycle collector
+        self._weights = IpcWeightSender(functools.partial(_rpc, self._loop, self.llm), self.device,
+                                        int(sync_bucket_mb) << 20)
+        weakref.finalize(self, self._loop.close)
         self._calls = 0
         self.last_stats: dict[str, float] = {}
         self.last_sync = SyncReport()
@@ -318,9 +329,6 @@ class VllmEngine(SyncTiming):
         return results
 
     # ---------------------------------------------------------------- weights
-    def _rpc(self, fn, kwargs: dict) -> list:
-        return self._loop.run(self.llm.collective_rpc(fn, kwargs=kwargs))
-
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], partial: bool = False) -> None:
         # vLLM's load_weights takes any subset of the weights: `partial` needs nothing more
         t0 = time.perf_counter()

@@ -31,4 +31,5 @@ class LoopThread:
     def close(self) -> None:
         if self.loop.is_running():
             self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=10)
+        if threading.current_thread() is not self._thread:  # (a finaliser may run on the loop itself)
+            self._thread.join(timeout=10)

@@ -521,6 +521,15 @@ def test_vllm_engine_glue_against_a_fake_vllm(monkeypatch, model_dir):
     assert eng3.llm.kw["enable_sleep_mode"] and eng3.llm.slept == [1, "awake", 2, "awake"]
     eng3.close()
     assert eng3.llm is None
+    # an engine dropped is freed at once (no reference cycle): vLLM's processes go with it
+    # (AsyncLLM's finaliser), and its loop thread ends
+    import weakref
+
+    eng4 = open_engine(mod, model_dir)
+    eng4.generate([RolloutRequest("w", [5], 2)], SamplingParams())
+    gone, loop = weakref.ref(eng4), eng4._loop
+    del eng4
+    assert gone() is None and not loop._thread.is_alive()
     # an older vLLM has other APIs: refused by name, not half-run
     install(monkeypatch, version="0.25.2")
     assert "vllm" not in base.ENGINES and "older than 0.26" in base.UNAVAILABLE["vllm"]
