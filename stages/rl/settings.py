@@ -30,6 +30,8 @@ from stages.common.training_settings import optimizer_settings, with_defaults
 UNTRUNCATED_LOGPROB_ENGINES = ("torch",)
 # engines that record each token's MoE routes (RolloutUpdate.routes): what routing_replay needs
 ROUTE_RECORDING_ENGINES = ("torch",)
+# engines that stage the weight sync in buckets of their own, of rollout.sync_bucket_mb (option sync_bucket_mb)
+BUCKETED_SYNC_ENGINES = ("vllm",)
 # engines that can sleep only when built for it, and the option (rollout.options) that builds
 # them so: without it a colocated engine fails at its first sleep, after a whole rollout phase
 SLEEP_OPTION = {"vllm": "enable_sleep_mode"}

@@ -73,7 +73,7 @@ class RLTrainer:
         cfg = settle_auto(cfg)  # `auto` speed settings are left only in a job started without the pipeline
         self.cfg, self.spec = cfg, spec
         self.placement = placement = Placement.of(cfg, job.rank, job.world_size)
-        setup = start_training_job(job, cfg, split_last=len(placement.engines) if placement.split else 0)
+        setup = start_training_job(job, cfg, split_last=len(placement.generators) if placement.split else 0)
         self.ranks = ranks = setup.ranks
         self.rank = ranks.rank
         tokenizer = setup.tokenizer
