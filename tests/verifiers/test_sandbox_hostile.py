@@ -55,24 +55,12 @@ def probe(program: str, stdin: str = "", **config) -> dict:
 
 def sandbox_processes() -> list[psutil.Process]:
     """Host processes running under a sandbox uid (the verifier runs as root), but for those
-    another test process started (the other xdist worker's sandboxes run meanwhile). A zombie
-    has ended: only its exit status waits for the host's reaper (a sandbox's processes are
-    reparented to the host's init when its namespace ends; on a loaded machine the container's
-    init reaped them later than the tests' 0.3 s look, and the check failed on dead processes)."""
+    another test process started (the other xdist worker's sandboxes run meanwhile)."""
     out = []
     for p in psutil.process_iter(["uids"]):
-        if _sandboxed(p) and not _zombie(p) and not _started_by_another_test(p):
+        if _sandboxed(p) and not _started_by_another_test(p):
             out.append(p)
     return out
-
-
-def _zombie(p: psutil.Process) -> bool:
-    try:
-        return p.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True  # reaped meanwhile
-    except psutil.Error:
-        return False
 
 
 def _sandboxed(p: psutil.Process) -> bool:
