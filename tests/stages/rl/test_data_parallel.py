@@ -11,7 +11,7 @@ from collections import defaultdict
 import pytest
 import torch.multiprocessing as mp
 
-from stages.common.ports import free_port
+from stages.common.ports import reserved_port
 from stages.rl.prompt_sampler import PromptSampler
 from tests.stages.rl import dp_workers
 from tests.stages.rl.tiny_model import build_model, save_model
@@ -29,8 +29,9 @@ def model_dir(tmp_path_factory) -> str:
 
 def spawn(fn, world: int, tmp_path, model_dir: str, extra) -> list[dict]:
     """`fn(rank, world, port, model_dir, out, extra)` on `world` gloo ranks; what each wrote."""
-    mp.start_processes(fn, args=(world, free_port(), model_dir, str(tmp_path), extra), nprocs=world,
-                       start_method="spawn")
+    with reserved_port() as port:  # until rank 0's store has bound it
+        mp.start_processes(fn, args=(world, port, model_dir, str(tmp_path), extra), nprocs=world,
+                           start_method="spawn")
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
 
 
@@ -113,3 +114,12 @@ def test_every_engine_holds_the_trainers_weights_bit_for_bit_after_a_sync(coloca
             assert rec["differs"] == [] and rec["compared"] > 0
             assert rec["buckets"] >= 3  # several buckets of 64 KiB
         assert len({r["bytes"] for r in records}) == 1 and records[0]["bytes"] > 0
+
+
+def test_a_tensor_parallel_engine_gets_the_weights_while_its_other_rank_joins_the_gathers(colocated):
+    """Colocated, one engine for both ranks (rollout.options.tensor_parallel_size: 2): rank 1
+    holds no engine but joins every bucket's ZeRO-3 all-gather, so rank 0's engine gets the
+    trained weights bit for bit (a rank that skipped them would leave rank 0 waiting)."""
+    engine, other = (r["sync_tp"] for r in colocated)
+    assert engine["moved"] and engine["differs"] == [] and engine["compared"] > 0 and engine["buckets"] >= 3
+    assert "differs" not in other and other["bytes"] == engine["bytes"] > 0
