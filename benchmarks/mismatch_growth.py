@@ -128,9 +128,38 @@ def sharpen_step(model, opt, eng, requests, sampling, device) -> float:
     return loss_sum / max(count, 1)
 
 
-# teacher-forced variants (`--mode forced`): (parameter dtype, rotary frequencies' dtype)
-VARIANTS = {"bf16": (torch.bfloat16, torch.float32), "bf16_rope_bf16": (torch.bfloat16, torch.bfloat16),
-            "fp32_rope_bf16": (torch.float32, torch.bfloat16)}
+def stochastic_bf16(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """`t` rounded to bf16 up or down at random, with the probability that makes it unbiased:
+    E[result] = t (bf16 keeps the top 16 bits of the fp32 pattern; random low bits carry it)."""
+    bits = t.float().contiguous().view(torch.int32)
+    noise = torch.randint(0, 1 << 16, bits.shape, generator=gen, dtype=torch.int32, device=t.device)
+    return ((bits + noise) & -65536).view(torch.float32).to(torch.bfloat16)
+
+
+def _cast(model, cast) -> torch.nn.Module:
+    import copy
+
+    v = copy.deepcopy(model).eval()
+    for p in v.parameters():
+        p.data = cast(p.data)
+    return v
+
+
+# teacher-forced variants (`--mode forced`): name -> (the fp32 model, its initial weights, the
+# trainer's fp32 rotary frequencies) -> the model scored against the fp32 model
+VARIANTS = {
+    "bf16": lambda m, m0, f: _cast(m, lambda t: t.to(torch.bfloat16)),
+    "bf16_rope_bf16": lambda m, m0, f: _rope(_cast(m, lambda t: t.to(torch.bfloat16)), f.to(torch.bfloat16)),
+    "fp32_rope_bf16": lambda m, m0, f: _rope(_cast(m, lambda t: t), f.to(torch.bfloat16)),
+    "bf16_weights_fp32_math": lambda m, m0, f: _cast(m, lambda t: t.to(torch.bfloat16).float()),
+    "bf16_stochastic": lambda m, m0, f: _cast(m, lambda t: stochastic_bf16(t, torch.Generator().manual_seed(0))),
+    "initial_weights_fp32": lambda m, m0, f: m0,
+}
+
+
+def _rope(model, inv_freq: torch.Tensor):
+    model.model.rotary_emb.inv_freq = inv_freq.float()
+    return model
 
 
 def response_logprobs(model, seqs, temperature: float, device) -> list[torch.Tensor]:
@@ -143,25 +172,29 @@ def response_logprobs(model, seqs, temperature: float, device) -> list[torch.Ten
     return out
 
 
-def variant(model, name: str, inv_freq: torch.Tensor):
-    import copy
+def seen_fraction(model, initial) -> dict[str, float]:
+    """Of the weights the updates moved, the share whose bf16 copy moved too."""
+    moved = seen = 0
+    for p, p0 in zip(model.parameters(), initial.parameters()):
+        d = p.data != p0.data
+        moved += int(d.sum())
+        seen += int((d & (p.data.to(torch.bfloat16) != p0.data.to(torch.bfloat16))).sum())
+    return {"bf16_seen_fraction": round(seen / max(moved, 1), 4)}
 
-    param_dtype, rope_dtype = VARIANTS[name]
-    v = copy.deepcopy(model).eval()
-    for p in v.parameters():
-        p.data = p.data.to(param_dtype)
-    v.model.rotary_emb.inv_freq = inv_freq.to(rope_dtype).float()
-    return v
 
+def forced(model, initial, seqs, inv_freq, temperature, device, names,
+           autocast: bool = False) -> dict[str, dict[str, float]]:
+    """Each variant's log-probs of the fixed tokens against the fp32 model's (MismatchStats);
+    `autocast`: the fp32 model's under bf16 autocast (the trainer of `precision: bf16-mixed`)."""
+    from contextlib import nullcontext
 
-def forced(model, seqs, inv_freq, temperature, device) -> dict[str, dict[str, float]]:
-    """Each variant's log-probs of the fixed tokens against the fp32 model's (MismatchStats)."""
     from stages.rl.loss import LossConfig, MismatchStats
 
-    want = response_logprobs(model, seqs, temperature, device)
+    with torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if autocast else nullcontext():
+        want = response_logprobs(model, seqs, temperature, device)
     out = {}
-    for name in VARIANTS:
-        got = response_logprobs(variant(model, name, inv_freq), seqs, temperature, device)
+    for name in names:
+        got = response_logprobs(VARIANTS[name](model, initial, inv_freq), seqs, temperature, device)
         stats = MismatchStats()
         for w, g in zip(want, got):
             stats.add(w[None], g[None], torch.ones_like(w)[None], LossConfig())
@@ -235,12 +268,13 @@ def run_forced(args, model, model_dir: Path, dev: str) -> list[dict]:
     measured, trained = seqs[:args.prompts], seqs[args.prompts:]
     reqs = [RolloutRequest(f"m{i}", x, 1) for i, (x, _) in enumerate(measured)]
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-    rows = []
+    initial, names, rows = _cast(model, lambda t: t.clone()), args.variants.split(","), []
     for step in range(args.steps + 1):
         if step % args.every == 0:
             t0 = time.perf_counter()
             row = {"step": step, "tokens": sum(len(r) for _, r in measured), **logit_scale(model, reqs, dev),
-                   **forced(model, measured, inv_freq, args.temperature, dev)}
+                   **seen_fraction(model, initial), **forced(model, initial, measured, inv_freq, args.temperature, dev, names,
+                                                                   args.reference == "autocast")}
             rows.append({**row, "seconds": round(time.perf_counter() - t0, 1)})
             print(json.dumps(rows[-1]), flush=True)
         if step < args.steps:
@@ -264,6 +298,9 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=96)
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--arms", default="synced,fresh,fresh_rope_bf16,fresh_fp32", help=f"of {sorted(ARMS)}")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="--mode forced: of these")
+    p.add_argument("--reference", default="fp32", choices=["fp32", "autocast"],
+                   help="--mode forced: the trainer's log-probs in fp32, or under bf16 autocast (bf16-mixed)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     torch.manual_seed(0)
