@@ -234,12 +234,13 @@ def injected_plan(model: torch.nn.Module) -> LoraPlan:
                     [n for n, m in modules if isinstance(m, ModulesToSaveWrapper)])
 
 
-def publish_trained_model(job, engine, module: torch.nn.Module, settings: LoraSettings | None, model_dir: Path,
-                          zero_stage: int, rank: int, dtype: torch.dtype | None) -> dict | None:
+def publish_trained_model(job, base_model: str, engine, module: torch.nn.Module, settings: LoraSettings | None,
+                          model_dir: Path, zero_stage: int, rank: int, dtype: torch.dtype | None) -> dict | None:
     """The trained model into `job.output_dir` (every rank calls it; ZeRO-3 gathers): without
     LoRA, as hf_io.save_hf_model writes it; with LoRA, what `settings.publish` says: the merged
     model (a HF directory with the input model's tokenizer files), or the adapter naming its
-    base. Returns, on rank 0 of a LoRA stage, the stage summary's `lora` record."""
+    base (`base_model`, the config's `model` reference, fetched into `model_dir`). Returns, on
+    rank 0 of a LoRA stage, the stage summary's `lora` record."""
     from stages.common.hf_io import save_hf_model
 
     out = Path(job.output_dir)
@@ -250,7 +251,7 @@ def publish_trained_model(job, engine, module: torch.nn.Module, settings: LoraSe
     if rank != 0:
         return None
     plan = injected_plan(module)
-    base = base_reference(job.config["model"], job.upstream, job.storage_options)
+    base = base_reference(base_model, job.upstream, job.storage_options)
     if settings.publish == "merged":
         save_hf_model(None, module, model_dir, out, 0, rank, dtype, state_dict=state_dict)
     else:

@@ -174,11 +174,10 @@ def write_outputs(out: Path, cfg: DistillConfig, rows: list[dict], progress: Pro
     return kept
 
 
-def main(job: StageJob) -> dict[str, Any]:
+def main(job: StageJob, cfg: DistillConfig) -> dict[str, Any]:
     from stages.eval.job import ModelUnderEval
     from stages.rl.prompts import render_prompts
 
-    cfg = DistillConfig.model_validate(job.config)
     log = StageLogger.for_job(job)
     out = Path(job.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -213,4 +212,4 @@ def main(job: StageJob) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    sys.exit(run_job(main))
+    sys.exit(run_job(main, DistillConfig))

@@ -188,8 +188,7 @@ def run_harness(job: StageJob, cfg: EvalConfig, name: str, ref: str, tasks: dict
     return out
 
 
-def main(job: StageJob) -> dict[str, Any]:
-    cfg = EvalConfig.model_validate(job.config)
+def main(job: StageJob, cfg: EvalConfig) -> dict[str, Any]:
     log = StageLogger.for_job(job)
     out = Path(job.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -213,4 +212,4 @@ def main(job: StageJob) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    sys.exit(run_job(main))
+    sys.exit(run_job(main, EvalConfig))

@@ -94,9 +94,9 @@ SPEC = RLSpec(name="general_rl", load_prompts=load_prompts, build_reward=build_r
               step_metrics=reward_metrics, build_hooks=ReasoningGuard)
 
 
-def main(job: StageJob) -> dict[str, Any] | None:
-    return RLTrainer(job, GeneralRLConfig.model_validate(job.config), SPEC).train()
+def main(job: StageJob, cfg: GeneralRLConfig) -> dict[str, Any] | None:
+    return RLTrainer(job, cfg, SPEC).train()
 
 
 if __name__ == "__main__":
-    sys.exit(run_job(main))
+    sys.exit(run_job(main, GeneralRLConfig))

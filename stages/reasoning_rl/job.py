@@ -88,9 +88,9 @@ SPEC = RLSpec(name="reasoning_rl", load_prompts=load_prompts, build_reward=build
               step_metrics=monitor_metrics)
 
 
-def main(job: StageJob) -> dict[str, Any] | None:
-    return RLTrainer(job, ReasoningRLConfig.model_validate(job.config), SPEC).train()
+def main(job: StageJob, cfg: ReasoningRLConfig) -> dict[str, Any] | None:
+    return RLTrainer(job, cfg, SPEC).train()
 
 
 if __name__ == "__main__":
-    sys.exit(run_job(main))
+    sys.exit(run_job(main, ReasoningRLConfig))

@@ -252,10 +252,9 @@ class RewardModelTask:
                 "data": self.stats.as_dict(), "eval_data": self.eval_stats.as_dict() if self.eval_stats else None}
 
 
-def main(job: StageJob) -> dict[str, Any] | None:
-    cfg = RewardModelConfig.model_validate(job.config)
+def main(job: StageJob, cfg: RewardModelConfig) -> dict[str, Any] | None:
     return train_supervised(job, cfg, lambda setup: RewardModelTask(job, cfg, setup))
 
 
 if __name__ == "__main__":
-    sys.exit(run_job(main))
+    sys.exit(run_job(main, RewardModelConfig))

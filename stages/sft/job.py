@@ -263,10 +263,9 @@ class SFTTask:
         return summary
 
 
-def main(job: StageJob) -> dict[str, Any] | None:
-    cfg = SFTConfig.model_validate(job.config)
+def main(job: StageJob, cfg: SFTConfig) -> dict[str, Any] | None:
     return train_supervised(job, cfg, lambda setup: SFTTask(job, cfg, setup))
 
 
 if __name__ == "__main__":
-    sys.exit(run_job(main))
+    sys.exit(run_job(main, SFTConfig))
