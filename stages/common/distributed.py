@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from stages.common.contract import StageError
 from stages.common.groups import Group, StandaloneGroup, WorldGroup, collective_timeout
+from stages.common.ports import free_port
 
 
 # -- joining --------------------------------------------------------------------------------------------
@@ -57,8 +58,6 @@ def init_distributed(local_rank: int | None = None, *, world_of_one_without_laun
 
     on_gpu = torch.cuda.is_available()
     if world_of_one_without_launcher and "RANK" not in os.environ:
-        from stages.common.ports import free_port
-
         os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
                            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
     if local_rank is None:

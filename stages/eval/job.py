@@ -17,6 +17,10 @@ set, decoding and domain (accuracy, pass_at_k, rows, responses, mean response le
 ended by EOS; domain "all" = the whole set) and `accuracy`, model -> set -> decoding ->
 accuracy; `responses.jsonl`, every response with its score and the verifier's reason. The
 same numbers go to MLflow as `<model>/<set>/<decoding>/<domain>/<metric>`.
+
+Imports: this module is the `__main__` of its verifier workers (verifiers/api.py: each worker
+imports it as it starts), so what loads torch (the engine, the ranks) is imported by the
+functions that load a model, not at the top.
 """
 from __future__ import annotations
 
@@ -27,23 +31,26 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from stages.common.chat import require_chat_template
 from stages.common.contract import StageError, StageJob
 from stages.common.entry import run_job
+from stages.common.hf_io import eos_token_ids_of, load_tokenizer
 from stages.common.rows import DataError
 from stages.common.stage_log import StageLogger, info
 from stages.eval.benchmarks import benchmark_rows
 from stages.eval.config import BenchmarkSet, Decoding, EvalConfig, EvalSet, LmEvalSet
-from stages.eval.harness import require_lm_eval
+from stages.eval.harness import require_lm_eval, run_task
 from stages.eval.scoring import ALL_DOMAINS, Scored, summarize
+from stages.reasoning_rl.config import RLData
+from stages.reasoning_rl.data import load_rows
+from stages.rl.decoding import make_decoder
+from stages.rl.prompts import render_prompts
+from verifiers import VERIFIERS, verify_batch
 
 
 def load_set(job: StageJob, name: str, spec: EvalSet) -> list[dict[str, Any]]:
     """The set's rows (RL format, validated with the file and line of each problem): RL rows
     as they are, or a benchmark file through its field mapping (benchmarks.py)."""
-    from stages.reasoning_rl.config import RLData
-    from stages.reasoning_rl.data import load_rows
-    from verifiers import VERIFIERS
-
     if isinstance(spec, BenchmarkSet):
         rows = benchmark_rows(job.fetch, name, spec)
     else:
@@ -68,11 +75,8 @@ class ModelUnderEval:
         import torch
         from transformers.utils import logging as hf_logging
 
-        from stages.common.chat import require_chat_template
-        from stages.common.distributed import resolve_device
-        from stages.common.hf_io import eos_token_ids_of, load_tokenizer
-        from stages.rl.decoding import make_decoder
-        from stages.rl.engines import create_engine
+        from stages.common.distributed import resolve_device  # torch: not at the top (module docstring)
+        from stages.rl.engines import create_engine  # torch (module docstring)
 
         where = f"{key or f'models.{name}'} = {ref}:"
         model_dir = Path(job.fetch(ref))
@@ -106,8 +110,7 @@ def evaluate(model: ModelUnderEval, cfg: EvalConfig, rows: list[dict], prompt_id
              dec: Decoding, responses: TextIO, tag: dict[str, str]) -> dict[str, dict[str, float]]:
     """Generate `dec.samples` responses per row, score them, write them to `responses`;
     returns the summary per domain."""
-    from stages.rl.engines import RolloutRequest, SamplingParams
-    from verifiers import verify_batch
+    from stages.rl.engines import RolloutRequest, SamplingParams  # torch: not at the top (module docstring)
 
     requests = [RolloutRequest(uid=f"{i}/{j}", prompt_ids=list(ids), max_new_tokens=cfg.max_new_tokens)
                 for i, ids in enumerate(prompt_ids) for j in range(dec.samples)]
@@ -131,8 +134,6 @@ def evaluate(model: ModelUnderEval, cfg: EvalConfig, rows: list[dict], prompt_id
 def score_model(job: StageJob, cfg: EvalConfig, name: str, ref: str, sets: dict[str, list[dict]],
                 responses: TextIO, records: list[dict[str, Any]], accuracy: dict[str, Any]) -> None:
     """Every decoding of every verifier-scored set on one model."""
-    from stages.rl.prompts import render_prompts
-
     log = StageLogger.for_job(job)
     model = ModelUnderEval(job, cfg, name, ref)
     for set_name, rows in sets.items():
@@ -163,8 +164,7 @@ def run_harness(job: StageJob, cfg: EvalConfig, name: str, ref: str, tasks: dict
     """Every lm-eval task on one model: set -> `<metric>,<filter>` -> value."""
     import torch
 
-    from stages.common.distributed import resolve_device
-    from stages.eval.harness import run_task
+    from stages.common.distributed import resolve_device  # torch: not at the top (module docstring)
 
     log = StageLogger.for_job(job)
     model_dir = Path(job.fetch(ref))

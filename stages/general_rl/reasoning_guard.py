@@ -13,20 +13,20 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from stages.common.contract import StageError
+from stages.common.rows import input_rows
 from stages.common.stage_log import info
 from stages.general_rl.config import GeneralRLConfig
 from stages.general_rl.prompts import reasoning_rows
+from stages.rl.engines.protocol import RolloutRequest, SamplingParams
 from stages.rl.prompts import render_prompts
 from stages.rl.spec import RLContext, RLHooks
+from verifiers import VERIFIERS, verify_batch
 
 if TYPE_CHECKING:
     from stages.rl.trainer import RLTrainer
 
 
 def load_reasoning_set(ctx: RLContext) -> dict[str, Any]:
-    from stages.common.rows import input_rows
-    from verifiers import VERIFIERS
-
     cfg: GeneralRLConfig = ctx.cfg  # type: ignore[assignment]
     ev = cfg.reasoning_eval
     if ev.domain not in VERIFIERS:
@@ -45,9 +45,6 @@ def load_reasoning_set(ctx: RLContext) -> dict[str, Any]:
 
 def reasoning_check(engine, eval_set: dict[str, Any], decode, cfg: GeneralRLConfig) -> dict[str, float]:
     """Decode the held-out reasoning set with the engine's current weights and verify it."""
-    from stages.rl.engines.protocol import RolloutRequest, SamplingParams
-    from verifiers import verify_batch
-
     ev = cfg.reasoning_eval
     n_new = ev.max_new_tokens or cfg.max_len
     t0 = time.perf_counter()

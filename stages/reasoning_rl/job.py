@@ -21,11 +21,12 @@ from stages.reasoning_rl.data import load_rows, rows_by_domain
 from stages.rl.prompts import PromptSet, render_prompts
 from stages.rl.spec import RLContext, RLSpec
 from stages.rl.trainer import RLTrainer
+from verifiers import VERIFIERS, verify_batch
+from verifiers.ifeval import with_grading
+from verifiers.monitor import RewardMonitor
 
 
 def load_prompts(ctx: RLContext) -> PromptSet:
-    from verifiers import VERIFIERS
-
     cfg = ctx.cfg
     rows = load_rows(ctx.job.fetch, cfg.data_list)
     kept, prompt_ids, _ = render_prompts(rows, ctx.tokenizer, cfg.prompt_max_len)
@@ -57,15 +58,10 @@ class MonitoredReward:
     console shows even when quiet: the first signs of a policy learning to game a verifier."""
 
     def __init__(self, cfg) -> None:
-        from verifiers.monitor import RewardMonitor
-
         self.cfg, self.monitor = cfg, RewardMonitor()
         self.last: dict[str, float] = {}
 
     def __call__(self, rows: list[dict], texts: list[str], groups: list[str]) -> list[Any]:
-        from verifiers import verify_batch
-        from verifiers.ifeval import with_grading
-
         texts = [str(t) for t in texts]
         rewards = verify_batch(with_grading(rows, self.cfg.ifeval_grading), texts, num_workers=self.cfg.verifier_workers,
                                timeout_s=self.cfg.verifier_timeout_s)
