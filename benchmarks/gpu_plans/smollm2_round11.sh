@@ -6,7 +6,7 @@
 #  3. the whole recipe on that mix with reasoning RL seed 0, and beside it the same recipe
 #     with seed 1 (the stages both share run once: the second run waits on their leases).
 #   bash benchmarks/gpu_plans/smollm2_round11.sh                 # 1-3 above
-#   bash benchmarks/gpu_plans/smollm2_round11.sh --only A B ...  # just these stages of the recipe (its mix as committed)
+#   bash benchmarks/gpu_plans/smollm2_round11.sh [--set K=V ...] --only A B ...  # just these stages of the recipe (its mix as committed)
 # Every finished stage's stage_summary.json is copied to $OUT/summaries/ as it lands, so a
 # collect mid-run brings back what is done.
 set -euo pipefail
@@ -28,10 +28,13 @@ copy_summaries() {
 copy_summaries &
 trap 'kill %1 2>/dev/null || true' EXIT
 
+sets=()  # --set KEY=VALUE ... before --only: recipe overrides (e.g. another RL seed)
+while [ "${1:-}" = "--set" ]; do sets+=(--set "$2"); shift 2; done
 if [ "${1:-}" = "--only" ]; then
   shift
-  python3 -m pipeline.cli run "$R" $(printf -- '--only %s ' "$@") >"$OUT/run.log" 2>&1 || echo "run: exit $?"
+  python3 -m pipeline.cli run "$R" "${sets[@]}" $(printf -- '--only %s ' "$@") >"$OUT/run.log" 2>&1 || echo "run: exit $?"
   sleep 25
+  cp .ring/mlflow*.db "$OUT/" 2>/dev/null || true  # the per-step curves
   exit 0
 fi
 python3 -m pipeline.cli run "$R" --only base --only probe_data --only eval_probe
