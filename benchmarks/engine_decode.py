@@ -60,7 +60,7 @@ KERNEL_KINDS = [
 
 def add_decode_shape_args(p: argparse.ArgumentParser) -> None:
     """The model shape (Qwen2-0.5B's by default) and the decode batch of a decode benchmark
-    (also benchmarks/gpu_vllm_check.py's, so both measure the same thing by default)."""
+    (benchmarks/vllm_decode.py's 0.5B / 1.5B cases are the same shapes)."""
     p.add_argument("--hidden", type=int, default=896)
     p.add_argument("--layers", type=int, default=24)
     p.add_argument("--heads", type=int, default=14)

@@ -21,6 +21,8 @@ What it does, through the project's own entry points (pipeline.execute.run_stage
    decode step was captured as CUDA graphs (how many) and whether the MoE layers took the
    grouped_mm path. On CUDA the run fails at the end (exit 1) if a decode was not captured.
 3. `decode`: the MoE model's decode throughput with CUDA graphs vs eager (same requests).
+With `--engine vllm` (issue 32) vLLM samples in part 2 (the MoE model through vLLM's
+Transformers backend, `model_impl: transformers`) and part 3 is skipped.
 
 Each result is appended to OUT/moe_mismatch.json as soon as it exists; progress with
 timestamps goes to stdout (PYTHONUNBUFFERED).
@@ -119,8 +121,12 @@ def part_mismatch(args, name: str, model_dir: str) -> dict:
     device = "cuda" if cuda else "cpu"
     trust = name == "moe"
     requests, pad = rollout_requests(model_dir, args.rl_data, args.requests, args.new_tokens, trust)
-    engine = create_engine("torch", model_dir, device=device, dtype="bfloat16", max_batch=args.batch,
-                           max_len=256 + args.new_tokens + 8, seed=0, trust_remote_code=trust)
+    # vllm (issue 32): ring_moe's custom code runs in vLLM's Transformers backend (its own router,
+    # vLLM's fused experts); the dense model in vLLM's own Qwen2
+    options = ({"gpu_memory_utilization": 0.3, **({"model_impl": "transformers"} if trust else {})}
+               if args.engine == "vllm" else {})
+    engine = create_engine(args.engine, model_dir, device=device, dtype="bfloat16", max_batch=args.batch,
+                           max_len=256 + args.new_tokens + 8, seed=0, trust_remote_code=trust, **options)
     sampling = SamplingParams(temperature=1.0, seed=1)
     result: dict = {"model_dir": model_dir, "device": device_name(cuda),
                     "requests": len(requests), "max_new_tokens": args.new_tokens}
@@ -134,6 +140,9 @@ def part_mismatch(args, name: str, model_dir: str) -> dict:
         log(f"mismatch {name} {key}: {tokens} tokens, |log k| mean {got.stats.get('abs_log_k_mean'):.3g} "
             f"max {got.stats.get('abs_log_k_max'):.3g}, outside [0.5, 5] {got.stats.get('masked_fraction'):.3g}")
         del trainer
+    if args.engine == "vllm":
+        engine.close()
+        return result
     moe_layers = [f for f in engine.mlps if isinstance(f, MoEFeedForward)]
     result["cuda_graphs"] = {"enabled": engine.graphs.enabled, "captured": len(engine.graphs)}
     result["moe_layers"] = len(moe_layers)
@@ -181,6 +190,8 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=None)
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--new-tokens", type=int, default=None)
+    parser.add_argument("--engine", choices=["torch", "vllm"], default="torch",
+                        help="the engine that samples (vllm: the mismatch parts only, no decode part)")
     args = parser.parse_args()
     smoke = args.smoke
     args.sft_steps = args.sft_steps or (2 if smoke else 40)
@@ -188,7 +199,8 @@ def main() -> int:
     args.batch = args.batch or (4 if smoke else 64)
     args.new_tokens = args.new_tokens or (16 if smoke else 256)
     args.out.mkdir(parents=True, exist_ok=True)
-    results = ResultFile.resume(args.out / "moe_mismatch.json")
+    results = ResultFile.resume(args.out / ("moe_mismatch.json" if args.engine == "torch" else
+                                            f"moe_mismatch_{args.engine}.json"))
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="moe_mismatch_") as tmp:
@@ -206,7 +218,8 @@ def main() -> int:
             if not smoke and "cuda_graphs" in res and not res["cuda_graphs"]["captured"]:
                 failures.append(f"{name}: the decode step was not captured as CUDA graphs ({res['cuda_graphs']})")
         try:
-            results.put("decode_moe", result=part_decode(args, models["moe"]))
+            if args.engine == "torch":
+                results.put("decode_moe", result=part_decode(args, models["moe"]))
         except Exception as e:  # noqa: BLE001
             results.put("decode_moe", result={"error": f"{type(e).__name__}: {e}"})
             failures.append(f"decode moe: {type(e).__name__}: {e}")

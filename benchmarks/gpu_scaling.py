@@ -17,9 +17,12 @@ is done; a measurement that would overrun the time budget is skipped, with the r
    vocabulary of a BPE trained here) and a small base (for the fault run), all through
    `pipeline.execute.run_stage`, as every stage run below.
 2. rl-c3po@1 and sft@1 side by side, each pinned to a GPU of its own (CUDA_VISIBLE_DEVICES):
-   `reasoning_rl` (C3PO++, ZeRO-3) and `sft` (ZeRO-3) on one GPU.
+   `reasoning_rl` (C3PO++) and `sft` on one GPU, with the stages' default speed settings (every
+   `auto` decided for the GPU, the model and the GPU count: stages/common/speed_defaults.py;
+   each run's decision is in the results as `resolved_speed`); `--settings zero3` runs them
+   under ZeRO-3 as rounds 4-6 measured.
 3. rl-c3po@all: the same `reasoning_rl` on all GPUs, colocated (an engine on every GPU, the
-   ZeRO-3 trainer over all): rollout tokens/s, step time, engine idle fraction, and the
+   trainer over all): rollout tokens/s, step time, engine idle fraction, and the
    rollout phase's speed-up over one GPU (goal >= 1.8x on 2 GPUs, >= 3.5x on 4). A random
    policy never ends, so the engines stop on 1 token id in 128 (geometric lengths, mean
    ~128, capped at max_len 512). This is strong scaling: the same step (token budget, pool,
@@ -77,6 +80,12 @@ sys.path.insert(0, str(ROOT))  # run from anywhere
 from benchmarks._record import SAFE_ENV  # noqa: E402 - needs ROOT on sys.path
 from benchmarks._stage_ranks import dump_rank_stacks, rank_process  # noqa: E402
 from pipeline.launch import pinned_gpus  # noqa: E402
+
+# the stages' speed settings per --settings: `defaults` names none (each `auto`, decided before
+# launch: stages/common/speed_defaults.py; sft's grad_accum = packs per rank per step, re-split
+# into micro batches by `auto`), `zero3` is what rounds 4-6 measured (ZeRO-3, 8 packs a micro batch)
+SETTINGS = {"defaults": {"sft": {}, "rl": {}},
+            "zero3": {"sft": {"zero_stage": 3, "micro_batch_size": 8, "grad_accum": 1}, "rl": {"zero_stage": 3}}}
 
 os.environ.update(SAFE_ENV)  # this process and every one it starts
 
@@ -340,7 +349,7 @@ class Bench:
             "lr": 1e-6, "scheduler": scheduler,
             "c3po": {"pool_capacity": omega, "token_budget": phi, "retention_limit": 8},
             "rollout": {"engine": "torch", "max_batch": max_batch, "options": {"eos_token_ids": self.stop_ids}},
-            "zero_stage": 3, "micro_batch_tokens": 2048 if a.smoke else 16384, "verifier_workers": 0,
+            **SETTINGS[a.settings]["rl"], "micro_batch_tokens": 2048 if a.smoke else 16384, "verifier_workers": 0,
             "checkpoint_every": 1000, "sample_rollouts": 0, "seed": 0,
         }
         cfg.update(over)
@@ -350,8 +359,8 @@ class Bench:
         a = self.args
         return {"model": "${stages.base.output}", "data": "${stages.data.output}/sft.jsonl",
                 "max_seq_len": 256 if a.smoke else 2048, "epochs": 4, "max_steps": 3 if a.smoke else 12,
-                "micro_batch_size": 2 if a.smoke else 8, "lr": 1e-4, "warmup_steps": 1, "zero_stage": 3,
-                "checkpoint_every": 1000}
+                "grad_accum": 2 if a.smoke else 8, "lr": 1e-4, "warmup_steps": 1, "checkpoint_every": 1000,
+                **SETTINGS[a.settings]["sft"]}
 
     def upstream(self, small: bool = False) -> dict[str, str]:
         return {"data": self.data_url, ("small" if small else "base"): self.small_url if small else self.base_url}
@@ -381,11 +390,11 @@ class Bench:
         out = Path(run["url"].removeprefix("file://"))
         if name.startswith("rl-"):
             _, scheduler, gpus = name.split("-")
-            self.report.put(f"rl/{scheduler}/{gpus}", rl_metrics(out, run))
+            self.report.put(f"rl/{scheduler}/{gpus}", {**rl_metrics(out, run), "resolved_speed": resolved_speed(out)})
             self._rl_speedup(scheduler)
         else:
             gpus = int(name.split("-")[1].removesuffix("g"))
-            self.report.put(f"sft/{gpus}g", sft_metrics(out, gpus))
+            self.report.put(f"sft/{gpus}g", {**sft_metrics(out, gpus), "resolved_speed": resolved_speed(out)})
             self._sft_efficiency()
 
     def _rl_speedup(self, scheduler: str) -> None:
@@ -444,7 +453,7 @@ class Bench:
         from stages.common.checkpoint import rank_state_file, read_state
         from stages.common.checkpoint_store import CheckpointStore
 
-        cfg = self.rl_config("c3po", small=True, steps=4, checkpoint_every=1)
+        cfg = self.rl_config("c3po", small=True, steps=4, checkpoint_every=1, zero_stage=3)  # as rounds 6-8
         spec = StageSpec("faults", "reasoning_rl", cfg, self.n, self.upstream(small=True))
         url = adhoc_target("reasoning_rl", cfg, stage=spec.name, storage=self.runner.storage, recipe="gpu-scaling",
                            upstream=spec.upstream).url
@@ -510,6 +519,12 @@ class Bench:
 
 
 # -- reading a run's outputs ------------------------------------------------------------------------------------
+def resolved_speed(out: Path) -> dict[str, Any] | None:
+    """What the stage's `auto` speed settings became (its manifest's `resolved_speed`)."""
+    record = json.loads((out / "manifest.json").read_text()).get("resolved_speed")
+    return record and record["config_updates"]
+
+
 def _timed(rows: list[dict[str, Any]], skip: int) -> list[dict[str, Any]]:
     return rows[skip:] or rows[-1:]
 
@@ -716,6 +731,9 @@ def main() -> None:
     ap.add_argument("--stage-timeout-s", type=float, default=None,
                     help="a stage run still going after this long is killed and reported with its logs' tails "
                          "(default 300 on GPU, none in --smoke)")
+    ap.add_argument("--settings", choices=sorted(SETTINGS), default="defaults",
+                    help="the sft / RL stages' speed settings: defaults (none given: the `auto` the stages "
+                         "decide, the headline rows) or zero3 (ZeRO-3, as rounds 4-6 measured)")
     ap.add_argument("--worker", choices=["stage", "sync"], help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -741,7 +759,7 @@ def main() -> None:
     report.put("machine", {"gpus": args.gpus, "smoke": args.smoke, "torch": torch.__version__,
                            "gpu": "cpu" if args.smoke else _gpu_name(),
                            "started": time.strftime("%Y-%m-%d %H:%M:%S"), "work": args.work,
-                           "budget_s": args.budget_s})
+                           "budget_s": args.budget_s, "settings": args.settings})
     report.log(f"gpu_scaling: {args.gpus} {'CPU rank(s) (smoke)' if args.smoke else 'GPU(s)'}, work dir {args.work}")
     Bench(args, report).all()
     report.log(f"done in {time.time() - started:.0f}s; results in {report.path}")

@@ -9,15 +9,15 @@
 Parts, each in its own process (GPU memory is returned between them), each appending its result
 to OUT/vllm_check.json as soon as it ends:
 1. `contract`: the engine contract tests (tests/stages/rl/test_engines.py -k vllm) on this GPU.
-2. `decode`: one random-init model dir (default: the Qwen2-0.5B shape), batch 256, prompt 128,
-   512 new tokens, EOS off, temperature 1: the torch engine vs the vllm engine, both made with
-   `create_engine`, one warm-up call each, then the best of two timed calls; tokens/s.
-3. `rl`: a tiny SFT'd policy built through run_stage (synthetic_data -> init_model -> sft), then
-   reasoning_rl with C3PO++ + IcePop and `rollout.engine: vllm` for a few steps through run_stage;
-   the stage's per-step mismatch metrics (|log k|, masked fraction, mismatch KL) are reported.
-4. `mismatch`: vLLM's bf16 log-probs of sampled tokens vs the trainer's forward (the HF model in
+2. `rl`: a tiny SFT'd policy built through run_stage (synthetic_data -> init_model -> sft), then
+   reasoning_rl with C3PO++ + IcePop and `rollout.engine: vllm` for a few steps through run_stage
+   on --rl-gpus GPUs: colocated, or split with --rl-split K (the last K GPUs generate), the engine
+   tensor-parallel over --rl-tp GPUs, ZeRO --zero-stage; the stage's per-step mismatch metrics
+   (|log k|, masked fraction, mismatch KL) and step-time breakdown are reported.
+3. `mismatch`: vLLM's bf16 log-probs of sampled tokens vs the trainer's forward (the HF model in
    bf16 and in fp32) on the SFT'd weights of part 3: mean |log k|, share of tokens outside
    IcePop's [0.5, 5], and the k3 estimate of KL(pi_infer || pi_train).
+The decode table (vLLM's own LLM.generate vs the engines) is benchmarks/vllm_decode.py.
 """
 from __future__ import annotations
 
@@ -29,87 +29,23 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from benchmarks._record import SAFE_ENV, ResultFile, device_name, log  # noqa: E402 - needs ROOT on sys.path
+from benchmarks._record import SAFE_ENV, ResultFile, log  # noqa: E402 - needs ROOT on sys.path
 from benchmarks._stage_ranks import dump_rank_stacks  # noqa: E402
 
 os.environ.update(SAFE_ENV)  # this process and every one it starts
 
 
-# -- part 2: decode --------------------------------------------------------------------------
-DECODE_RUNS = {  # name: (engine, its options beyond the shape's)
-    "torch": ("torch", {}),
-    "torch_compiled": ("torch", {"compile": True}),  # the torch engine's fastest step
-    "vllm": ("vllm", {}),
-}
-
-
-def part_decode(args, run_names: list[str]) -> dict:
-    import torch
-
-    from stages.rl.engines import RolloutRequest, SamplingParams, create_engine
-
-    device = "cuda" if not args.smoke else "cpu"
-    with tempfile.TemporaryDirectory() as d:
-        model_dir = random_model_dir(Path(d), args)
-        g = torch.Generator().manual_seed(0)
-        prompts = torch.randint(0, args.vocab, (args.batch, args.prompt_len), generator=g).tolist()
-        reqs = [RolloutRequest(f"r{i}", p, args.new_tokens) for i, p in enumerate(prompts)]
-        out = {}
-        for name in run_names:
-            engine_name, extra = DECODE_RUNS[name]
-            opts = {"eos_token_ids": [], **extra}
-            if engine_name == "vllm":
-                opts.update(gpu_memory_utilization=args.gpu_mem, enforce_eager=args.enforce_eager)
-            eng = create_engine(engine_name, str(model_dir), device=device, dtype="auto", max_batch=args.batch,
-                                max_len=args.prompt_len + args.new_tokens + 8, seed=0, **opts)
-            sp = SamplingParams(temperature=1.0, seed=1)
-            eng.generate(reqs[: max(1, args.batch // 8)], sp)  # warm-up (graphs, compilation)
-            best = math.inf
-            for _ in range(2):
-                if device == "cuda":
-                    torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                ups = eng.generate(reqs, sp)
-                if device == "cuda":
-                    torch.cuda.synchronize()
-                best = min(best, time.perf_counter() - t0)
-            n = sum(len(u.token_ids) for u in ups)
-            out[name] = {"tokens": n, "seconds": best, "tokens_per_s": n / best}
-            log(f"decode {name}: {n} tokens in {best:.2f}s = {n / best:,.0f} tok/s")
-            del eng
-            if device == "cuda":
-                torch.cuda.empty_cache()
-        out["setup"] = {"batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
-                        "hidden": args.hidden, "layers": args.layers, "vocab": args.vocab,
-                        "device": device_name(device == "cuda")}
-        return out
-
-
-def random_model_dir(d: Path, args) -> Path:
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    cfg = AutoConfig.for_model("qwen2", hidden_size=args.hidden, num_hidden_layers=args.layers,
-                               num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
-                               intermediate_size=args.intermediate, vocab_size=args.vocab,
-                               max_position_embeddings=4096, tie_word_embeddings=True)
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(d / "model")
-    return d / "model"
-
-
 # -- part 3: reasoning_rl with engine vllm -------------------------------------------------------
-def _stage_kwargs(args) -> tuple[dict, object]:
+def _stage_kwargs(args, gpus: int = 1) -> tuple[dict, object]:
     from stages.common.contract import Resources
 
     gpu = not args.smoke
-    res = Resources(gpus_per_node=1) if gpu else Resources(cpu_ranks=1)
+    res = Resources(gpus_per_node=gpus) if gpu else Resources(cpu_ranks=1)
     return dict(storage=str(args.work / "store"), work_root=args.work / "work",
                 launcher="deepspeed" if gpu else "local"), res
 
@@ -143,24 +79,27 @@ def _sft_model(args):
 def part_rl(args, engine: str) -> dict:
     from pipeline.execute import run_stage
 
-    kw, res = _stage_kwargs(args)
+    kw, res = _stage_kwargs(args, args.rl_gpus)
     data, sft = _sft_model(args)
-    rollout = {"engine": engine, "device": "auto", "max_batch": 64}
+    rollout = {"engine": engine, "device": "auto", "max_batch": 64, **({"gpus": args.rl_split} if args.rl_split else {})}
     if args.rollout_sleep != "cache":
         rollout["sleep"] = args.rollout_sleep
     if engine == "vllm":  # colocated: it sleeps while the trainer steps, unless rollout.sleep is none
         rollout["options"] = {"gpu_memory_utilization": args.gpu_mem, "enforce_eager": args.enforce_eager,
-                              "enable_sleep_mode": args.rollout_sleep != "none"}
+                              "enable_sleep_mode": args.rollout_sleep != "none" and not args.rl_split,
+                              **({"tensor_parallel_size": args.rl_tp} if args.rl_tp > 1 else {})}
     rl = run_stage("reasoning_rl", {
         "model": "${stages.sft.output}", "data": "${stages.data.output}/rl.jsonl", "steps": args.rl_steps,
         "prompts_per_step": 8, "rollouts_per_prompt": 8, "max_len": 128, "prompt_max_len": 128,
         "lr": 1.0e-5, "correction": "icepop", "scheduler": "c3po",
         "c3po": {"pool_capacity": 96, "token_budget": 4096, "retention_limit": 3},
-        "rollout": rollout, "verifier_workers": 2, "zero_stage": 0, "checkpoint_every": 100},
-        stage=f"rl-{engine}", upstream={"sft": sft.url, "data": data.url}, resources=res, **kw)
+        "rollout": rollout, "verifier_workers": 2, "zero_stage": args.zero_stage, "checkpoint_every": 100},
+        stage=f"rl-{engine}-g{args.rl_gpus}-s{args.rl_split}-tp{args.rl_tp}",
+        upstream={"sft": sft.url, "data": data.url}, resources=res, **kw)
     metrics = [json.loads(line) for line in Path(_local(rl.url), "metrics.jsonl").read_text().splitlines()]
     keys = ("reward_mean", "masked_fraction", "mismatch_kl", "abs_log_k_mean", "weight_sync_seconds",
-            "rollout_seconds", "step_seconds", "generated_tokens_per_second")
+            "weight_sync_gbytes_per_second", "rollout_seconds", "rollout_phase_seconds", "train_seconds",
+            "engine_sleep_seconds", "step_seconds", "generated_tokens_per_second")
     return {"summary": rl.summary, "per_step": [{k: m.get(k) for k in ("step", *keys) if k in m} for m in metrics]}
 
 
@@ -224,6 +163,7 @@ def part_mismatch(args, engine: str) -> dict:
                for a, b in zip(range(10, 74), range(31, 95))]
     ups = eng.generate([RolloutRequest(f"m{i}", p, 96) for i, p in enumerate(prompts)],
                        SamplingParams(temperature=1.0, seed=3))
+    getattr(eng, "close", lambda: None)()  # the vllm engine's processes end, their GPU memory comes back
     del eng
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -253,7 +193,7 @@ def part_mismatch(args, engine: str) -> dict:
     return out
 
 
-PARTS = ("contract", "decode", "rl", "mismatch")
+PARTS = ("contract", "rl", "mismatch")
 
 
 def main() -> int:
@@ -263,12 +203,11 @@ def main() -> int:
     p.add_argument("--parts", default=",".join(PARTS))
     p.add_argument("--part", default=None, help=argparse.SUPPRESS)  # one part, in a child process
     p.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, torch engine stands in for vllm")
-    from engine_decode import add_decode_shape_args  # benchmarks/ is this script's sys.path[0]
-
-    add_decode_shape_args(p)
-    p.add_argument("--decode-runs", default=None,
-                   help=f"decode part: comma-separated of {', '.join(DECODE_RUNS)} (default: all; smoke: torch ones)")
     p.add_argument("--rl-steps", type=int, default=4)
+    p.add_argument("--rl-gpus", type=int, default=1, help="rl part: GPUs (ranks) of the stage")
+    p.add_argument("--rl-split", type=int, default=0, help="rl part: rollout.gpus (split placement); 0: colocated")
+    p.add_argument("--rl-tp", type=int, default=1, help="rl part: rollout.options.tensor_parallel_size")
+    p.add_argument("--zero-stage", type=int, default=0, help="rl part: the trainers' ZeRO stage")
     p.add_argument("--gpu-mem", type=float, default=0.35)
     p.add_argument("--part-timeout-s", type=float, default=420, help="a part still running then is killed")
     p.add_argument("--enforce-eager", action="store_true", help="vLLM without CUDA graphs / compilation")
@@ -277,18 +216,13 @@ def main() -> int:
                         "an A/B for the first generate that hung in rounds 5b and 7)")
     args = p.parse_args()
     if args.smoke:
-        args.hidden, args.layers, args.heads, args.kv_heads = 32, 2, 4, 2
-        args.intermediate, args.vocab, args.batch, args.prompt_len, args.new_tokens = 64, 256, 8, 8, 16
         args.rl_steps = 2
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
     engine = "torch" if args.smoke else "vllm"
 
     if args.part:  # a child: one part, result as JSON on the last line
-        decode_runs = (args.decode_runs.split(",") if args.decode_runs else
-                       list(DECODE_RUNS) if engine == "vllm" else ["torch", "torch_compiled"])
-        fn = {"decode": lambda: part_decode(args, decode_runs),
-              "rl": lambda: part_rl(args, engine), "mismatch": lambda: part_mismatch(args, engine)}[args.part]
+        fn = {"rl": lambda: part_rl(args, engine), "mismatch": lambda: part_mismatch(args, engine)}[args.part]
         print("RESULT " + json.dumps(fn()), flush=True)
         return 0
 

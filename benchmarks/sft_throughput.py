@@ -27,9 +27,13 @@ on the synthetic CoT rows, whose ids all fit the model's vocabulary).
 Variants of an SFT case (`<tokens>` tokens per micro batch, micro batch 1, ZeRO-0, bf16):
   plain         transformers + torch AdamW(fused) on bf16 weights, SDPA causal over the whole
                 row (no packing mask), HF's own loss; the pack's tokens as one sequence
-  stage         the `sft` stage through pipeline.execute.run_stage with its defaults: attention
-                `auto` (flash_attention_2 if flash-attn is installed, else sdpa with a dense
-                block-diagonal mask), LM head + cross-entropy in chunks of 8192 tokens
+  stage_defaults  the headline: the `sft` stage given no speed setting, so every `auto` is decided
+                for this GPU, model, sequence length and GPU count (stages/common/speed_defaults.py;
+                what it decided is the result's `resolved_speed`); `--grad-accum` packs per step
+  stage         the `sft` stage through pipeline.execute.run_stage with the settings it had before
+                `auto` (ZeRO-0, bf16, eager layers, 1 pack a micro batch; the rest of the variants
+                change one or more of these): attention `auto` (flash_attention_2 if flash-attn is
+                installed, else flex_attention for packs), LM head + cross-entropy in chunks of 8192 tokens
   stage_flex    the stage with flex_attention (a document-masked FlexAttention kernel), chunked loss
   stage_before  the stage as it was before issue 19: sdpa, the whole micro batch's logits at once
   stage_z1, stage_z2  the stage under ZeRO-1 / ZeRO-2 instead of ZeRO-0 (DeepSpeed's ZeRO optimizer
@@ -122,6 +126,11 @@ CASES = ["1.5B@4096", "learner", "0.5B@4096", "0.5B@16384", "1.5B@16384"]
 SMOKE_CASES = ["tiny@256", "learner"]
 TOKENS = object()  # stands for the micro batch's tokens in VARIANTS
 VARIANTS = {  # the sft stage's config per variant
+    # the headline: no speed setting given, every `auto` decided by the stage for this GPU, model,
+    # sequence length and GPU count (stages/common/speed_defaults.py); grad_accum = packs per step
+    "stage_defaults": {"_defaults": True},
+    # the others pin what the stage ran before `auto` (ZeRO-0, precision bf16 on GPU, eager layers,
+    # 1 pack a micro batch) and change one thing each
     "stage": {},
     "stage_flex": {"attn_implementation": "flex_attention"},
     "stage_before": {"attn_implementation": "sdpa", "loss_chunk_tokens": TOKENS},
@@ -154,7 +163,7 @@ VARIANTS = {  # the sft stage's config per variant
 # of each variant it runs, the learner's too
 LORA = {"rank": 16, "alpha": 32}
 VARIANTS.update({f"{name}_lora": {**v, "lora": LORA} for name, v in list(VARIANTS.items())})
-DEFAULT_VARIANTS = {"1.5B@4096": ["plain", "stage", "stage_flex", "stage_before"]}
+DEFAULT_VARIANTS = {"1.5B@4096": ["plain", "stage_defaults", "stage", "stage_mixed_compiled_mb2"]}
 PROFILED_STEPS = 2  # with --profile, after the timed steps
 PEAK_BF16 = [("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("A100", 312e12)]
 
@@ -289,11 +298,12 @@ def run_stage_variant(variant: str, path: Path, rows_file: Path, shape: str, tok
     overrides = {k: tokens if v is TOKENS else v for k, v in VARIANTS[variant].items()}
     env = overrides.pop("_env", {})  # for the stage's processes (they inherit ours)
     packs_per_micro = overrides.get("micro_batch_size", 1)  # tokens per optimizer step held equal
-    config = {"model": str(path), "data": str(rows_file), "max_seq_len": tokens, "micro_batch_size": 1,
+    pinned = {} if overrides.pop("_defaults", False) else {  # what the stage ran before `auto`
+        "micro_batch_size": 1, "zero_stage": 0, "gradient_checkpointing": ckpt, "compile_layers": False,
+        "precision": "bf16" if gpu else "fp32"}
+    config = {"model": str(path), "data": str(rows_file), "max_seq_len": tokens,
               "grad_accum": max(1, args.grad_accum // packs_per_micro), "max_steps": args.total_steps,
-              "warmup_steps": 1, "lr": 1e-5,
-              "zero_stage": 0, "gradient_checkpointing": ckpt, "checkpoint_every": 10 ** 6, "log_every": 1,
-              **overrides}
+              "warmup_steps": 1, "lr": 1e-5, "checkpoint_every": 10 ** 6, "log_every": 1, **pinned, **overrides}
     if args.profile:
         config["profile"] = profile_settings(args).model_dump()
     res = Resources(gpus_per_node=1) if gpu else Resources(cpu_ranks=1)
@@ -321,11 +331,13 @@ def run_stage_variant(variant: str, path: Path, rows_file: Path, shape: str, tok
     # LoRA: the frozen weights get no weight gradients (4 * N, not 6 * N); adapters not counted
     flops_per_token = (4 if "lora" in config else 6) * n + attn_per_token
     peaks = [m["peak_memory_gib"] for m in steps if "peak_memory_gib" in m]
+    speed = json.loads((out_dir / "manifest.json").read_text()).get("resolved_speed") or {}
     if args.profile:
         keep_profile(out_dir / "logs" / "profile", args, f"{shape}@{tokens}", variant)
     shutil.rmtree(out_dir, ignore_errors=True)  # the trained model: GBs of disk not needed
     return {"tokens_per_s": rate, "tokens_per_s_by_step": [round(m["tokens_per_s"]) for m in steps],
-            "params": n, "gradient_checkpointing": ckpt, "config": config,
+            "params": n, "config": config, "resolved_speed": speed.get("config_updates"),
+            "gradient_checkpointing": {**config, **(speed.get("config_updates") or {})}["gradient_checkpointing"],
             "attn_implementation": run.summary.get("attn_implementation") if run.summary else None,
             "flops_per_token": flops_per_token, "mfu": mfu(flops_per_token * rate, peak),
             "peak_memory_gib": max(peaks) if peaks else None, "stage_seconds": run.seconds}
@@ -578,7 +590,7 @@ def main(argv=None) -> int:
             path = model_dir(shape, tokenizer_dir, work, device)
             pack_ids, pack_lengths = packs_of(rows_file, tokenizer_dir, tokens)
             variants = args.variants or DEFAULT_VARIANTS.get(
-                case, ["plain", "stage", "stage_before"] if args.smoke else ["plain", "stage_flex", "stage_before"])
+                case, ["plain", "stage_defaults", "stage"] if args.smoke else ["plain", "stage_defaults", "stage_flex"])
             if args.lora:
                 variants = [*variants, *(f"{v}_lora" for v in variants if f"{v}_lora" in VARIANTS)]
             for variant in variants:

@@ -20,6 +20,7 @@ from pipeline.loader import RecipeError, check_endpoints, load_recipe
 from pipeline.orchestrate import run_recipe
 from pipeline.plan import make_plan
 from pipeline.recipe import Recipe
+from pipeline.speed import resolve_stage_speed
 from pipeline.status import stage_state
 from pipeline.tracking import PipelineTracker, timestamped
 from stages.common import secrets
@@ -114,6 +115,7 @@ def plan(recipe: Path = RecipeArg, set_: list[str] = SetOpt) -> None:
             typer.echo(f"    input:    {name}  ({fp.summary})")
         cmd = build_command(s.kind.entry, Path("<job.json>"), s.resources, s.launcher, s.kind.distributed, s.ray)
         typer.echo(f"    launch:   {' '.join(cmd)}  (world size {s.resources.world_size if s.kind.distributed else 1})")
+        _echo_speed(s, p.store.storage_options)
         if unknown:
             continue
         try:
@@ -128,6 +130,18 @@ def plan(recipe: Path = RecipeArg, set_: list[str] = SetOpt) -> None:
                     typer.echo(f"    why:      {reason}")
         except ArtifactError as e:
             typer.secho(f"    error:    {e}", fg=typer.colors.YELLOW)
+
+
+def _echo_speed(s, storage_options: dict) -> None:
+    """The stage's `auto` speed settings as decided for this machine (pipeline/speed.py)."""
+    speed = resolve_stage_speed(s.kind, s.resolved_config(), s.resources, s.launcher, storage_options)
+    if speed is None or not speed.choices:
+        return
+    typer.echo(f"    speed:    {speed.summary()}")
+    typer.echo(f"              on {speed.hw.describe()}, {speed.world} training rank(s); rules: "
+               f"{', '.join(c.rule for c in speed.choices)}")
+    for note in speed.notes:
+        typer.echo(f"              {note}")
 
 
 def _resume_hint(recipe: Path, overrides: list[str], outcome) -> str:

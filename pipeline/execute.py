@@ -30,6 +30,7 @@ from pipeline.launch import build_command, launch_job
 from pipeline.lease import Lease, LeaseHeld, describe_holder, try_acquire
 from pipeline.plan import PlannedStage, plan_stage
 from pipeline.recipe import Defaults, StorageConfig
+from pipeline.speed import resolve_stage_speed
 from pipeline.stage_metrics import describe, headline
 from pipeline.tracking import InputRef, PipelineTracker, timestamped
 from stages.common import secrets
@@ -184,8 +185,10 @@ def _execute_leased(target: StageTarget, store: ArtifactStore, work_root: Path, 
                                  f"{target.kind.name} stage `{target.name}` -> {target.url}") if tracker else None
     run_link = tracker.run_link(run_id) if tracker and run_id else None
     lease.update(run_id=run_id, work_dir=str(work))
+    speed = resolve_stage_speed(target.kind, target.config, target.resources, target.launcher, store.storage_options)
     job = StageJob(recipe=target.recipe, stage=target.name, kind=target.kind.name, hash=target.hash,
-                   config=target.config, stage_url=target.url, storage_options=store.storage_options,
+                   config=speed.apply(target.config) if speed else target.config, stage_url=target.url,
+                   storage_options=store.storage_options,
                    upstream={d: u for d, (u, _) in target.upstream.items()},
                    output_dir=str(output_dir), work_dir=str(scratch),
                    tracking_uri=tracker.uri if tracker else None, run_id=run_id, seed=target.seed,
@@ -197,6 +200,8 @@ def _execute_leased(target: StageTarget, store: ArtifactStore, work_root: Path, 
     show = console.current()
     show.stage_started(target.name, f"{target.kind.name}, {target.launcher} on {target.resources.world_size} "
                                     "ranks" if target.kind.distributed else target.kind.name)
+    if speed and speed.choices:  # `auto` speed settings decided for this machine (pipeline/speed.py)
+        show.stage_note(target.name, f"speed: {speed.summary()} ({speed.hw.describe()})")
     started = time.time()
     try:
         for check in target.kind.pre_launch:  # e.g. the eval-suite gate (stages/common/eval_suite_gate.py)
@@ -221,6 +226,7 @@ def _execute_leased(target: StageTarget, store: ArtifactStore, work_root: Path, 
             "code": code_record(target.kind), "attempt": lease.owner, "mlflow_run_id": run_id,
             "timings": {"started": started, "finished": finished, "seconds": finished - started},
             "command": command, "summary": summary,
+            "resolved_speed": speed.record() if speed else None,
         }
         store.publish(output_dir, target.url, manifest)
     except BaseException as e:

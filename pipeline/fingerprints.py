@@ -17,7 +17,9 @@ the upstream hashes instead) contributes a fingerprint of its content:
   for a pinned commit;
 - file inside an installed Python package (`pkg://<package>/<file>`, data_curation/package_files.py):
   the installing distribution's name and version and the sha256 its RECORD declares for the
-  file (nothing is hashed); a file no RECORD lists is fingerprinted as a local file.
+  file (nothing is hashed); a file no RECORD lists is fingerprinted as a local file;
+- installed library a kind declares its results depend on (`StageKind.input_packages`, input
+  `installed <distribution>`): the distribution's installed version.
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ import re
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from data_curation.package_files import PackageFileError, resolve
 from data_curation.urls import filesystem, normalise_url
@@ -175,6 +177,22 @@ def package_fingerprint(value: str, hash_max_bytes: int) -> Fingerprint:
     return Fingerprint("package", _digest([f.distribution, f.version, f.record_sha256]),
                        f"{f.distribution} {f.version}: {f.path.name}, {_size(f.path.stat().st_size)} "
                        f"(sha256 {f.record_sha256[:12]} per its RECORD)")
+
+
+def distribution_fingerprint(name: str) -> Fingerprint:
+    """An installed distribution a stage's results come from (a generator's library): its version."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed = version(name)
+    except PackageNotFoundError:
+        return Fingerprint("missing", _digest(["missing distribution", name]), f"{name} is not installed")
+    return Fingerprint("package", _digest(["distribution", name, installed]), f"version {installed}")
+
+
+def package_inputs(names: Iterable[str]) -> dict[str, Fingerprint]:
+    """`installed <name>` -> its fingerprint, for the distributions a stage's kind declares."""
+    return {f"installed {n}": distribution_fingerprint(n) for n in sorted(set(names))}
 
 
 # -- which config values are inputs --------------------------------------------------------

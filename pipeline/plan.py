@@ -18,9 +18,9 @@ from pydantic import BaseModel
 
 from data_curation.urls import join
 from pipeline.artifacts import ArtifactStore
-from pipeline.fingerprints import Fingerprint, fingerprint_inputs
+from pipeline.fingerprints import Fingerprint, fingerprint_inputs, package_inputs
 from pipeline.recipe import Recipe, iter_references, topological_order
-from stages.common.contract import Launcher, RaySettings, Resources, StageConfig
+from stages.common.contract import AUTO_LEGACY, Launcher, RaySettings, Resources, StageConfig
 from stages.common.store_writes import WritePolicy
 from stages.registry import STAGE_KINDS, StageKind
 
@@ -30,7 +30,7 @@ _EXECUTION_KEYS = {"resources", "launcher", "ray", "retry"}
 
 def result_config(model: BaseModel) -> Any:
     """The config as data, without cosmetic fields, nor `added_later` ones at their default
-    (recursively)."""
+    (recursively); an `auto_setting` at `auto` as its old default."""
     out: dict[str, Any] = {}
     for name, field in type(model).model_fields.items():
         extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
@@ -38,7 +38,10 @@ def result_config(model: BaseModel) -> Any:
             continue
         if extra.get("hash_unless_default") and getattr(model, name) == field.default:
             continue  # the hash of a config written before the field existed is unchanged
-        out[name] = _result_value(getattr(model, name))
+        value = getattr(model, name)
+        if AUTO_LEGACY in extra and value == "auto":
+            value = extra[AUTO_LEGACY]  # hashed as before `auto` existed (contract.auto_setting)
+        out[name] = _result_value(value)
     return out
 
 
@@ -52,9 +55,14 @@ def _result_value(v: Any) -> Any:
     return v
 
 
-def input_fingerprints(config: StageConfig, storage_options: dict[str, Any],
+def input_fingerprints(kind: StageKind, config: StageConfig, storage_options: dict[str, Any],
                        hash_max_bytes: int, tolerate_errors: bool = False) -> dict[str, Fingerprint]:
-    return fingerprint_inputs(result_config(config), storage_options, hash_max_bytes, tolerate_errors)
+    """The config's external inputs, and the installed libraries the kind says its results
+    depend on (`StageKind.input_packages`)."""
+    inputs = fingerprint_inputs(result_config(config), storage_options, hash_max_bytes, tolerate_errors)
+    if kind.input_packages is not None:
+        inputs.update(package_inputs(kind.input_packages(config)))
+    return inputs
 
 
 def hash_payload(kind: StageKind, config: StageConfig, upstream: dict[str, str],
@@ -177,7 +185,7 @@ def plan_stage(recipe: str, name: str, cfg: StageConfig, upstream: dict[str, tup
     (`pipeline.execute.adhoc_target`) are planned."""
     kind = STAGE_KINDS[cfg.kind]
     hashes = {d: h for d, (_, h) in upstream.items()}
-    inputs = input_fingerprints(cfg, store.storage_options, hash_max_bytes, tolerate_errors)
+    inputs = input_fingerprints(kind, cfg, store.storage_options, hash_max_bytes, tolerate_errors)
     h = stage_hash(kind, cfg, hashes, inputs)
     return PlannedStage(recipe=recipe, name=name, kind=kind, config=cfg, deps=list(upstream), hash=h,
                         url=store.stage_url(name, h), resources=resources, launcher=launcher, seed=seed,

@@ -9,7 +9,8 @@ A kind = a package `stages/<kind>/` with
 
 What the pipeline does differently per kind is declared on its `StageKind` (never an `if
 kind == ...` in pipeline/): the checks before a launch (`pre_launch`), the headline numbers
-and curves (`metrics`), how `ring-pipeline curate` reruns a stage (`rerun_config`).
+and curves (`metrics`), how `ring-pipeline curate` reruns a stage (`rerun_config`), the
+installed libraries its results depend on (`input_packages`).
 
 The registry is lazy: `STAGE_KINDS[name]` imports `stages.<name>.config` the first time the
 kind is asked for, and iterating `STAGE_KINDS` imports every kind package's config. Nothing
@@ -23,7 +24,7 @@ import importlib
 import importlib.util
 import pkgutil
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -61,9 +62,17 @@ class StageKind:
     pre_launch: tuple[Callable[[str, dict[str, Any], dict[str, Any]], Any], ...] = (check_eval_suite,)
     # the headline numbers of the stage's finish line and the curves plotted when it ends
     metrics: KindMetrics = KindMetrics()
+    # the profile of the speed settings whose `auto` the pipeline decides before launch (sft,
+    # reward_model, rl: stages/common/speed_defaults.py); None: the kind has none
+    speed: str | None = None
     # `ring-pipeline curate RECIPE --only S --benchmarks L` on a stage of this kind: its config
     # (as data) -> the config to run; None: the command does not apply to the kind
     rerun_config: Callable[[dict[str, Any], list[str] | None, str | None], dict[str, Any]] | None = None
+    # installed distributions whose code makes part of a stage's results beside the kind's own
+    # (whose changes `version` covers): config -> their names. Each one's installed version is
+    # one of the stage's input fingerprints, so another release reruns the stage (synthetic_data's
+    # `reasoning_gym` generator: another reasoning-gym may draw other questions from one seed)
+    input_packages: Callable[[StageConfig], Iterable[str]] | None = None
 
     def __post_init__(self) -> None:
         if not _KIND_NAME.match(self.name):

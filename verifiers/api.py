@@ -13,7 +13,9 @@ worker that is still busy ``timeout_s + grace`` after dispatch (C-level hangs, c
 records score 0 with the reason and starts a fresh worker. Order is preserved.
 Verifiers registered from modules outside ``verifiers`` are imported in the workers by
 module name (the pool restarts when that set changes); ones defined in ``__main__`` are not.
-``num_workers=0`` verifies in the calling process (no isolation from crashes).
+``num_workers=0`` verifies in the calling process (no isolation from crashes). The
+forkserver's socket lives in a dir short enough for a socket path whatever TMPDIR is
+(mp_tempdir.py).
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from .extract import NoAnswer, final_text
+from .mp_tempdir import SocketDirError, short_socket_dir
 from .registry import VERIFIERS, WORKER_PRELOAD, get_verifier
 from .sandbox import SandboxUnavailable
 from .schema import Reward, TaskRow
@@ -157,6 +160,10 @@ class VerifierPool:
     def __init__(self, num_workers: int, modules: tuple[str, ...] = ()) -> None:
         self.num_workers = num_workers
         self.modules = modules
+        try:
+            short_socket_dir()  # the forkserver's socket must fit a socket path, whatever TMPDIR is
+        except SocketDirError as e:
+            raise VerifierPoolError(str(e)) from None
         self._ctx = mp.get_context("forkserver")
         self._ctx.set_forkserver_preload(["verifiers", *WORKER_PRELOAD])
         self._workers = [_Worker(self._ctx, modules) for _ in range(num_workers)]

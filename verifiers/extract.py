@@ -94,26 +94,39 @@ _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 
 
 def find_boxed(text: str) -> list[str]:
-    """All outermost ``\\boxed{...}`` contents, in order, with nested braces balanced."""
+    """All outermost ``\\boxed{...}`` contents, in order, with nested braces balanced
+    (``\\{`` and ``\\}`` are text, not structure). A box that never closes holds no answer, but
+    a box inside it still can; a box inside a closed box is part of that box's answer.
+
+    Linear in the text, whatever it holds (a response is untrusted: thousands of unclosed
+    openers must not cost a scan each): one pass pairs every brace with its match on a stack
+    (a brace's match is where the depth counted from it returns to zero, which is what a scan
+    from each opener would find), then the openers are read in order."""
+    openers = [(m.start(), m.end()) for m in _BOX_RE.finditer(text)]
+    if not openers:
+        return []
+    wanted = {end - 1 for _, end in openers}  # the openers' own braces
+    # an escaped brace becomes a blank of the same length (positions stay); left to right, as a
+    # scan that steps over each escape pair reads `\\{`: its brace is escaped
+    plain = text.replace("\\{", "\\ ").replace("\\}", "\\ ")
+    closing: dict[int, int] = {}  # an opener's brace -> its matching brace
+    stack: list[int] = []
+    first = openers[0][1] - 1  # braces before the first box pair nothing of it
+    for i, c in enumerate(plain[first:], first):  # per character: cheaper than a match per brace
+        if c == "{":
+            stack.append(i)
+        elif c == "}" and stack:
+            opened = stack.pop()
+            if opened in wanted:
+                closing[opened] = i
     out: list[str] = []
     end_of_last = -1
-    for m in _BOX_RE.finditer(text):
-        if m.start() < end_of_last:  # a box inside a box: the outer one is the answer
+    for start, end in openers:
+        close = closing.get(end - 1)
+        if start < end_of_last or close is None:  # inside the last box (its answer), or never closed
             continue
-        depth, i = 1, m.end()
-        while i < len(text) and depth:
-            c = text[i]
-            if c == "\\" and i + 1 < len(text) and text[i + 1] in "{}":
-                i += 2
-                continue
-            if c == "{":
-                depth += 1
-            elif c == "}":
-                depth -= 1
-            i += 1
-        if depth == 0:
-            out.append(text[m.end(): i - 1].strip())
-            end_of_last = i
+        out.append(text[end:close].strip())
+        end_of_last = close + 1
     return out
 
 

@@ -21,26 +21,26 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from pydantic import Field
-
-from stages.common.contract import StageError
+from stages.common.contract import StageError, auto_setting
 
 BACKEND_ENV = "RING_COMPILE_BACKEND"
 DEFAULT_BACKEND = "inductor"
 
 
 def compile_layers_field() -> Any:
-    """The `compile_layers` field of every training stage config (checked with `check_zero_stage`)."""
-    return Field(False, description=(
+    """The `compile_layers` field of every training stage config (checked with `check_zero_stage`);
+    `auto` hashes as False, its default before (stages/common/speed_defaults.py decides it)."""
+    return auto_setting(False, description=(
         "torch.compile each decoder layer (regional compilation): fused kernels and far less Python "
         "per step, which bounds a small micro batch's step on a GPU; the first steps compile "
         f"(backend: ${BACKEND_ENV}, default {DEFAULT_BACKEND}). ZeRO 0-2 (ZeRO-3 gathers parameters "
-        "in hooks around each layer)"))
+        "in hooks around each layer); auto = on a GPU below ZeRO-3, off on CPU"))
 
 
-def check_zero_stage(compile_layers: bool, zero_stage: int) -> None:
-    """A config validator's check: compiled layers and ZeRO-3 do not go together."""
-    if compile_layers and zero_stage == 3:
+def check_zero_stage(compile_layers: bool | str, zero_stage: int | str) -> None:
+    """A config validator's check: compiled layers and ZeRO-3 do not go together (`auto` is
+    decided so that they do not)."""
+    if compile_layers is True and zero_stage == 3:
         raise ValueError("compile_layers needs zero_stage 0, 1 or 2 (ZeRO-3 gathers each layer's "
                          "parameters in hooks that compiled layers do not run the same way)")
 

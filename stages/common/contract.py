@@ -66,6 +66,19 @@ def added_later(default: Any = None, **kw: Any) -> Any:
     return Field(default, json_schema_extra=extra, **kw)
 
 
+AUTO_LEGACY = "auto_hashes_as"
+
+
+def auto_setting(legacy: Any, **kw: Any) -> Any:
+    """A speed setting whose default became `auto` (stages/common/speed_defaults.py decides it
+    before launch). At `auto` it hashes as `legacy`, the default it had before, so configs written
+    before it keep their stage hashes; the value it resolves to is not hashed (like `resources`:
+    it follows the hardware)."""
+    extra = dict(kw.pop("json_schema_extra", None) or {})
+    extra[AUTO_LEGACY] = legacy
+    return Field("auto", json_schema_extra=extra, **kw)
+
+
 class Strict(BaseModel):
     """Every recipe model rejects unknown keys: a typo must not be silently ignored."""
 

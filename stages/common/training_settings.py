@@ -8,12 +8,12 @@ stage hash. Pydantic only, no torch: every recipe validation imports these.
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, create_model, model_validator
 from pydantic.fields import FieldInfo
 
-from stages.common.contract import Strict, added_later, cosmetic
+from stages.common.contract import Strict, added_later, auto_setting, cosmetic
 from stages.common.precision import PRECISION_HELP
 
 # the projections of the decoder layers of llama / qwen / mistral-style models
@@ -55,7 +55,9 @@ class OptimizerSettings(Strict):
     adam_betas: tuple[float, float] = Field(description="AdamW (beta1, beta2)")
     weight_decay: float = Field(ge=0, description="AdamW weight decay of matrices (none on norms and biases)")
     grad_clip: float = Field(1.0, gt=0, description="gradient norm clipping")
-    zero_stage: Literal[0, 1, 2, 3] = Field(2, description="DeepSpeed ZeRO stage")
+    zero_stage: Literal["auto", 0, 1, 2, 3] = auto_setting(2, description=(
+        "DeepSpeed ZeRO stage; auto = the fastest measured that fits the GPU's memory (stages/common/"
+        "speed_defaults.py: ZeRO-0 with bf16-mixed where it fits; 2 on CPU ranks)"))
     lora: LoraSettings | None = added_later(None, description=(
         "train low-rank adapters instead of every weight (LoraSettings); unset: every weight trains"))
 
@@ -66,14 +68,19 @@ class SupervisedSettings(OptimizerSettings):
     epochs: int = Field(ge=1)
     max_steps: int | None = Field(None, ge=1, description=(
         "stop after this many optimizer steps; overrides `epochs` (the data repeats as needed)"))
-    micro_batch_size: int = Field(1, ge=1, description="items per rank per micro step (sft: packed "
-                                                       "sequences; reward_model: pairs)")
-    grad_accum: int = Field(1, ge=1, description="micro steps per optimizer step")
+    micro_batch_size: Literal["auto"] | Annotated[int, Field(ge=1)] = auto_setting(1, description=(
+        "items per rank per micro step (sft: packed sequences; reward_model: pairs); auto = what was measured "
+        "fastest (sft on a GPU: 2 packs of up to 4,096 tokens when they fit, grad_accum halved so the packs "
+        "per optimizer step stay grad_accum; else 1)"))
+    grad_accum: int = Field(1, ge=1, description="micro steps per optimizer step (with micro_batch_size auto: "
+                                                 "items per rank per optimizer step, re-split when auto picks more "
+                                                 "than one item per micro step)")
     lr_schedule: Literal["cosine", "constant"] = Field("cosine", description="after the warmup: cosine "
                                                        "down to min_lr_ratio * lr at the last step, or constant")
     warmup_steps: int = Field(ge=0, description="optimizer steps of linear warmup")
     min_lr_ratio: float = Field(ge=0, le=1, description="the cosine schedule's floor, a share of lr")
     precision: Literal["auto", "bf16", "bf16-mixed", "fp32"] = Field("auto", description=PRECISION_HELP)
+    # `auto` speed settings (zero_stage, micro_batch_size, precision, ...): stages/common/speed_defaults.py
     checkpoint_every: int = cosmetic(ge=1, description="optimizer steps between checkpoints")
 
     @model_validator(mode="after")
@@ -83,17 +90,24 @@ class SupervisedSettings(OptimizerSettings):
         return self
 
 
-def with_defaults(base: type[Strict], name: str | None = None, **defaults: Any) -> type:
-    """`base` with new defaults for some of its fields (each field keeps its type, constraints
-    and description): how a kind gives a setting declared elsewhere its own default."""
+def with_defaults(base: type[Strict], name: str | None = None, *,
+                  descriptions: dict[str, str | None] | None = None, **defaults: Any) -> type:
+    """`base` with new defaults (and descriptions) for some of its fields (each field keeps its
+    type, constraints and the rest): how a kind gives a setting declared elsewhere its own
+    default, or says what the setting means in that kind."""
     name = name or base.__name__
-    unknown = set(defaults) - set(base.model_fields)
+    descriptions = descriptions or {}
+    unknown = (set(defaults) | set(descriptions)) - set(base.model_fields)
     if unknown:
         raise TypeError(f"{name}: no such settings {sorted(unknown)}")
+    changes: dict[str, dict[str, Any]] = {}
+    for field, value in defaults.items():
+        changes.setdefault(field, {})["default"] = value
+    for field, text in descriptions.items():
+        changes.setdefault(field, {})["description"] = text
     fields: dict[str, Any] = {
-        field: (base.model_fields[field].annotation,
-                FieldInfo.merge_field_infos(base.model_fields[field], default=value))
-        for field, value in defaults.items()}
+        field: (base.model_fields[field].annotation, FieldInfo.merge_field_infos(base.model_fields[field], **change))
+        for field, change in changes.items()}
     return create_model(name, __base__=base, **fields)
 
 

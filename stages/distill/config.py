@@ -23,19 +23,27 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from stages.common.contract import StageConfig, cosmetic
-from stages.common.hf_io import trust_remote_code_field
 from stages.common.kind_metrics import Curve, KindMetrics
-from stages.reasoning_rl.config import RLData
+from stages.common.training_settings import with_defaults
+from stages.reasoning_rl.config import VerifiableData
 from stages.registry import StageKind, register
-from stages.rl.settings import RolloutSettings
+from stages.rl.settings import GenerationSettings, RolloutSettings
+
+# the shared settings, in the words of this kind
+_DISTILL_DATA = with_defaults(VerifiableData, "DistillData", descriptions={"data": (
+    "prompt rows with verifiable answers: data inputs (files, dirs, saved or hub datasets; see "
+    "RLData for `split`, field names and a default domain) with a domain, a prompt and a reference")})
+_DISTILL_GENERATION = with_defaults(GenerationSettings, "DistillGeneration", rollout=RolloutSettings(sleep="none"),
+                                    descriptions={
+    "max_new_tokens": "response tokens per sample (longer ones are cut)",
+    "prompt_max_len": "longer prompts are skipped (counted per family)",
+    "rollout": ("the rollout engine that samples (engine, device, dtype, max_batch, options; "
+                "device auto = cuda when there is one, else cpu); it never sleeps (no trainer beside it)")})
 
 
-class DistillConfig(StageConfig):
+class DistillConfig(StageConfig, _DISTILL_DATA, _DISTILL_GENERATION):
     kind: Literal["distill"] = "distill"
     teacher: str = Field(description="the teacher: HF model dir (${stages.X.output} or a URI)")
-    data: str | RLData | list[str | RLData] = Field(description=(
-        "prompt rows with verifiable answers: data inputs (files, dirs, saved or hub datasets; see "
-        "RLData for `split`, field names and a default domain) with a domain, a prompt and a reference"))
     limit: int | None = Field(None, ge=1, description="the first N rows (null = all)")
     family_field: str = Field("task", min_length=1, description=(
         "the row field that names a row's task family in the report (reasoning_gym rows name their "
@@ -47,8 +55,6 @@ class DistillConfig(StageConfig):
     temperature: float = Field(1.0, ge=0, description="0 = greedy (then samples_per_prompt must be 1)")
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0, description="0 = off")
-    max_new_tokens: int = Field(1024, ge=1, description="response tokens per sample (longer ones are cut)")
-    prompt_max_len: int = Field(1024, ge=1, description="longer prompts are skipped (counted per family)")
     min_score: float = Field(1.0, gt=0, le=1, description="a response is accepted when its verifier score is >= this")
     require_eos: bool = Field(True, description="drop responses cut at max_new_tokens (no EOS): an "
                                                 "unfinished answer teaches the student not to stop")
@@ -59,20 +65,6 @@ class DistillConfig(StageConfig):
     min_rows: int = Field(1, ge=0, description="fail the stage when fewer chats than this are kept")
     batch_prompts: int = Field(64, ge=1, description="prompts sampled per engine call; the unit of resume")
     checkpoint_every: int = cosmetic(1, ge=1, description="checkpoint after every N prompt batches")
-    rollout: RolloutSettings = Field(RolloutSettings(sleep="none"), description=(
-        "the rollout engine that samples (engine, device, dtype, max_batch, options; "
-        "device auto = cuda when there is one, else cpu); it never sleeps (no trainer beside it)"))
-    verifier_workers: int = Field(2, ge=0, description="verifier processes (0 = in the stage)")
-    verifier_timeout_s: float = Field(10.0, gt=0)
-    trust_remote_code: bool = trust_remote_code_field()
-    seed: int = 0
-
-    @field_validator("data")
-    @classmethod
-    def _data(cls, v: str | RLData | list[str | RLData]) -> str | RLData | list[str | RLData]:
-        if isinstance(v, list) and not v:
-            raise ValueError("data: give at least one file or directory")
-        return v
 
     @field_validator("rollout", mode="before")
     @classmethod
@@ -100,16 +92,11 @@ class DistillConfig(StageConfig):
         """The longest response kept, in tokens."""
         return self.max_new_tokens if self.max_tokens is None else self.max_tokens
 
-    @property
-    def inputs(self) -> list[RLData]:
-        items = self.data if isinstance(self.data, list) else [self.data]
-        return [d if isinstance(d, RLData) else RLData(path=d) for d in items]
-
 
 KIND = register(StageKind(
     name="distill", config=DistillConfig, version=1,
     sources=("stages.distill", "stages.common", "stages.rl.engines", "stages.rl.decoding", "stages.rl.prompts",
-             "stages.reasoning_rl.data", "stages.eval.job", "verifiers"),
+             "stages.rl.verified_sampling", "stages.reasoning_rl.data", "verifiers"),
     distributed=False,
     description="Long-CoT SFT chats sampled from a teacher, kept where the verifiers accept them",
     # per batch: the running acceptance rate and kept chats (the finish line's are the run's)

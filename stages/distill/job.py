@@ -8,7 +8,8 @@ Rejection sampling from a teacher, the way Long-CoT cold-start data is built:
    one the RL stages and `eval` sample with: torch, or vLLM with `rollout.engine: vllm`)
    samples `samples_per_prompt` responses of each, seeded per batch (seed, batch index), so a
    batch's responses do not depend on what ran before it;
-3. the verifier of each row's domain scores them (`verifiers.verify_batch`), and
+3. the verifier of each row's domain scores them (`stages.rl.verified_sampling`, what `eval`
+   scores with too), and
    `selection.verdicts` keeps the accepted, finished, in-bounds, distinct ones, at most
    `max_per_prompt` per prompt;
 4. after every `checkpoint_every` batches the records of every sample so far go into a
@@ -23,8 +24,8 @@ family, per domain and overall (selection.report). Fewer kept chats than `min_ro
 StageError naming the teacher and the acceptance rates: an empty SFT set must not flow on.
 
 Imports: this module is the `__main__` of its verifier workers (verifiers/api.py: each worker
-imports it as it starts), so what loads torch (the engine, the checkpoint, the ranks) is imported by the
-functions that load a model, not at the top.
+imports it as it starts), so what loads torch (the engine, the checkpoint, the ranks) is imported by the functions that
+use it, not at the top.
 """
 from __future__ import annotations
 
@@ -41,10 +42,9 @@ from stages.common.rows import DataError
 from stages.common.stage_log import StageLogger, info
 from stages.distill.config import DistillConfig
 from stages.distill.selection import describe_rates, report, verdicts
-from stages.eval.job import ModelUnderEval
-from stages.reasoning_rl.data import load_rows
+from stages.reasoning_rl.data import load_rows, require_verifiers
 from stages.rl.prompts import render_prompts
-from verifiers import VERIFIERS, verify_batch
+from stages.rl.verified_sampling import SamplingModel
 
 
 @dataclass
@@ -66,14 +66,11 @@ class Progress:
 def load_prompts(job: StageJob, cfg: DistillConfig) -> list[dict[str, Any]]:
     """The validated rows (file and line of each problem), the teacher's messages of each."""
     try:
-        rows = load_rows(job.fetch, cfg.inputs)
+        rows = load_rows(job.fetch, cfg.data_list)
     except DataError as e:
         raise DataError(f"distill data: {e}") from None
     rows = rows[:cfg.limit] if cfg.limit is not None else rows
-    unknown = {r["domain"]: r["id"] for r in rows if r["domain"] not in VERIFIERS}
-    if unknown:
-        raise StageError(f"distill data: domains with no registered verifier (first row of each): {unknown}; "
-                         f"known domains: {sorted(VERIFIERS)}")
+    require_verifiers(rows, "distill data")
     if cfg.system_prompt is not None:
         for r in rows:
             r["messages"] = [{"role": "system", "content": cfg.system_prompt}, *r["messages"]]
@@ -85,25 +82,20 @@ def family_of(row: dict[str, Any], cfg: DistillConfig) -> str:
     return value if isinstance(value, str) and value else row["domain"]
 
 
-def sample_batch(teacher, cfg: DistillConfig, rows: list[dict], prompt_ids: list[list[int]], batch: list[int],
-                 batch_no: int) -> list[dict[str, Any]]:
+def sample_batch(teacher: SamplingModel, cfg: DistillConfig, rows: list[dict], prompt_ids: list[list[int]],
+                 batch: list[int], batch_no: int) -> list[dict[str, Any]]:
     """Sample, score and judge the responses of the prompts `batch` (indices into rows):
     one record per sample, in prompt then sample order."""
-    from stages.rl.engines import RolloutRequest, SamplingParams  # torch: not at the top (module docstring)
+    from stages.rl.engines import SamplingParams  # torch: not at the top (module docstring)
 
     k = cfg.samples_per_prompt
-    requests = [RolloutRequest(uid=f"{i}/{j}", prompt_ids=list(prompt_ids[i]), max_new_tokens=cfg.max_new_tokens)
-                for i in batch for j in range(k)]
     sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                               seed=cfg.seed * 1_000_003 + batch_no)
-    texts = [teacher.decode(list(u.token_ids)) for u in teacher.engine.generate(requests, sampling)]
-    row_of = [i for i in batch for _ in range(k)]
-    rewards = verify_batch([rows[i] for i in row_of], [str(t) for t in texts], num_workers=cfg.verifier_workers,
-                           timeout_s=cfg.verifier_timeout_s)
-    records = [{"prompt": i, "id": str(rows[i]["id"]), "domain": rows[i]["domain"], "family": family_of(rows[i], cfg),
-                "sample": n % k, "response": str(t), "tokens": t.n_tokens, "ended_by_eos": t.ended_by_eos,
-                "score": float(r.score), "reason": r.reason}
-               for n, (i, t, r) in enumerate(zip(row_of, texts, rewards))]
+    records = [{"prompt": r.row, "id": str(rows[r.row]["id"]), "domain": rows[r.row]["domain"],
+                "family": family_of(rows[r.row], cfg), "sample": r.sample, "response": str(r.text),
+                "tokens": r.text.n_tokens, "ended_by_eos": r.text.ended_by_eos, "score": float(r.reward.score),
+                "reason": r.reward.reason}
+               for r in teacher.generate_and_score(cfg, rows, prompt_ids, sampling, samples=k, which=batch)]
     for start in range(0, len(records), k):
         group = records[start:start + k]
         for rec, verdict in zip(group, verdicts(group, cfg)):
@@ -183,7 +175,7 @@ def main(job: StageJob, cfg: DistillConfig) -> dict[str, Any]:
     out = Path(job.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = load_prompts(job, cfg)
-    teacher = ModelUnderEval(job, cfg, "teacher", cfg.teacher, key="teacher")
+    teacher = SamplingModel(job, cfg, "teacher", cfg.teacher, key="teacher")
     kept_rows, prompt_ids, index = render_prompts(rows, teacher.tokenizer, cfg.prompt_max_len)
     kept_set = set(index)
     skipped = [{"domain": r["domain"], "family": family_of(r, cfg)} for i, r in enumerate(rows) if i not in kept_set]

@@ -19,9 +19,8 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from stages.common.contract import StageConfig, Strict
-from stages.common.hf_io import trust_remote_code_field
 from stages.registry import StageKind, register
-from stages.rl.settings import RolloutSettings
+from stages.rl.settings import GenerationSettings
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")  # names become MLflow metric path segments
 
@@ -123,7 +122,7 @@ class Decoding(Strict):
         return self
 
 
-class EvalConfig(StageConfig):
+class EvalConfig(StageConfig, GenerationSettings):
     kind: Literal["eval"] = "eval"
     models: dict[str, str] = Field(min_length=1, description="name -> HF model dir (${stages.X.output} or a URI)")
     sets: dict[str, BenchmarkSet | LmEvalSet | EvalSet | str | list[str]] = Field(
@@ -132,14 +131,8 @@ class EvalConfig(StageConfig):
         "an lm-eval task ({lm_eval: task yaml or dict, data: local file})")
     decodings: dict[str, Decoding] = Field({"greedy": Decoding()}, min_length=1,
                                            description="name -> how responses are generated")
-    max_new_tokens: int = Field(1024, ge=1, description="response tokens per row (longer ones are cut)")
-    prompt_max_len: int = Field(1024, ge=1, description="longer prompts are skipped (counted)")
-    rollout: RolloutSettings = Field(RolloutSettings(), description="the rollout engine that generates "
-                                     "(device auto = cuda when there is one, else cpu)")
-    verifier_workers: int = Field(2, ge=0, description="verifier processes (0 = in the stage)")
-    verifier_timeout_s: float = Field(10.0, gt=0)
-    trust_remote_code: bool = trust_remote_code_field()
-    seed: int = 0
+    # max_new_tokens, prompt_max_len, rollout, verifier_workers / _timeout_s, trust_remote_code,
+    # seed: GenerationSettings
 
     @field_validator("models")
     @classmethod
@@ -160,6 +153,7 @@ class EvalConfig(StageConfig):
 
 KIND = register(StageKind(
     name="eval", config=EvalConfig, version=2,
-    sources=("stages.eval", "stages.common", "stages.rl.engines", "stages.reasoning_rl.data", "verifiers"),
+    sources=("stages.eval", "stages.common", "stages.rl.engines", "stages.rl.decoding", "stages.rl.prompts",
+             "stages.rl.verified_sampling", "stages.reasoning_rl.data", "verifiers"),
     distributed=False,
     description="accuracy (greedy, pass@k) of models on held-out verifiable sets, per set and domain"))

@@ -5,7 +5,8 @@ also how a user scores their own checkpoints), in turn: its tokenizer renders ev
 prompts with the chat template (prompts over `prompt_max_len` tokens are skipped and
 counted); the rollout engine (`stages.rl.engines.create_engine`, the one the RL stages
 sample with: bf16 on GPU by default) generates the responses of each decoding; the
-verifier of each row's domain scores them (`verifiers.verify_batch`).
+verifier of each row's domain scores them (`stages.rl.verified_sampling`, what distill samples
+with too).
 
 A set is RL rows, a benchmark file read through its field mapping (GSM8K, MATH-500, ...:
 benchmarks.py), or an lm-evaluation-harness task (harness.py: the task's own prompts,
@@ -19,22 +20,19 @@ accuracy; `responses.jsonl`, every response with its score and the verifier's re
 same numbers go to MLflow as `<model>/<set>/<decoding>/<domain>/<metric>`.
 
 Imports: this module is the `__main__` of its verifier workers (verifiers/api.py: each worker
-imports it as it starts), so what loads torch (the engine, the ranks) is imported by the
-functions that load a model, not at the top.
+imports it as it starts), so what loads torch (the engine, the device) is imported by the functions that
+use it, not at the top.
 """
 from __future__ import annotations
 
-import gc
 import json
 import sys
 import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from stages.common.chat import require_chat_template
 from stages.common.contract import StageError, StageJob
 from stages.common.entry import run_job
-from stages.common.hf_io import eos_token_ids_of, load_tokenizer
 from stages.common.rows import DataError
 from stages.common.stage_log import StageLogger, info
 from stages.eval.benchmarks import benchmark_rows
@@ -42,10 +40,9 @@ from stages.eval.config import BenchmarkSet, Decoding, EvalConfig, EvalSet, LmEv
 from stages.eval.harness import require_lm_eval, run_task
 from stages.eval.scoring import ALL_DOMAINS, Scored, summarize
 from stages.reasoning_rl.config import RLData
-from stages.reasoning_rl.data import load_rows
-from stages.rl.decoding import make_decoder
+from stages.reasoning_rl.data import load_rows, require_verifiers
 from stages.rl.prompts import render_prompts
-from verifiers import VERIFIERS, verify_batch
+from stages.rl.verified_sampling import SamplingModel
 
 
 def load_set(job: StageJob, name: str, spec: EvalSet) -> list[dict[str, Any]]:
@@ -59,74 +56,25 @@ def load_set(job: StageJob, name: str, spec: EvalSet) -> list[dict[str, Any]]:
         except DataError as e:
             raise DataError(f"eval set {name!r}: {e}") from None
         rows = rows[:spec.limit] if spec.limit is not None else rows
-    unknown = {r["domain"]: r["id"] for r in rows if r["domain"] not in VERIFIERS}
-    if unknown:
-        raise StageError(f"eval set {name!r}: domains with no registered verifier (first row of each): "
-                         f"{unknown}; known domains: {sorted(VERIFIERS)}")
+    require_verifiers(rows, f"eval set {name!r}")
     return rows
 
 
-class ModelUnderEval:
-    """A model's tokenizer, decoder and rollout engine (the engine's memory is freed by close).
-    `cfg` gives trust_remote_code, rollout, prompt_max_len, max_new_tokens and seed (the
-    `distill` stage's config has them too); `key` is the config key errors name."""
-
-    def __init__(self, job: StageJob, cfg: EvalConfig, name: str, ref: str, key: str | None = None):
-        import torch
-        from transformers.utils import logging as hf_logging
-
-        from stages.common.distributed import resolve_device  # torch: not at the top (module docstring)
-        from stages.rl.engines import create_engine  # torch (module docstring)
-
-        where = f"{key or f'models.{name}'} = {ref}:"
-        model_dir = Path(job.fetch(ref))
-        if not (model_dir / "config.json").is_file():
-            raise StageError(f"{where} {model_dir} is not a Hugging Face model dir (no config.json)")
-        hf_logging.disable_progress_bar()
-        trust = cfg.trust_remote_code
-        self.tokenizer = load_tokenizer(model_dir, trust_remote_code=trust, what=where)
-        require_chat_template(self.tokenizer, ref)
-        self.decode = make_decoder(self.tokenizer, eos_token_ids_of(model_dir, trust_remote_code=trust))
-        own = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
-        device = resolve_device(cfg.rollout.device, "rollout.device", own)
-        try:
-            self.engine = create_engine(cfg.rollout.engine, str(model_dir), device=device, dtype=cfg.rollout.dtype,
-                                        max_batch=cfg.rollout.max_batch,
-                                        max_len=cfg.prompt_max_len + cfg.max_new_tokens, seed=cfg.seed,
-                                        trust_remote_code=trust, **cfg.rollout.options)
-        except (KeyError, ValueError, RuntimeError, FileNotFoundError) as e:
-            raise StageError(f"{where} cannot start the {cfg.rollout.engine} engine: {e}") from None
-
-    def close(self) -> None:
-        import torch
-
-        del self.engine
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-
-
-def evaluate(model: ModelUnderEval, cfg: EvalConfig, rows: list[dict], prompt_ids: list[list[int]],
+def evaluate(model: SamplingModel, cfg: EvalConfig, rows: list[dict], prompt_ids: list[list[int]],
              dec: Decoding, responses: TextIO, tag: dict[str, str]) -> dict[str, dict[str, float]]:
     """Generate `dec.samples` responses per row, score them, write them to `responses`;
     returns the summary per domain."""
-    from stages.rl.engines import RolloutRequest, SamplingParams  # torch: not at the top (module docstring)
+    from stages.rl.engines import SamplingParams  # torch: not at the top (module docstring)
 
-    requests = [RolloutRequest(uid=f"{i}/{j}", prompt_ids=list(ids), max_new_tokens=cfg.max_new_tokens)
-                for i, ids in enumerate(prompt_ids) for j in range(dec.samples)]
     sampling = SamplingParams(temperature=dec.temperature, top_p=dec.top_p, top_k=dec.top_k, seed=cfg.seed)
-    updates = model.engine.generate(requests, sampling)
-    texts = [model.decode(list(u.token_ids)) for u in updates]
-    row_of = [i for i in range(len(rows)) for _ in range(dec.samples)]
-    rewards = verify_batch([rows[i] for i in row_of], [str(t) for t in texts], num_workers=cfg.verifier_workers,
-                           timeout_s=cfg.verifier_timeout_s)
     scored = []
-    for i, text, reward in zip(row_of, texts, rewards):
-        task = rows[i].get("task")
-        scored.append(Scored(i, rows[i]["domain"], float(reward.score), text.n_tokens, text.ended_by_eos,
+    for r in model.generate_and_score(cfg, rows, prompt_ids, sampling, samples=dec.samples):
+        row, text = rows[r.row], r.text
+        task = row.get("task")
+        scored.append(Scored(r.row, row["domain"], float(r.reward.score), text.n_tokens, text.ended_by_eos,
                              task if isinstance(task, str) and task else None))
-        responses.write(json.dumps({**tag, "id": rows[i]["id"], "domain": rows[i]["domain"], "response": str(text),
-                                    "score": reward.score, "reason": reward.reason, "tokens": text.n_tokens,
+        responses.write(json.dumps({**tag, "id": row["id"], "domain": row["domain"], "response": str(text),
+                                    "score": r.reward.score, "reason": r.reward.reason, "tokens": text.n_tokens,
                                     "ended_by_eos": text.ended_by_eos}, ensure_ascii=False) + "\n")
     return summarize(scored, dec.pass_at)
 
@@ -135,7 +83,7 @@ def score_model(job: StageJob, cfg: EvalConfig, name: str, ref: str, sets: dict[
                 responses: TextIO, records: list[dict[str, Any]], accuracy: dict[str, Any]) -> None:
     """Every decoding of every verifier-scored set on one model."""
     log = StageLogger.for_job(job)
-    model = ModelUnderEval(job, cfg, name, ref)
+    model = SamplingModel(job, cfg, name, ref)
     for set_name, rows in sets.items():
         kept, prompt_ids, _ = render_prompts(rows, model.tokenizer, cfg.prompt_max_len)
         if not kept:

@@ -69,7 +69,9 @@ class ReasoningEvalSettings(Strict):
     prompt_field: str = "prompt"
     answer_field: str = "reference"
     answer_regex: str | None = Field(None, description="the answer = group 1 of this regex over the field")
-    domain: str = Field("math", description="verifier of the answers")
+    domain: str = Field("math", description=(
+        "verifier of the answers; when left unset, a row that names its own `domain` (RL-format rows, "
+        "e.g. reasoning_gym ones) is scored by that domain's verifier and only rows without one by math"))
     instruction: str = Field("", description="appended to each question (e.g. the answer format)")
     max_new_tokens: int | None = Field(None, ge=1, description="default: the stage's max_len")
     temperature: float = Field(0.0, ge=0, description="0 = greedy")
@@ -129,8 +131,9 @@ class GeneralRLConfig(with_defaults(RLConfig, lr=3e-6)):  # the paper's general-
 
 
 KIND = register(StageKind(
-    name="general_rl", config=GeneralRLConfig, version=2,  # 2: torch engine prefills longest first (other samples per seed)
+    name="general_rl", config=GeneralRLConfig, version=3,  # 2: torch engine prefills longest first (other samples per seed)
+    # 3: the reasoning guard scores a row with its own `domain` unless reasoning_eval.domain is set
     sources=("stages.general_rl", "stages.rl", "stages.reward_model", "stages.common", "verifiers"),
-    distributed=True,
+    distributed=True, speed="rl",
     description="RLHF: GRPO on a weighted prompt mix, reward model + rule rewards, reasoning guard",
     metrics=rl_metrics(Curve("reasoning_eval/delta"))))

@@ -140,7 +140,11 @@ def reasoning_rows(rows: list[Any], settings: Any, source: str) -> list[dict]:
             a = m.group(1).strip()
         reference = a if isinstance(a, (dict, list)) else {"answer": str(a)}
         prompt = q + (("\n" + settings.instruction) if settings.instruction else "")
-        out.append({"id": str(row.get("id", row.get("idx", i))), "domain": settings.domain,
+        # a row's own domain wins unless the recipe named one: RL-format rows (e.g. reasoning_gym's)
+        # scored by the math verifier read as wrong answers (round 12's guard did so)
+        own = row.get("domain") if "domain" not in settings.model_fields_set else None
+        domain = own if isinstance(own, str) and own else settings.domain
+        out.append({"id": str(row.get("id", row.get("idx", i))), "domain": domain,
                     "prompt": prompt, "reference": reference})
     if not out:
         raise PromptDataError(f"reasoning_eval data {source} holds no rows")

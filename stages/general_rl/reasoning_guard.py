@@ -17,10 +17,11 @@ from stages.common.rows import input_rows
 from stages.common.stage_log import info
 from stages.general_rl.config import GeneralRLConfig
 from stages.general_rl.prompts import reasoning_rows
-from stages.rl.engines.protocol import RolloutRequest, SamplingParams
+from stages.rl.engines.protocol import SamplingParams
 from stages.rl.prompts import render_prompts
 from stages.rl.spec import RLContext, RLHooks
-from verifiers import VERIFIERS, verify_batch
+from stages.rl.verified_sampling import generate_and_score
+from verifiers import VERIFIERS
 
 if TYPE_CHECKING:
     from stages.rl.trainer import RLTrainer
@@ -29,35 +30,33 @@ if TYPE_CHECKING:
 def load_reasoning_set(ctx: RLContext) -> dict[str, Any]:
     cfg: GeneralRLConfig = ctx.cfg  # type: ignore[assignment]
     ev = cfg.reasoning_eval
-    if ev.domain not in VERIFIERS:
-        raise StageError(f"reasoning_eval.domain {ev.domain!r} has no verifier; known: {sorted(VERIFIERS)}")
     what = "reasoning_eval data"
     raw = [row.data for row in input_rows(ctx.job.fetch, ev.data, what)]
     rows = reasoning_rows(raw, ev, ev.data)
+    unknown = sorted({r["domain"] for r in rows} - set(VERIFIERS))
+    if unknown:
+        named = "reasoning_eval.domain" if "domain" in ev.model_fields_set else f"the rows of {ev.data}"
+        raise StageError(f"{named}: domain(s) {unknown} have no verifier; known: {sorted(VERIFIERS)}")
     kept, ids, _ = render_prompts([{**r, "messages": [{"role": "user", "content": r["prompt"]}]} for r in rows],
                                   ctx.tokenizer, cfg.prompt_max_len)
     if not kept:
         raise StageError(f"reasoning_eval data {ev.data}: every prompt is longer than prompt_max_len="
                          f"{cfg.prompt_max_len} tokens")
     return {"rows": [{k: v for k, v in r.items() if k != "messages"} for r in kept], "prompt_ids": ids,
-            "skipped": len(rows) - len(kept)}
+            "skipped": len(rows) - len(kept), "domains": sorted({r["domain"] for r in rows})}
 
 
 def reasoning_check(engine, eval_set: dict[str, Any], decode, cfg: GeneralRLConfig) -> dict[str, float]:
     """Decode the held-out reasoning set with the engine's current weights and verify it."""
     ev = cfg.reasoning_eval
-    n_new = ev.max_new_tokens or cfg.max_len
     t0 = time.perf_counter()
-    requests = [RolloutRequest(uid=f"eval{i}", prompt_ids=list(ids), max_new_tokens=n_new)
-                for i, ids in enumerate(eval_set["prompt_ids"])]
-    updates = engine.generate(requests, SamplingParams(temperature=ev.temperature, seed=cfg.seed))
-    texts = [decode(list(u.token_ids)) for u in updates]
-    rewards = verify_batch(eval_set["rows"], [str(t) for t in texts], num_workers=cfg.verifier_workers,
-                           timeout_s=cfg.verifier_timeout_s)
-    n = len(rewards)
-    return {"accuracy": sum(r.score for r in rewards) / n, "n": float(n),
-            "response_len_mean": sum(len(u.token_ids) for u in updates) / n,
-            "truncated_fraction": sum(not t.ended_by_eos for t in texts) / n,
+    scored = generate_and_score(engine, decode, eval_set["rows"], eval_set["prompt_ids"],
+                                SamplingParams(temperature=ev.temperature, seed=cfg.seed),
+                                max_new_tokens=ev.max_new_tokens or cfg.max_len, verifier=cfg, uid="eval{row}")
+    n = len(scored)
+    return {"accuracy": sum(r.reward.score for r in scored) / n, "n": float(n),
+            "response_len_mean": sum(r.text.n_tokens for r in scored) / n,
+            "truncated_fraction": sum(not r.text.ended_by_eos for r in scored) / n,
             "seconds": time.perf_counter() - t0}
 
 
@@ -102,7 +101,7 @@ class ReasoningGuard(RLHooks):
             return {}
         before = self.before
         delta = after["accuracy"] - before["accuracy"]
-        guard = {"data": ev.data, "domain": ev.domain, "rows": int(after["n"]),
+        guard = {"data": ev.data, "domain": ", ".join(self.eval_set["domains"]), "rows": int(after["n"]),
                  "accuracy_before": before["accuracy"], "accuracy_after": after["accuracy"], "delta": delta,
                  "response_len_before": before["response_len_mean"], "response_len_after": after["response_len_mean"],
                  "truncated_before": before["truncated_fraction"], "truncated_after": after["truncated_fraction"]}

@@ -34,13 +34,13 @@ class RLData(DataInput):
                                        "(a dataset of one domain rarely has the field)")
 
 
-class ReasoningRLConfig(RLConfig):
-    kind: Literal["reasoning_rl"] = "reasoning_rl"
+class VerifiableData(Strict):
+    """The `data` of a kind that reads RL rows (reasoning_rl, distill): one input or several,
+    at least one."""
+
     data: str | RLData | list[str | RLData] = Field(description=(
         "RL rows: data inputs (files, dirs, saved or hub datasets; see RLData for `split`, field "
         "names and a default domain) with a domain, a prompt and a reference (id optional)"))
-    domain_weights: dict[str, float] | None = Field(
-        None, description="sampling weight per domain; default: proportional to row counts")
 
     @field_validator("data")
     @classmethod
@@ -48,6 +48,17 @@ class ReasoningRLConfig(RLConfig):
         if isinstance(v, list) and not v:
             raise ValueError("data: give at least one file or directory")
         return v
+
+    @property
+    def data_list(self) -> list[RLData]:
+        return [d if isinstance(d, RLData) else RLData(path=d)
+                for d in (self.data if isinstance(self.data, list) else [self.data])]
+
+
+class ReasoningRLConfig(RLConfig, VerifiableData):
+    kind: Literal["reasoning_rl"] = "reasoning_rl"
+    domain_weights: dict[str, float] | None = Field(
+        None, description="sampling weight per domain; default: proportional to row counts")
 
     @field_validator("domain_weights")
     @classmethod
@@ -60,14 +71,9 @@ class ReasoningRLConfig(RLConfig):
                 raise ValueError("domain_weights: at least one domain needs a positive weight")
         return v
 
-    @property
-    def data_list(self) -> list[RLData]:
-        return [d if isinstance(d, RLData) else RLData(path=d)
-                for d in (self.data if isinstance(self.data, list) else [self.data])]
-
 
 KIND = register(StageKind(
     name="reasoning_rl", config=ReasoningRLConfig, version=2,  # 2: torch engine prefills longest first (other samples per seed)
-    sources=("stages.reasoning_rl", "stages.rl", "stages.common", "verifiers"), distributed=True,
+    sources=("stages.reasoning_rl", "stages.rl", "stages.common", "verifiers"), distributed=True, speed="rl",
     description="RLVR: GRPO with IcePop, C3PO++ rollout scheduling, verifiable rewards",
     metrics=rl_metrics(Curve("icepop/masked_fraction", ("masked_fraction",)))))

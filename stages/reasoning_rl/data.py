@@ -13,8 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
+from stages.common.contract import StageError
 from stages.common.rows import DataError, Row, input_rows
 from stages.reasoning_rl.config import RLData
+from verifiers import VERIFIERS
 
 WHAT = "RL data"
 
@@ -45,6 +47,18 @@ def load_rows(fetch: Callable[[str], Path], inputs: list[RLData]) -> list[dict[s
     if not rows:
         raise DataError(f"{WHAT} {[i.path for i in inputs]} holds no rows")
     return rows
+
+
+def require_verifiers(rows: list[dict[str, Any]], what: str) -> None:
+    """Every row's domain has a registered verifier; else a StageError naming the first row of
+    each domain that has none (`what`: the data, as the message names it)."""
+    unknown: dict[str, Any] = {}
+    for row in rows:
+        if row["domain"] not in VERIFIERS:
+            unknown.setdefault(row["domain"], row["id"])
+    if unknown:
+        raise StageError(f"{what}: domains with no registered verifier (first row of each): {unknown}; "
+                         f"known domains: {sorted(VERIFIERS)}")
 
 
 def rows_by_domain(rows: list[dict[str, Any]]) -> dict[str, list[int]]:

@@ -17,11 +17,11 @@ from stages.common.contract import StageError, StageJob
 from stages.common.entry import run_job
 from stages.common.stage_log import info
 from stages.reasoning_rl.config import ReasoningRLConfig
-from stages.reasoning_rl.data import load_rows, rows_by_domain
+from stages.reasoning_rl.data import load_rows, require_verifiers, rows_by_domain
 from stages.rl.prompts import PromptSet, render_prompts
 from stages.rl.spec import RLContext, RLSpec
 from stages.rl.trainer import RLTrainer
-from verifiers import VERIFIERS, verify_batch
+from verifiers import verify_batch
 from verifiers.ifeval import with_grading
 from verifiers.monitor import RewardMonitor
 
@@ -33,12 +33,8 @@ def load_prompts(ctx: RLContext) -> PromptSet:
     skipped = len(rows) - len(kept)
     if not kept:
         raise StageError(f"every RL prompt is longer than prompt_max_len={cfg.prompt_max_len} tokens")
+    require_verifiers(kept, "RL data")
     domains = rows_by_domain(kept)
-    unknown = sorted(d for d in domains if d not in VERIFIERS)
-    if unknown:
-        first = {d: kept[domains[d][0]]["id"] for d in unknown}
-        raise StageError(f"RL data has domains with no registered verifier: {first} "
-                         f"(first row of each); known domains: {sorted(VERIFIERS)}")
     if cfg.domain_weights is not None:
         missing = sorted(set(cfg.domain_weights) - set(domains))
         if missing:

@@ -49,7 +49,7 @@ class RewardModelConfig(StageConfig, supervised_settings(
 
 
 KIND = register(StageKind(
-    name="reward_model", config=RewardModelConfig, version=1,
+    name="reward_model", config=RewardModelConfig, version=1, speed="reward_model",
     sources=("stages.reward_model", "stages.common"), distributed=True,
     description="Bradley-Terry reward model on preference pairs (HF sequence-classification head)",
     metrics=KindMetrics(headline=(Curve("train/loss"), Curve("eval/accuracy")),

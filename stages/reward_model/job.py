@@ -41,6 +41,7 @@ from stages.common.entry import run_job
 from stages.common.hf_io import load_sequence_classifier
 from stages.common.lora import apply_lora
 from stages.common.rows import input_rows
+from stages.common.speed_defaults import settle_auto
 from stages.common.stage_log import info
 from stages.common.supervised_trainer import StepReport, SupervisedRun, TrainingProgress, train_supervised
 from stages.common.training_job import TrainingJob
@@ -253,6 +254,7 @@ class RewardModelTask:
 
 
 def main(job: StageJob, cfg: RewardModelConfig) -> dict[str, Any] | None:
+    cfg = settle_auto(cfg)  # `auto` left only without the pipeline
     return train_supervised(job, cfg, lambda setup: RewardModelTask(job, cfg, setup))
 
 

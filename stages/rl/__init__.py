@@ -14,6 +14,8 @@
     scheduler.py      C3PO++ and the sync baseline: pools, groups, rewards, advantages
     prompt_sampler.py which prompt a new GRPO group gets
     decoding.py       responses as text for the rewards (Decoded)
+    verified_sampling.py  a model sampled and its responses verified, outside the trainer
+                      (eval, distill, general_rl's reasoning guard): SamplingModel, generate_and_score
     metrics.py        per-step metrics, sample rollouts, the stage summary
     engines/          the rollout engines behind one protocol and one factory
 """

@@ -7,6 +7,11 @@
                           only generate; each role has a default process world of its own and
                           the roles talk over standalone groups (stages/common/distributed.py)
 
+Tensor parallelism (`rollout.options.tensor_parallel_size: t`, vLLM): the generating ranks form
+groups of t consecutive ranks, and the first rank of each group runs one engine on the group's t
+GPUs (its processes are vLLM's workers there); the other ranks of a group run no engine (they
+still train when colocated). `engines` are the groups' first ranks, `generators` all of them.
+
 Rank 0 always trains: it logs, checkpoints the global state and writes the outputs. Engine 0
 (the first engine rank) holds the reward function and assembles each step's batch.
 """
@@ -23,7 +28,8 @@ class Placement:
     rank: int          # this process's global rank
     world: int         # ranks of the launch
     trainers: range    # global ranks that train
-    engines: range     # global ranks that run a rollout engine
+    engines: range     # global ranks that run a rollout engine (the first of each tensor-parallel group)
+    tp: int = 1        # GPUs (ranks) per engine: engine rank r's engine runs on the GPUs of ranks r .. r+tp-1
 
     @classmethod
     def of(cls, cfg: RLConfig, rank: int, world: int) -> "Placement":
@@ -33,8 +39,14 @@ class Placement:
             raise StageError(f"rollout.gpus is {k} but the stage runs on {world} rank(s): split placement "
                              f"needs at least one rank left to train (rollout.gpus <= {world - 1}), or unset "
                              "rollout.gpus to generate on every rank (colocated)")
-        engines = range(world - k, world) if k is not None else range(world)
+        generators = range(world - k, world) if k is not None else range(world)
         trainers = range(world - k) if k is not None else range(world)
+        tp = cfg.rollout.options.get("tensor_parallel_size", 1)
+        if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1 or len(generators) % tp:
+            raise StageError(f"rollout.options.tensor_parallel_size is {tp!r}: it must be a positive integer that "
+                             f"divides the {len(generators)} generating rank(s) (each engine takes that many GPUs; "
+                             f"{'rollout.gpus' if k is not None else 'the stage ranks, colocated'})")
+        engines = range(generators.start, generators.stop, tp)
         if len(engines) > 1 and cfg.rollout.device.startswith("cuda:"):
             raise StageError(f"rollout.device {cfg.rollout.device!r} puts all {len(engines)} engines on one GPU; "
                              "use rollout.device: auto (each engine on its rank's own GPU)")
@@ -44,11 +56,16 @@ class Placement:
                              f"gets {per_engine}, less than one GRPO group (rollouts_per_prompt = "
                              f"{cfg.rollouts_per_prompt}); raise it to at least "
                              f"{len(engines) * cfg.rollouts_per_prompt}")
-        return cls(rank, world, trainers, engines)
+        return cls(rank, world, trainers, engines, tp)
+
+    @property
+    def generators(self) -> range:
+        """Global ranks whose GPUs generate: every engine's tensor-parallel group."""
+        return range(self.engines.start, self.engines.start + len(self.engines) * self.tp)
 
     @property
     def split(self) -> bool:
-        return self.trainers != self.engines
+        return self.trainers != self.generators
 
     @property
     def kind(self) -> str:
@@ -70,8 +87,10 @@ class Placement:
     @property
     def describe(self) -> str:
         """For the checkpoint fingerprint and the log: a checkpoint resumes only on the same placement."""
+        tp = f", {self.tp} GPUs each (tensor parallel)" if self.tp > 1 else ""
         if self.split:
             return f"split: ranks {self.trainers.start}-{self.trainers.stop - 1} train, " \
-                   f"{self.engines.start}-{self.engines.stop - 1} generate"
+                   f"{self.generators.start}-{self.generators.stop - 1} generate" + \
+                   (f" ({len(self.engines)} engine{'s' * (len(self.engines) > 1)}{tp})" if tp else "")
         n = len(self.engines)
-        return f"colocated: {n} engine{'s' * (n > 1)}"
+        return f"colocated: {n} engine{'s' * (n > 1)}{tp}"

@@ -87,9 +87,9 @@ def build_policy(cfg: RLConfig, model_dir: Path, ranks: Ranks, precision: str, p
     if cfg.lora is not None:
         apply_lora(model, cfg.lora)
     frozen = freeze_parameters(model, cfg.frozen_param_patterns)
-    if cfg.gradient_checkpointing:
+    if cfg.gradient_checkpointing is True:  # `auto` is decided before launch (speed_defaults.py)
         model.gradient_checkpointing_enable()
-    if cfg.compile_layers:  # micro batches change shape every call; the reference model stays eager
+    if cfg.compile_layers is True:  # micro batches change shape every call; the reference model stays eager
         compile_decoder_layers(model, cfg.model, dynamic=True)
     trainable = [p for p in model.parameters() if p.requires_grad]
     ds_engine, _ = initialize(PolicyHead(model), trainable, policy_ds_config(cfg, precision), lr=cfg.lr,

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from stages.common.checkpoint import Stateful
-from stages.common.distributed import Ranks, every_rank_do, resolve_device, run_on
+from stages.common.distributed import Ranks, every_rank_do, make_group, resolve_device, run_on
 from stages.common.groups import WorldGroup
 from stages.rl.engines import create_engine
 from stages.rl.engines.protocol import RolloutEngine, SamplingParams
@@ -30,7 +30,7 @@ from stages.rl.prompt_sampler import PromptSampler
 from stages.rl.prompts import PromptSet
 from stages.rl.rollout_records import RewardFn, SchedulerConfig, TrainSample
 from stages.rl.scheduler import make_scheduler
-from stages.rl.settings import ROUTE_RECORDING_ENGINES, RLConfig
+from stages.rl.settings import BUCKETED_SYNC_ENGINES, ROUTE_RECORDING_ENGINES, RLConfig
 
 
 def scheduler_config(cfg: RLConfig) -> SchedulerConfig:
@@ -42,9 +42,11 @@ def scheduler_config(cfg: RLConfig) -> SchedulerConfig:
 
 def engine_options(cfg: RLConfig) -> dict[str, Any]:
     """`rollout.options`, plus what the RL loop needs of an engine that can record a MoE
-    policy's routes (the learner's expert-choice metric and routing replay: routing.py)."""
+    policy's routes (the learner's expert-choice metric and routing replay: routing.py), and
+    the weight sync's bucket size for an engine that stages the sync in buckets of its own."""
     recording = {"record_routes": True} if cfg.rollout.engine in ROUTE_RECORDING_ENGINES else {}
-    return {**recording, **cfg.rollout.options}
+    buckets = {"sync_bucket_mb": cfg.rollout.sync_bucket_mb} if cfg.rollout.engine in BUCKETED_SYNC_ENGINES else {}
+    return {**recording, **buckets, **cfg.rollout.options}
 
 
 class DataParallelRollouts:
@@ -61,6 +63,10 @@ class DataParallelRollouts:
         """Rank 0's `prompts` go to every rank; each engine rank builds its engine and scheduler
         shard, engine 0 the reward function too."""
         prompts = ranks.everyone.broadcast_object(prompts, 0)
+        # the scheduler shards' group: the engines' default world, or with tensor-parallel engines
+        # (placement.py) their first ranks only (every rank makes the group)
+        peers = (WorldGroup(device=ranks.device) if placement.tp == 1
+                 else make_group(ranks, "engines", list(placement.engines)))
 
         def start() -> tuple[Any, Any, Any]:
             if not placement.is_engine:
@@ -75,7 +81,7 @@ class DataParallelRollouts:
             sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, seed=cfg.seed)
             scheduler = make_scheduler(cfg.scheduler, engine, scheduler_config(cfg), prompts.rows,
                                        prompts.prompt_ids, sampler, sampling, decode, reward_fn,
-                                       peers=WorldGroup(device=ranks.device))
+                                       peers=peers)
             return engine, reward_fn, scheduler
 
         built = every_rank_do(ranks.everyone, start, "starting the rollout engines and the reward")

@@ -1,6 +1,9 @@
 """The settings every RL stage shares (reasoning_rl, general_rl): policy, rollout engine,
 scheduler (C3PO++ / sync), loss and its correction, DeepSpeed, checkpoints. A stage's config
-subclasses `RLConfig` and adds its prompt data and reward settings.
+subclasses `RLConfig` and adds its prompt data and reward settings. The rollout engine and
+verifier settings are declared once (`VerifierSettings` < `SamplingSettings` <
+`GenerationSettings`) for every kind that samples a model and scores its responses: the RL
+kinds, `eval` and `distill` (stages/rl/verified_sampling.py is the job side).
 
 Defaults are the paper's reasoning-RL numbers (arXiv 2510.18855): AdamW b1 0.9, b2 0.999,
 wd 0.01, lr 2e-6, KL coef 0, temperature 1.0, 480 prompts x 8 rollouts, max length 65,536,
@@ -16,10 +19,10 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from stages.common.compile_layers import check_zero_stage, compile_layers_field
-from stages.common.contract import StageConfig, Strict, added_later, cosmetic
+from stages.common.contract import StageConfig, Strict, added_later, auto_setting, cosmetic
 from stages.common.hf_io import trust_remote_code_field
 from stages.common.kind_metrics import Curve, KindMetrics
-from stages.common.training_settings import optimizer_settings
+from stages.common.training_settings import optimizer_settings, with_defaults
 
 # engines whose reported log-prob of a sampled token is that of the untruncated
 # softmax(logits / T), whatever top_p / top_k do to the sampling (each engine class declares
@@ -27,6 +30,8 @@ from stages.common.training_settings import optimizer_settings
 UNTRUNCATED_LOGPROB_ENGINES = ("torch",)
 # engines that record each token's MoE routes (RolloutUpdate.routes): what routing_replay needs
 ROUTE_RECORDING_ENGINES = ("torch",)
+# engines that stage the weight sync in buckets of their own, of rollout.sync_bucket_mb (option sync_bucket_mb)
+BUCKETED_SYNC_ENGINES = ("vllm",)
 # engines that can sleep only when built for it, and the option (rollout.options) that builds
 # them so: without it a colocated engine fails at its first sleep, after a whole rollout phase
 SLEEP_OPTION = {"vllm": "enable_sleep_mode"}
@@ -89,6 +94,31 @@ class RolloutSettings(Strict):
         return self
 
 
+class VerifierSettings(Strict):
+    """How the verifiers score a stage's responses (`verifiers.verify_batch`)."""
+
+    verifier_workers: int = Field(2, ge=0, description="verifier processes (0 = in the stage)")
+    verifier_timeout_s: float = Field(10.0, gt=0)
+
+
+class SamplingSettings(VerifierSettings):
+    """A model sampled through the rollout engine (stages.rl.engines), its responses scored by
+    the verifiers. A kind says what a setting means for it through `with_defaults`."""
+
+    trust_remote_code: bool = trust_remote_code_field()
+    prompt_max_len: int = Field(1024, ge=1, description="longer prompts are skipped (counted)")
+    rollout: RolloutSettings = Field(RolloutSettings(), description="the rollout engine that generates "
+                                     "(device auto = cuda when there is one, else cpu)")
+    seed: int = 0
+
+
+class GenerationSettings(SamplingSettings):
+    """Sampling with one cap on every response's length (eval, distill; the RL kinds' cap is
+    `max_len`, which C3PO++ carries over partitions)."""
+
+    max_new_tokens: int = Field(1024, ge=1, description="response tokens per row (longer ones are cut)")
+
+
 class C3POSettings(Strict):
     """C3PO++ (paper Algorithm 1). Unset sizes derive from the step size:
     pool_capacity (Omega) = prompts_per_step x rollouts_per_prompt (the inference pool holds
@@ -102,16 +132,20 @@ class C3POSettings(Strict):
     min_group_size: int = Field(2, ge=1, description="finished members a GRPO group needs after purges")
 
 
-class RLConfig(StageConfig, optimizer_settings(lr=2e-6, adam_betas=(0.9, 0.999), weight_decay=0.01)):
+# the RL kinds sample with an engine per engine rank, on that rank's own device (RolloutSettings
+# says so): `rollout` keeps no one-engine description here, as before the settings were shared
+_RL_SAMPLING = with_defaults(SamplingSettings, "RLSamplingSettings", prompt_max_len=4096, descriptions={
+    "verifier_workers": "verifier processes (0 = in the trainer)", "rollout": None})
+
+
+class RLConfig(StageConfig, optimizer_settings(lr=2e-6, adam_betas=(0.9, 0.999), weight_decay=0.01), _RL_SAMPLING):
     """The fields of both RL kinds (see the module docstring); subclasses add `kind` and `data`."""
 
     model: str = Field(description="HF policy dir: ${stages.X.output} or a URI")
-    trust_remote_code: bool = trust_remote_code_field()
     steps: int = Field(ge=1, description="training steps (one optimizer update each, x updates_per_batch)")
     prompts_per_step: int = Field(480, ge=1, description="sync: prompts per step (C3PO++ sizes from it)")
     rollouts_per_prompt: int = Field(8, ge=1, description="G, the GRPO group size")
     max_len: int = Field(65536, ge=1, description="max response tokens of a rollout")
-    prompt_max_len: int = Field(4096, ge=1, description="longer prompts are skipped (counted)")
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0, description="0 = off")
@@ -131,11 +165,12 @@ class RLConfig(StageConfig, optimizer_settings(lr=2e-6, adam_betas=(0.9, 0.999),
         None, ge=1, description=f"padded tokens per micro-batch; default the larger of {DEFAULT_MICRO_BATCH_TOKENS} "
                                 "and prompt_max_len + max_len (one whole rollout)")
     logit_chunk: int = Field(2048, ge=1, description="response tokens per lm-head chunk")
-    gradient_checkpointing: bool = False
-    compile_layers: bool = compile_layers_field()  # the policy's layers; not the reference model's
-    rollout: RolloutSettings = RolloutSettings()
-    precision: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto = bf16 on GPU, fp32 on CPU")
-    seed: int = 0
+    gradient_checkpointing: Literal["auto"] | bool = auto_setting(False, description=(
+        "recompute the policy's layer activations in the backward pass; auto = on only when the estimated "
+        "memory needs it (stages/common/speed_defaults.py)"))
+    compile_layers: Literal["auto"] | bool = compile_layers_field()  # the policy's layers; not the reference model's
+    precision: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto = bf16 on GPU, fp32 on CPU "
+                                                       "(decided before launch: stages/common/speed_defaults.py)")
     routing_replay: bool = added_later(False, description=(
         "MoE policies: the learner routes each token to the experts the rollout engine chose for it "
         "(R3; stages/rl/routing.py), in the theta_old pass and the update; needs rollout.engine torch "
@@ -143,8 +178,6 @@ class RLConfig(StageConfig, optimizer_settings(lr=2e-6, adam_betas=(0.9, 0.999),
     frozen_param_patterns: list[str] = Field(
         ["*.gate.e_score_correction_bias", "*expert_bias*"],
         description="fnmatch patterns of parameter names kept fixed (MoE router bias)")
-    verifier_workers: int = Field(2, ge=0, description="verifier processes (0 = in the trainer)")
-    verifier_timeout_s: float = Field(10.0, gt=0)
     ifeval_grading: Literal["strict", "reference"] = Field("strict", description=(
         "grading of IFEval rows that name none: strict (an RL reward: lookalike characters, padding, "
         "keywords inside words, empty shapes are rejected; verifiers/ifeval_strict.py) or reference "

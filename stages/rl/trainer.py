@@ -48,6 +48,7 @@ from stages.common.contract import StageJob
 from stages.common.distributed import run_on
 from stages.common.hf_io import eos_token_ids_of
 from stages.common.lora import publish_trained_model
+from stages.common.speed_defaults import settle_auto
 from stages.common.stage_log import info
 from stages.common.training_job import start_training_job
 from stages.rl.decoding import make_decoder
@@ -69,9 +70,10 @@ class RLProgress(StatefulDataclass):
 
 class RLTrainer:
     def __init__(self, job: StageJob, cfg: RLConfig, spec: RLSpec):
+        cfg = settle_auto(cfg)  # `auto` speed settings are left only in a job started without the pipeline
         self.cfg, self.spec = cfg, spec
         self.placement = placement = Placement.of(cfg, job.rank, job.world_size)
-        setup = start_training_job(job, cfg, split_last=len(placement.engines) if placement.split else 0)
+        setup = start_training_job(job, cfg, split_last=len(placement.generators) if placement.split else 0)
         self.ranks = ranks = setup.ranks
         self.rank = ranks.rank
         tokenizer = setup.tokenizer

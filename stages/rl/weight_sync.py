@@ -14,7 +14,9 @@ parameters of one dtype), so ZeRO-3 gathers each parameter once, a bucket per co
   `GatheredParameters` per bucket (every rank joins its all-gather), and each rank copies the
   full tensors from the gather straight into its own engine (`RolloutEngine.update_weights`);
   under ZeRO 0-2 every rank holds the full parameters already and copies them. The only
-  bytes on the interconnect are ZeRO-3's all-gather.
+  bytes on the interconnect are ZeRO-3's all-gather. With tensor-parallel engines
+  (placement.py) only a group's first rank holds the engine; the group's other ranks join the
+  gathers and copy nothing (the engine's workers take the tensors from the first rank's GPU).
 - `BroadcastToEngines` (split: the engines are other ranks). The trainers gather each bucket
   (ZeRO-3: every trainer joins), trainer 0 packs it into one flat buffer and broadcasts it
   over the sync group (trainer 0 and the engine ranks; NCCL on GPUs); every engine rank
@@ -83,7 +85,7 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 class GatherIntoEngines:
-    def __init__(self, module: torch.nn.Module, engine: RolloutEngine, zero3: bool, bucket_bytes: int,
+    def __init__(self, module: torch.nn.Module, engine: RolloutEngine | None, zero3: bool, bucket_bytes: int,
                  changed_only: bool = False):
         self.engine, self.zero3, self.partial = engine, zero3, changed_only
         self.buckets = buckets(sync_tensors(module, changed_only), bucket_bytes)
@@ -97,7 +99,11 @@ class GatherIntoEngines:
 
     def push(self) -> float:
         t0 = time.perf_counter()
-        self.engine.update_weights(self._full_tensors(), partial=self.partial)
+        if self.engine is not None:
+            self.engine.update_weights(self._full_tensors(), partial=self.partial)
+        else:  # a rank of a tensor-parallel engine's group that runs no engine: it joins the gathers
+            for _ in self._full_tensors():
+                pass
         return time.perf_counter() - t0
 
 

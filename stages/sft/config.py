@@ -7,7 +7,7 @@ from pydantic import Field, model_validator
 
 from data_curation.discovery import DataInput
 from stages.common.compile_layers import check_zero_stage, compile_layers_field
-from stages.common.contract import StageConfig, Strict, cosmetic
+from stages.common.contract import StageConfig, Strict, auto_setting, cosmetic
 from stages.common.hf_io import trust_remote_code_field
 from stages.common.kind_metrics import Curve, KindMetrics
 from stages.common.step_profile import ProfileSettings
@@ -67,10 +67,11 @@ class SFTConfig(StageConfig, supervised_settings(
                             "when packing (sdpa without packing, and on CPU); flex_attention (GPU only): a "
                             "document-masked FlexAttention kernel instead of sdpa's dense mask "
                             "(stages/common/packed_attention.py)")
-    gradient_checkpointing: bool = Field(
+    gradient_checkpointing: Literal["auto"] | bool = auto_setting(
         False, description="recompute each decoder layer's activations in the backward pass: less memory "
-                           "for longer packs or larger micro batches, ~1/3 more compute")
-    compile_layers: bool = compile_layers_field()
+                           "for longer packs or larger micro batches, ~1/3 more compute; auto = on only "
+                           "when the estimated memory needs it (stages/common/speed_defaults.py)")
+    compile_layers: Literal["auto"] | bool = compile_layers_field()
     loss_chunk_tokens: int = Field(
         8192, ge=1, description="tokens per chunk of the LM-head + cross-entropy: the full-vocabulary logits "
                                 "of a micro batch are never held at once (stages/common/fused_loss.py)")
@@ -96,7 +97,7 @@ class SFTConfig(StageConfig, supervised_settings(
 
 
 KIND = register(StageKind(
-    name="sft", config=SFTConfig, version=2, sources=("stages.sft", "stages.common"),
+    name="sft", config=SFTConfig, version=2, sources=("stages.sft", "stages.common"), speed="sft",
     distributed=True, description="Long-CoT SFT: packed sequences, DeepSpeed ZeRO, resumable",
     metrics=KindMetrics(headline=(Curve("loss"),),
                         curves=(Curve("loss"), Curve("lr"), Curve("grad_norm"), Curve("tokens_per_s")))))

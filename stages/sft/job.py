@@ -46,6 +46,7 @@ from stages.common.hf_io import load_causal_lm
 from stages.common.lora import apply_lora
 from stages.common.packed_attention import flattens_micro_batch, pad_packed_batch, static_width
 from stages.common.rows import input_rows
+from stages.common.speed_defaults import settle_auto
 from stages.common.stage_log import info
 from stages.common.step_profile import StepProfiler
 from stages.common.supervised_trainer import StepReport, SupervisedRun, TrainingProgress, train_supervised
@@ -120,7 +121,9 @@ def packed_loss_sum(model, batch: dict[str, torch.Tensor], device: torch.device,
 
 def load_packed_lm(model_dir: Path, cfg: SFTConfig, attn: str) -> PackedLMLoss:
     """The input model in float32 (DeepSpeed casts it), with the configured attention, LoRA
-    adapters, gradient checkpointing and compiled layers, wrapped for the chunked loss."""
+    adapters, gradient checkpointing and compiled layers, wrapped for the chunked loss. A setting
+    still at `auto` (a config not launched by the pipeline) takes its old default."""
+    cfg = settle_auto(cfg)
     lm = load_causal_lm(model_dir, torch.float32, attn_implementation=attn,
                         trust_remote_code=cfg.trust_remote_code)
     if cfg.lora is not None:
@@ -264,6 +267,7 @@ class SFTTask:
 
 
 def main(job: StageJob, cfg: SFTConfig) -> dict[str, Any] | None:
+    cfg = settle_auto(cfg)  # `auto` left only without the pipeline
     return train_supervised(job, cfg, lambda setup: SFTTask(job, cfg, setup))
 
 

@@ -42,8 +42,14 @@ class SyntheticDataConfig(StageConfig):
         return files
 
 
+def generator_packages(cfg: SyntheticDataConfig) -> list[str]:
+    """The installed libraries the stage's generators draw with: their versions are part of
+    the stage hash (pipeline/fingerprints.py)."""
+    return sorted({p for f in cfg.files.values() for p in get_generator(f.generator).packages})
+
+
 KIND = register(StageKind(
     name="synthetic_data", config=SyntheticDataConfig, version=1,
     sources=("stages.synthetic_data", "stages.general_rl.synthetic_prompts", "stages.common", "verifiers"),
-    distributed=False,
+    distributed=False, input_packages=generator_packages,
     description="synthetic Long-CoT / RL / preference data generated locally"))

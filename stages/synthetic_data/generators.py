@@ -34,6 +34,9 @@ class Generator:
     description: str
     fn: Callable[..., list[dict]] | None = None
     target: str | None = None  # "package.module:function", imported on first use
+    # installed distributions whose code draws the rows (beside ours): their versions are part
+    # of the stage's identity (the kind's `input_packages`): another release may draw other rows
+    packages: tuple[str, ...] = ()
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     def function(self) -> Callable[..., list[dict]]:
@@ -88,11 +91,11 @@ class Generator:
 GENERATORS: dict[str, Generator] = {}
 
 
-def register(name: str, description: str, target: str | None = None):
+def register(name: str, description: str, target: str | None = None, packages: tuple[str, ...] = ()):
     def deco(fn: Callable[..., list[dict]] | None) -> Callable[..., list[dict]] | None:
         if name in GENERATORS:
             raise ValueError(f"generator {name!r} registered twice")
-        GENERATORS[name] = Generator(name=name, description=description, fn=fn, target=target)
+        GENERATORS[name] = Generator(name=name, description=description, fn=fn, target=target, packages=packages)
         return fn
     return deco
 
@@ -432,4 +435,5 @@ register("general_prompts", "open chat prompts (Magpie-style), judged by the rew
 register("ifeval_prompts", "instruction-following prompts with checkable constraints",
          target="stages.general_rl.synthetic_prompts:ifeval_prompts")(None)
 register("reasoning_gym", "reasoning-gym task families (weights, configs, train/heldout split), "
-         "scored by each family's own score_answer", target="stages.synthetic_data.rgym:reasoning_gym_rows")(None)
+         "scored by each family's own score_answer", target="stages.synthetic_data.rgym:reasoning_gym_rows",
+         packages=("reasoning-gym",))(None)

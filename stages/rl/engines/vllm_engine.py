@@ -1,48 +1,54 @@
-"""The `vllm` rollout engine (GPU): vLLM sampling with per-token logprobs, weights updated
-in place after every trainer update, unfinished rollouts continued by resubmission.
+"""The `vllm` rollout engine (GPU): vLLM's own multi-process engine (the engine core, its
+scheduler and model runner in processes of their own, as `vllm.LLM` runs them), per-token
+logprobs, weights updated in place after every trainer update over CUDA IPC, tensor
+parallelism, unfinished rollouts continued by resubmission.
 
-Written against vLLM 0.26 (the release that pins the GPU machines' torch 2.11), run there
-(benchmarks/RESULTS.md); CI has neither vLLM nor a GPU and drives this module against a
-stand-in of the same API (tests/stages/rl/test_engines.py). The calls it makes:
-- `vllm.LLM(model=..., dtype=..., seed=..., max_model_len=..., max_num_seqs=...,
-  gpu_memory_utilization=..., enable_prefix_caching=..., logprobs_mode="processed_logprobs")`:
-  the returned logprob is that of the temperature-scaled distribution, like the torch
-  engine's. "Processed" also applies top-k / top-p renormalisation (the torch engine reports
-  pre-truncation logprobs), so `reports_untruncated_logprobs` is False and the recipe guard
-  refuses top_p < 1 / top_k > 0 with IcePop or TIS on this engine.
-- `llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=...), params)`,
-  `llm.llm_engine.step() -> list[RequestOutput]` and `abort_request([ids])`: the stepping
-  loop that implements the finished-token budget (C3PO++): once the finished rollouts'
-  lengths reach the budget the rest are aborted and return what they have. Outputs carry the
-  request id we gave (vLLM suffixes its internal ids, not ours).
+Written against vLLM 0.26 (the release that pins the GPU machines' torch 2.11); CI has neither
+vLLM nor a GPU and drives this module against a stand-in of the same API
+(tests/stages/rl/fake_vllm.py: every call below is in its contract). The calls it makes:
+- `AsyncLLMEngine.from_engine_args(AsyncEngineArgs(model=..., dtype=..., seed=...,
+  max_model_len=..., max_num_seqs=..., gpu_memory_utilization=..., enable_prefix_caching=...,
+  tensor_parallel_size=..., logprobs_mode="processed_logprobs", disable_log_stats=True))`,
+  built and driven on an asyncio loop of its own thread (vllm_loop.py). AsyncLLM is vLLM's
+  engine with the engine core in another process (V1 multiprocessing, async scheduling):
+  `LLM.generate` runs the same core. The returned logprob is that of the temperature-scaled
+  distribution, like the torch engine's; "processed" also applies top-k / top-p
+  renormalisation, so `reports_untruncated_logprobs` is False and the recipe guard refuses
+  top_p < 1 / top_k > 0 with IcePop or TIS on this engine.
+- `engine.generate(TokensPrompt(prompt_token_ids=...), params, request_id)`: an async stream
+  per request; with FINAL_ONLY outputs it yields once, when the request ends (no per-step
+  output objects: what `LLM.generate` asks for too). The finished-token budget (C3PO++): once
+  the finished rollouts' lengths reach it, `engine.abort([ids])` ends the rest, and each of
+  their streams yields a final output (finish_reason "abort") holding every token and logprob
+  it had: partial rollouts keep what they decoded. `engine.output_processor
+  .has_unfinished_requests()`: a request vLLM no longer holds is an error, not a wait for ever.
 - `SamplingParams(n=1, temperature, top_p, top_k (-1 = off), seed, max_tokens, logprobs=0,
-  stop_token_ids, ignore_eos=True, detokenize=False, output_kind=DELTA)`: `logprobs=0`
-  returns the sampled token's logprob only; DELTA outputs carry only each step's new tokens
-  (cumulative ones would copy whole 64k-token rollouts every step); finish_reason "stop"
-  (EOS / stop token) -> "eos", "length" -> "length".
+  stop_token_ids, ignore_eos=True, detokenize=False, output_kind=FINAL_ONLY)`: `logprobs=0`
+  returns the sampled token's logprob only; finish_reason "stop" (EOS / stop token) -> "eos",
+  "length" -> "length", "abort" -> unfinished.
 - Seeds: each request carries a seed derived from (seed, uid, offset), so a rollout's tokens do
-  not depend on the batch it ran in (as on the torch engine). vLLM then draws each seeded
-  request's noise in a loop of its own (vllm/v1/sample/ops/topk_topp_sampler.py); round 8
-  measured no cost from that (benchmarks/RESULTS.md: 22.2k tok/s with per-request seeds, 15.9k
-  with the generator seeded once per call instead).
-- Weights: `llm.collective_rpc(fn, kwargs=...)` runs `fn(worker, ...)` on the worker, which
-  feeds the model's own `load_weights(iterable of (hf_name, tensor))` (vLLM's loader stacks
-  q/k/v and gate/up and skips a tied lm_head). In process (VLLM_ENABLE_V1_MULTIPROCESSING=0,
-  set here unless `in_process=False`) the tensors are handed over without a copy; in a
-  separate worker process they are pickled (slow: small models only). Then the prefix cache
-  is reset (`llm.reset_prefix_cache()`), so a continued rollout's prefix is re-encoded with
-  the new weights instead of reusing KV computed by the old ones.
-- Sleep (colocated placement, while the trainer steps): `llm.sleep(level)` / `llm.wake_up()`
-  (V1's sleep mode, which needs the `enable_sleep_mode=True` LLM keyword: `rollout.options`).
+  not depend on the batch it ran in (as on the torch engine).
+- Weights: `engine.collective_rpc(fn, kwargs=...)` runs `fn(worker, ...)` on every worker: CUDA
+  IPC handles of a staging buffer, bucketed (`sync_bucket_mb`), loaded by the model's own
+  `load_weights` (vllm_weights.py); then `engine.reset_prefix_cache()`, so a continued
+  rollout's prefix is re-encoded with the new weights instead of reusing KV of the old ones.
+  `last_sync` holds the latest sync's bytes, seconds and GB/s.
+- Sleep (colocated placement, while the trainer steps): `engine.sleep(level)` /
+  `engine.wake_up()` (V1's sleep mode, which needs `enable_sleep_mode=True`: rollout.options).
   Level 1 drops the KV cache and offloads the weights to CPU memory; level 2 (`weights`)
   drops both, and the weight sync after `wake()` refills them.
+- `engine.shutdown()` (`close()`): the engine's processes end and its GPU memory is returned.
 
-The model lives on the process's first visible GPU (vLLM uses cuda:0 of
-CUDA_VISIBLE_DEVICES); ask for device "cuda" / "cuda:0" and pin the GPU with
-CUDA_VISIBLE_DEVICES per process.
+GPUs: the engine runs on `tensor_parallel_size` GPUs starting at `device` (cuda:N = this
+process's N-th visible GPU): the engine's processes are started with CUDA_VISIBLE_DEVICES set
+to those GPUs (and without the launcher's RANK / LOCAL_RANK / ...), so one stage rank (an engine
+rank of the placement, stages/rl/placement.py) owns a tensor-parallel group of GPUs.
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -50,6 +56,7 @@ import logging
 import os
 import sys
 import time
+import weakref
 from typing import Iterable
 
 import torch
@@ -57,10 +64,13 @@ import torch
 from stages.common.hf_io import eos_token_ids_of
 
 from .protocol import IGNORED_PREFIXES, UNAVAILABLE, RolloutRequest, RolloutUpdate, SamplingParams, SyncTiming, register_engine
+from .vllm_loop import LoopThread
+from .vllm_weights import IpcWeightSender, SyncReport
 
 log = logging.getLogger(__name__)
 
 MIN_VLLM = (0, 26)  # the API this module is written against (module docstring)
+STALL_CHECK_S = 5.0  # how often a generate that waits checks that vLLM still holds its requests
 
 
 def _installed_vllm() -> tuple[str | None, str | None]:
@@ -82,13 +92,12 @@ def _installed_vllm() -> tuple[str | None, str | None]:
 def _import_vllm():
     """vLLM's API this module calls, imported when the first engine is built."""
     try:
-        from vllm import LLM
+        from vllm import AsyncEngineArgs, AsyncLLMEngine, TokensPrompt
         from vllm import SamplingParams as VllmSamplingParams
-        from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
     except Exception as e:  # ImportError, or a broken CUDA/vLLM install raising anything else
         raise RuntimeError(f"vllm engine: vllm is installed but does not import: {type(e).__name__}: {e}") from e
-    return LLM, VllmSamplingParams, TokensPrompt, RequestOutputKind
+    return AsyncLLMEngine, AsyncEngineArgs, VllmSamplingParams, TokensPrompt, RequestOutputKind
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
@@ -97,11 +106,6 @@ def _version_tuple(version: str) -> tuple[int, ...]:
         digits = "".join(c for c in piece if c.isdigit())
         parts.append(int(digits) if digits else 0)
     return tuple(parts)
-
-
-def _load_weights(worker, weights) -> None:
-    """Runs on vLLM's worker (collective_rpc): the model's own loader takes HF names."""
-    worker.model_runner.model.load_weights(weights)
 
 
 def _strip(name: str) -> str:
@@ -115,6 +119,54 @@ def _request_seed(seed: int, uid: str, offset: int) -> int:
     return int.from_bytes(h, "little") & 0x7FFF_FFFF
 
 
+def engine_gpus(device: str, tensor_parallel_size: int) -> list[str]:
+    """The CUDA_VISIBLE_DEVICES entries of an engine on `tensor_parallel_size` GPUs from
+    `device` (cuda or cuda:N, N counted in this process's visible GPUs)."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        raise ValueError(f"vllm engine: device must be 'cuda' or 'cuda:N', got {device!r}")
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = ([d.strip() for d in env.split(",") if d.strip()] if env is not None
+               else [str(i) for i in range(torch.cuda.device_count())])
+    first = dev.index or 0
+    if tensor_parallel_size < 1 or first + tensor_parallel_size > len(visible):
+        raise ValueError(f"vllm engine: device {device!r} with tensor_parallel_size {tensor_parallel_size} "
+                         f"needs visible GPUs {first}..{first + tensor_parallel_size - 1}, and this process "
+                         f"sees {len(visible)} ({'CUDA_VISIBLE_DEVICES=' + env if env is not None else 'all'})")
+    return visible[first:first + tensor_parallel_size]
+
+
+# the stage launcher's torch.distributed variables: vLLM's processes form process groups of their
+# own, and some of its code reads LOCAL_RANK when set (vllm/distributed/parallel_state.py)
+LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@contextlib.contextmanager
+def _engine_environment(gpus: list[str]):
+    """The environment of the processes the engine starts meanwhile: CUDA_VISIBLE_DEVICES = the
+    engine's GPUs (this process's CUDA is already up and keeps its numbering), none of the
+    launcher's rank variables."""
+    before = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", *LAUNCHER_ENV)}
+    _set_environ({"CUDA_VISIBLE_DEVICES": ",".join(gpus), **{k: None for k in LAUNCHER_ENV}})
+    try:
+        yield
+    finally:
+        _set_environ(before)
+
+
+def _set_environ(values: dict[str, str | None]) -> None:
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def _rpc(loop: LoopThread, llm, fn, kwargs: dict) -> list:
+    """`fn(worker, **kwargs)` on every vLLM worker, their results."""
+    return loop.run(llm.collective_rpc(fn, kwargs=kwargs))
+
+
 class VllmEngine(SyncTiming):
     name = "vllm"
     # with logprobs_mode="processed_logprobs" the reported log-prob is that of the distribution
@@ -124,16 +176,15 @@ class VllmEngine(SyncTiming):
     def __init__(self, model_dir: str, *, device: str = "cuda", dtype: str = "auto",
                  max_batch: int = 64, max_len: int = 4096, seed: int = 0,
                  gpu_memory_utilization: float = 0.4, enable_prefix_caching: bool = True,
-                 enforce_eager: bool = False, in_process: bool = True,
-                 eos_token_ids: list[int] | None = None, trust_remote_code: bool = False, **llm_kwargs):
+                 enforce_eager: bool = False, sync_bucket_mb: int = 512,
+                 eos_token_ids: list[int] | None = None, trust_remote_code: bool = False, **engine_kwargs):
         if not torch.cuda.is_available():
             raise RuntimeError("vllm engine: no CUDA device is visible")
-        dev = torch.device(device)
-        if dev.type != "cuda" or (dev.index or 0) != 0:
-            raise ValueError(f"vllm engine: device must be 'cuda' or 'cuda:0' (vLLM uses the first "
-                             f"visible GPU; choose it with CUDA_VISIBLE_DEVICES), got {device!r}")
-        if in_process:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        if "in_process" in engine_kwargs:
+            raise ValueError("vllm engine: rollout.options in_process is gone (issue 32): the engine always runs "
+                             "vLLM's multi-process engine and syncs weights over CUDA IPC; remove the option")
+        self.gpus = engine_gpus(device, int(engine_kwargs.get("tensor_parallel_size", 1)))
+        self.device = torch.device("cuda", torch.device(device).index or 0)
         self.max_len, self.seed = int(max_len), int(seed)
         self.eos_token_ids = (list(eos_token_ids) if eos_token_ids is not None
                               else eos_token_ids_of(model_dir, trust_remote_code=trust_remote_code))
@@ -144,16 +195,36 @@ class VllmEngine(SyncTiming):
                         "load_weights, and vLLM versions differ in whether that re-quantises them "
                         "(vllm-project/vllm#28425); watch the mismatch metrics (icepop/) of the first steps")
         kwargs = dict(model=model_dir, dtype="bfloat16" if dtype in ("auto", "fp8") else dtype, seed=seed, **fp8,
-                      trust_remote_code=trust_remote_code,
-                      max_model_len=max_len, max_num_seqs=max_batch,
-                      gpu_memory_utilization=gpu_memory_utilization,
-                      enable_prefix_caching=enable_prefix_caching, enforce_eager=enforce_eager,
-                      **llm_kwargs)
-        LLM, self._SamplingParams, self._TokensPrompt, self._OutputKind = _import_vllm()
-        self.llm = LLM(**kwargs, logprobs_mode="processed_logprobs")
+                      trust_remote_code=trust_remote_code, max_model_len=max_len, max_num_seqs=max_batch,
+                      gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=enable_prefix_caching,
+                      enforce_eager=enforce_eager, logprobs_mode="processed_logprobs", disable_log_stats=True,
+                      **engine_kwargs)
+        AsyncLLM, EngineArgs, self._SamplingParams, self._TokensPrompt, self._OutputKind = _import_vllm()
+        # the weight sync's worker function travels to vLLM's processes by reference (vllm_weights.py)
+        os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+        self._loop = LoopThread()
+
+        async def start():  # on the loop: AsyncLLM's output handler becomes a task of it
+            return AsyncLLM.from_engine_args(EngineArgs(**kwargs))
+
+        with _engine_environment(self.gpus):
+            self.llm = self._loop.run(start())
+        # nothing here refers back to the engine: dropping it frees vLLM's processes (AsyncLLM's
+        # own finaliser) and ends the loop thread, with no wait for the cycle collector
+        self._weights = IpcWeightSender(functools.partial(_rpc, self._loop, self.llm), self.device,
+                                        int(sync_bucket_mb) << 20)
+        weakref.finalize(self, self._loop.close)
         self._calls = 0
         self.last_stats: dict[str, float] = {}
-        self.sleep_mode = bool(llm_kwargs.get("enable_sleep_mode", False))
+        self.last_sync = SyncReport()
+        self.sleep_mode = bool(engine_kwargs.get("enable_sleep_mode", False))
+
+    def close(self) -> None:
+        """End the engine's processes (their GPU memory comes back) and its loop."""
+        if getattr(self, "llm", None) is not None:
+            self.llm.shutdown()
+            self.llm = None
+        self._loop.close()
 
     # ---------------------------------------------------------------- sleep
     def sleep(self, weights: bool = False) -> None:
@@ -161,11 +232,11 @@ class VllmEngine(SyncTiming):
         if not self.sleep_mode:
             raise RuntimeError("vllm engine: sleeping needs the engine built with rollout.options "
                                "{enable_sleep_mode: true}, or rollout.sleep: none")
-        self.llm.sleep(level=2 if weights else 1)
+        self._loop.run(self.llm.sleep(level=2 if weights else 1))
 
     def wake(self) -> None:
         if self.sleep_mode:
-            self.llm.wake_up()
+            self._loop.run(self.llm.wake_up())
 
     # ---------------------------------------------------------------- generate
     def _params(self, s: SamplingParams, r: RolloutRequest):
@@ -177,7 +248,7 @@ class VllmEngine(SyncTiming):
             # generation config) unless told not to, so an engine opened with EOS off
             # (eos_token_ids=[]) still stopped at the model's EOS on an H100 (2026-11-26)
             logprobs=0, stop_token_ids=list(self.eos_token_ids), ignore_eos=True, detokenize=False,
-            output_kind=self._OutputKind.DELTA)
+            output_kind=self._OutputKind.FINAL_ONLY)
 
     def generate(self, requests: list[RolloutRequest], sampling: SamplingParams,
                  finished_token_budget: int | None = None) -> list[RolloutUpdate]:
@@ -189,78 +260,93 @@ class VllmEngine(SyncTiming):
                                  f"{need} tokens > max_len {self.max_len}")
         call = self._calls
         self._calls += 1
-        engine = self.llm.llm_engine
-        n = len(requests)
-        toks: list[list[int]] = [[] for _ in range(n)]
-        lps: list[list[float]] = [[] for _ in range(n)]
-        reason: list[str | None] = [None] * n
-        done_tokens = 0
-        live: dict[str, int] = {}
-
-        def over_budget() -> bool:
-            return finished_token_budget is not None and done_tokens >= finished_token_budget
-
+        done = [r.max_new_tokens <= 0 for r in requests]
+        spent = sum(len(r.generated_ids) for r, d in zip(requests, done) if d)
+        over = finished_token_budget is not None and spent >= finished_token_budget
+        todo = {f"{call}-{i}-{r.uid}": i for i, r in enumerate(requests) if not done[i]}
+        outs = {} if over or not todo else self._loop.run(self._decode(requests, sampling, todo, spent,
+                                                                       finished_token_budget))
+        updates = []
         for i, r in enumerate(requests):
-            if r.max_new_tokens <= 0:
-                reason[i] = "length"
-                done_tokens += len(r.generated_ids)
-        try:
-            if not over_budget():
-                for i, r in enumerate(requests):
-                    if reason[i] is None:
-                        rid = f"{call}-{i}-{r.uid}"
-                        engine.add_request(rid, self._TokensPrompt(prompt_token_ids=r.prompt_ids + r.generated_ids),
-                                           self._params(sampling, r))
-                        live[rid] = i
-            while live and not over_budget():
-                outs = engine.step()
-                if not outs and not engine.has_unfinished_requests():
-                    # vLLM holds none of our live requests: waiting on would spin for ever
-                    # (the stage's first generate went silent on an H100 twice, rounds 5b and 7)
-                    raise RuntimeError(f"vllm engine: {len(live)} request(s) vanished from vLLM's "
-                                       f"scheduler unfinished (e.g. {next(iter(live))!r})")
-                for out in outs:
-                    i = live.get(out.request_id)
-                    if i is None:
-                        continue
-                    c = out.outputs[0]  # DELTA: this step's new tokens only
-                    toks[i] += c.token_ids
-                    lps[i] += [float(d[t].logprob) for t, d in zip(c.token_ids, c.logprobs or [])]
-                    if len(lps[i]) != len(toks[i]):
-                        raise RuntimeError(f"vllm engine: request {requests[i].uid!r}: "
-                                           f"{len(toks[i])} tokens but {len(lps[i])} logprobs")
-                    if out.finished:
-                        del live[out.request_id]
-                        reason[i] = "length" if c.finish_reason == "length" else "eos"
-                        if c.finish_reason not in ("stop", "length"):
-                            raise RuntimeError(f"vllm engine: request {requests[i].uid!r} ended "
-                                               f"with finish_reason {c.finish_reason!r}")
-                        done_tokens += len(requests[i].generated_ids) + len(toks[i])
-        finally:
-            if live:  # over budget (or an error): the rest keep what they have
-                engine.abort_request(list(live))
+            toks, lps, reason = outs.get(i, ([], [], "length" if done[i] else None))
+            updates.append(RolloutUpdate(uid=r.uid, token_ids=toks, logprobs=lps,
+                                         finished=reason is not None, finish_reason=reason))
         self.last_stats = {"seconds": time.perf_counter() - t0,
-                           "new_tokens": sum(len(t) for t in toks)}
-        return [RolloutUpdate(uid=r.uid, token_ids=toks[i], logprobs=lps[i],
-                              finished=reason[i] is not None, finish_reason=reason[i])
-                for i, r in enumerate(requests)]
+                           "new_tokens": sum(len(u.token_ids) for u in updates)}
+        return updates
+
+    async def _one(self, rid: str, r: RolloutRequest, sampling: SamplingParams):
+        """One request's stream to its end: (tokens, logprobs, finish reason or None if aborted)."""
+        final = None
+        prompt = self._TokensPrompt(prompt_token_ids=r.prompt_ids + r.generated_ids)
+        async for out in self.llm.generate(prompt, self._params(sampling, r), rid):
+            final = out  # FINAL_ONLY: the one output at the end (or at an abort)
+        if final is None:
+            raise RuntimeError(f"vllm engine: request {r.uid!r}: vLLM ended its stream without an output")
+        c = final.outputs[0]
+        toks = list(c.token_ids)
+        lps = [float(d[t].logprob) for t, d in zip(toks, c.logprobs or [])]
+        if len(lps) != len(toks):
+            raise RuntimeError(f"vllm engine: request {r.uid!r}: {len(toks)} tokens but {len(lps)} logprobs")
+        if c.finish_reason not in ("stop", "length", "abort"):
+            raise RuntimeError(f"vllm engine: request {r.uid!r} ended with finish_reason {c.finish_reason!r}")
+        reason = {"stop": "eos", "length": "length"}.get(c.finish_reason)
+        return toks, lps, reason
+
+    async def _decode(self, requests: list[RolloutRequest], sampling: SamplingParams, todo: dict[str, int],
+                      spent: int, budget: int | None) -> dict[int, tuple]:
+        """Every request of `todo` (request id -> index) to its end, or until the finished
+        rollouts' tokens (`spent` so far) reach `budget`: then the rest are aborted and keep
+        what they have."""
+        tasks = {asyncio.ensure_future(self._one(rid, requests[i], sampling)): rid for rid, i in todo.items()}
+        results: dict[int, tuple] = {}
+        idle = 0  # consecutive waits in which nothing finished and vLLM held none of our requests
+        try:
+            pending = set(tasks)
+            while pending:
+                finished, pending = await asyncio.wait(pending, timeout=STALL_CHECK_S,
+                                                       return_when=asyncio.FIRST_COMPLETED)
+                for task in finished:
+                    i = todo[tasks[task]]
+                    results[i] = task.result()  # a request's error ends the call here
+                    if results[i][2] is not None:
+                        spent += len(requests[i].generated_ids) + len(results[i][0])
+                if pending and budget is not None and spent >= budget:
+                    await self.llm.abort([tasks[t] for t in pending])  # each stream then ends with what it has
+                    for task in pending:
+                        results[todo[tasks[task]]] = await task
+                    pending = set()
+                    continue
+                idle = idle + 1 if not finished and not self.llm.output_processor.has_unfinished_requests() else 0
+                if idle >= 2:  # twice: an output handed over as the wait timed out is not a loss
+                    # vLLM holds none of our live requests: waiting on would wait for ever
+                    # (the stage's first generate went silent on an H100 twice, rounds 5b and 7)
+                    raise RuntimeError(f"vllm engine: {len(pending)} request(s) vanished from vLLM's scheduler "
+                                       f"unfinished (e.g. {tasks[next(iter(pending))]!r})")
+        finally:
+            for task in tasks:
+                task.cancel()  # a cancelled stream aborts its request in vLLM (only after an error)
+        return results
 
     # ---------------------------------------------------------------- weights
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], partial: bool = False) -> None:
         # vLLM's load_weights takes any subset of the weights: `partial` needs nothing more
         t0 = time.perf_counter()
-        weights = ((_strip(n), t.detach()) for n, t in named_tensors)
-        self.llm.collective_rpc(_load_weights, kwargs={"weights": weights})
-        self.llm.reset_prefix_cache()
-        torch.cuda.synchronize()
+        self.last_sync = self._weights.send((_strip(n), t) for n, t in named_tensors)
+        if not self._loop.run(self.llm.reset_prefix_cache()):
+            log.warning("vllm engine: vLLM did not reset its prefix cache after the weight sync (requests still "
+                        "held blocks): continued rollouts may reuse KV of the old weights (watch icepop/)")
         self._record_sync(t0)
+        log.info("vllm engine: weight sync of %.2f GB in %d bucket(s): %.1f GB/s", self.last_sync.bytes / 1e9,
+                 self.last_sync.buckets, self.last_sync.gb_per_s)
 
 
 def make_vllm_engine(model_dir: str, *, device: str = "cuda", dtype: str = "auto",
                      max_batch: int = 64, max_len: int = 4096, seed: int = 0,
                      **engine_options) -> VllmEngine:
     """engine_options: gpu_memory_utilization (0.4), enable_prefix_caching, enforce_eager,
-    in_process, eos_token_ids, and any other `vllm.LLM` keyword (tensor_parallel_size, ...)."""
+    sync_bucket_mb (512), eos_token_ids, and any other `vllm.AsyncEngineArgs` keyword
+    (tensor_parallel_size, enable_sleep_mode, ...)."""
     return VllmEngine(model_dir, device=device, dtype=dtype, max_batch=max_batch,
                       max_len=max_len, seed=seed, **engine_options)
 

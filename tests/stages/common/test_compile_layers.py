@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from stages.common.compile_layers import BACKEND_ENV, compile_decoder_layers
 from stages.common.contract import StageError
+from stages.common.speed_defaults import settle_auto
 from stages.reasoning_rl.config import ReasoningRLConfig
 from stages.rl.learner import Learner, LearnerConfig, TorchBackend
 from stages.rl.loss import LossConfig
@@ -92,8 +93,11 @@ def test_an_unknown_backend_is_named(monkeypatch):
 @pytest.mark.parametrize("config,base", [
     (SFTConfig, {"model": "m", "data": "d"}),
     (ReasoningRLConfig, {"model": "m", "data": "d", "steps": 1})], ids=["sft", "reasoning_rl"])
-def test_compile_layers_is_off_by_default_and_refused_under_zero3(config, base):
-    assert config.model_validate(base).compile_layers is False
+def test_compile_layers_is_auto_by_default_and_refused_under_zero3(config, base):
+    # `auto` is decided before launch (stages/common/speed_defaults.py); a job left with it runs eager
+    assert config.model_validate(base).compile_layers == "auto"
+    assert settle_auto(config.model_validate(base)).compile_layers is False
+    assert config.model_validate({**base, "compile_layers": True, "zero_stage": "auto"}).compile_layers is True
     assert config.model_validate({**base, "compile_layers": True, "zero_stage": 2}).compile_layers
     with pytest.raises(ValidationError, match="compile_layers needs zero_stage 0, 1 or 2"):
         config.model_validate({**base, "compile_layers": True, "zero_stage": 3})

@@ -14,7 +14,7 @@ def config(**over) -> dict:
 
 def test_defaults_and_data_forms():
     cfg = DistillConfig.model_validate(config(data=["a.jsonl", {"path": "b", "default_domain": "math"}]))
-    assert [(d.path, d.default_domain) for d in cfg.inputs] == [("a.jsonl", None), ("b", "math")]
+    assert [(d.path, d.default_domain) for d in cfg.data_list] == [("a.jsonl", None), ("b", "math")]
     assert cfg.longest == cfg.max_new_tokens and cfg.max_per_prompt == 1 and cfg.min_score == 1.0
     assert DistillConfig.model_validate(config(max_tokens=100, max_new_tokens=200)).longest == 100
 

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from stages.general_rl.config import GeneralRLConfig, RewardSettings
+from stages.general_rl.config import GeneralRLConfig, ReasoningEvalSettings, RewardSettings
 from stages.general_rl.prompts import PromptDataError, prompt_row, reasoning_rows
 from stages.general_rl.rewards import GeneralReward, ResponseFacts, combine, format_ok, group_normalise
 from stages.general_rl.synthetic_prompts import general_prompts, ifeval_prompts
@@ -183,8 +183,8 @@ def test_prompt_rows_of_every_format():
 
 def test_reasoning_rows_from_gsm8k_fields():
     raw = [json.loads(line) for line in GSM8K.read_text().splitlines()[:5]]
-    ev = SimpleNamespace(limit=3, prompt_field="question", answer_field="answer", answer_regex=r"####\s*(.+)$",
-                         domain="math", instruction="Put the answer in \\boxed{}.")
+    ev = ReasoningEvalSettings(data="gsm8k.jsonl", limit=3, prompt_field="question", answer_field="answer",
+                               answer_regex=r"####\s*(.+)$", instruction="Put the answer in \\boxed{}.")
     rows = reasoning_rows(raw, ev, "gsm8k.jsonl")
     assert len(rows) == 3 and rows[0]["reference"] == {"answer": "18"} and rows[0]["domain"] == "math"
     assert rows[0]["prompt"].endswith("\\boxed{}.") and rows[0]["id"] == "0"
@@ -192,7 +192,18 @@ def test_reasoning_rows_from_gsm8k_fields():
 
     assert verify(rows[0], "<think>16-3-4=9, 9*2</think>\\boxed{18}").score == 1.0
     with pytest.raises(PromptDataError, match="row 1.*'problem'"):
-        reasoning_rows(raw, SimpleNamespace(**{**ev.__dict__, "prompt_field": "problem"}), "gsm8k.jsonl")
+        reasoning_rows(raw, ev.model_copy(update={"prompt_field": "problem"}), "gsm8k.jsonl")
+
+
+def test_reasoning_rows_keep_their_own_domain_unless_the_recipe_names_one():
+    # RL-format rows (the recipe's held-out reasoning_gym set): the guard must score each row with
+    # its own domain's verifier; round 12's guard scored reasoning_gym rows with the math verifier
+    raw = [{"id": "a", "domain": "reasoning_gym", "prompt": "q1", "reference": {"task": "gcd", "answer": "6"}},
+           {"id": "b", "prompt": "q2", "reference": {"answer": "4"}}]
+    rows = reasoning_rows(raw, ReasoningEvalSettings(data="heldout.jsonl"), "heldout.jsonl")
+    assert [r["domain"] for r in rows] == ["reasoning_gym", "math"]
+    forced = reasoning_rows(raw, ReasoningEvalSettings(data="heldout.jsonl", domain="math"), "heldout.jsonl")
+    assert [r["domain"] for r in forced] == ["math", "math"]
 
 
 def test_config_defaults_are_the_papers_general_rl_numbers():

@@ -152,7 +152,7 @@ def test_load_prompts_names_unknown_domains_and_weights(tmp_path):
         return SimpleNamespace(job=job, tokenizer=CharTokenizer(),
                                cfg=ReasoningRLConfig.model_validate({**MIN, "data": str(f), **over}))
 
-    with pytest.raises(StageError, match=rf"no registered verifier: {{'poetry': '{f}:2'}}"):
+    with pytest.raises(StageError, match=rf"RL data: domains with no registered verifier \(first row of each\): {{'poetry': '{f}:2'}}"):
         load_prompts(ctx())
     f.write_text(json.dumps({"domain": "math", "prompt": "p", "reference": "1"}) + "\n")
     prompts = load_prompts(ctx())

@@ -45,12 +45,14 @@ def _samples(batch) -> list[dict]:
 
 
 def colocated(rank: int, world: int, port: int, model_dir: str, out: str, cfg: dict) -> None:
-    """Every rank an engine: the scheduler shards (`scheduler_shards`), then the weight sync."""
+    """Every rank an engine: the scheduler shards (`scheduler_shards`), then the weight sync; then
+    the weight sync into one engine for all ranks (a tensor-parallel group: rank 0's)."""
     from stages.common.distributed import init_distributed
 
     join_env(rank, world, port)
     ranks = init_distributed()
-    record = {"shards": scheduler_shards(rank, model_dir, cfg), "sync": weight_sync(ranks, model_dir, split=False)}
+    record = {"shards": scheduler_shards(rank, model_dir, cfg), "sync": weight_sync(ranks, model_dir, split=False),
+              "sync_tp": weight_sync(ranks, model_dir, split=False, tp=world)}
     Path(out, f"rank{rank}.json").write_text(json.dumps(record))
     ranks.everyone.barrier()
     _leave()
@@ -106,11 +108,11 @@ def scheduler_shards(rank: int, model_dir: str, cfg: dict) -> dict:
     return record
 
 
-def weight_sync(ranks, model_dir: str, split: bool) -> dict:
+def weight_sync(ranks, model_dir: str, split: bool, tp: int = 1) -> dict:
     """A ZeRO-3 policy on the trainer ranks takes one optimizer step; the weights are pushed
-    to the engine ranks (colocated: every rank; split: the last one), each engine having
-    slept and woken without its weights; each engine reports where it differs from the
-    trainer's gathered weights."""
+    to the engine ranks (colocated: every rank, or every `tp`-th; split: the last one), each
+    engine having slept and woken without its weights; each engine reports where it differs
+    from the trainer's gathered weights."""
     # this spawned rank never logs to MLflow: skip DeepSpeed's ~4 s import of it, as stage ranks do
     # (stages/common/entry.py)
     sys.modules.setdefault("mlflow", None)
@@ -124,8 +126,8 @@ def weight_sync(ranks, model_dir: str, split: bool) -> dict:
 
     rank, world = ranks.rank, ranks.world
     trainers = range(world - 1) if split else range(world)
-    engines = range(world - 1, world) if split else range(world)
-    placement = Placement(rank, world, trainers, engines)
+    engines = range(world - 1, world) if split else range(0, world, tp)
+    placement = Placement(rank, world, trainers, engines, tp)
     module = None
     if placement.is_trainer:
         model = load_causal_lm(model_dir, torch.float32, trust_remote_code=False)

@@ -113,3 +113,12 @@ def test_every_engine_holds_the_trainers_weights_bit_for_bit_after_a_sync(coloca
             assert rec["differs"] == [] and rec["compared"] > 0
             assert rec["buckets"] >= 3  # several buckets of 64 KiB
         assert len({r["bytes"] for r in records}) == 1 and records[0]["bytes"] > 0
+
+
+def test_a_tensor_parallel_engine_gets_the_weights_while_its_other_rank_joins_the_gathers(colocated):
+    """Colocated, one engine for both ranks (rollout.options.tensor_parallel_size: 2): rank 1
+    holds no engine but joins every bucket's ZeRO-3 all-gather, so rank 0's engine gets the
+    trained weights bit for bit (a rank that skipped them would leave rank 0 waiting)."""
+    engine, other = (r["sync_tp"] for r in colocated)
+    assert engine["moved"] and engine["differs"] == [] and engine["compared"] > 0 and engine["buckets"] >= 3
+    assert "differs" not in other and other["bytes"] == engine["bytes"] > 0

@@ -450,118 +450,21 @@ def test_torch_varlen_decode_attention_matches_masked_sdpa_cuda(model_dir, dtype
 
 # ------------------------------------------------------------------------------ vllm glue
 def test_vllm_engine_glue_against_a_fake_vllm(monkeypatch, model_dir):
-    """vLLM cannot run here; this drives vllm_engine.py's own logic (request stepping, the
-    budget stop and abort, continuation prompts, logprob extraction, finish reasons, seeds,
-    weight loading with prefix reset) against a small stand-in of the vLLM API it calls."""
-    import importlib.util
-    import sys
-    import types
+    """vLLM cannot run here; this drives vllm_engine.py's own logic (streams to their end, the
+    budget stop and abort with partial outputs, continuation prompts, logprob extraction,
+    finish reasons, seeds, sleep) against the stand-in of the vLLM API it calls (fake_vllm.py)."""
+    import os
 
     import stages.rl.engines.protocol as base
+    from tests.stages.rl.fake_vllm import install, open_engine, rule
 
-    class FakeParams:
-        def __init__(self, **kw):
-            self.__dict__.update(kw)
-
-    class FakeModel:
-        def __init__(self):
-            self.loaded: list[str] = []
-
-        def load_weights(self, weights):
-            self.loaded += [name for name, _ in weights]
-
-    class FakeLLMEngine:
-        """Each step appends token (last * 7 + 3) % VOCAB to every live request; like vLLM, a
-        request also stops at the model's own EOS unless its params say ignore_eos."""
-
-        def __init__(self):
-            self.live: dict[str, dict] = {}
-            self.prompts: dict[str, list[int]] = {}
-            self.params: dict[str, FakeParams] = {}
-            self.aborted: list[str] = []
-            self.lose: set[str] = set()  # request uids the scheduler drops without a word
-
-        def has_unfinished_requests(self):
-            return bool(self.live)
-
-        def add_request(self, rid, prompt, params):
-            self.prompts[rid] = list(prompt["prompt_token_ids"])
-            self.params[rid] = params
-            self.live[rid] = {"ids": list(prompt["prompt_token_ids"]), "out": [], "p": params}
-
-        def step(self):
-            outs = []
-            for rid in [r for r in self.live if r.split("-", 2)[2] in self.lose]:
-                del self.live[rid]
-            for rid, r in list(self.live.items()):
-                tok = (r["ids"][-1] * 7 + 3) % VOCAB
-                r["ids"].append(tok)
-                r["out"].append(tok)
-                model_eos = tok == EOS and not getattr(r["p"], "ignore_eos", False)
-                reason = ("stop" if tok in r["p"].stop_token_ids or model_eos else
-                          "length" if len(r["out"]) >= r["p"].max_tokens else None)
-                assert r["p"].output_kind == "DELTA"  # each output carries this step's token only
-                lps = [{tok: types.SimpleNamespace(logprob=-0.1 * len(r["out"]))}]
-                comp = types.SimpleNamespace(token_ids=[tok], logprobs=lps, finish_reason=reason)
-                outs.append(types.SimpleNamespace(request_id=rid, outputs=[comp], finished=reason is not None))
-                if reason:
-                    del self.live[rid]
-            return outs
-
-        def abort_request(self, ids):
-            self.aborted += ids
-            for rid in ids:  # vLLM ignores ids it does not hold
-                self.live.pop(rid, None)
-
-    class FakeLLM:
-        def __init__(self, **kw):
-            self.kw = kw
-            self.llm_engine = FakeLLMEngine()
-            # the worker collective_rpc hands a callable to (vLLM's worker wrapper)
-            self.worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model=FakeModel()))
-            self.resets = 0
-            self.slept: list = []
-
-        def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
-            return [method(self.worker, *args, **(kwargs or {}))]
-
-        def reset_prefix_cache(self):
-            self.resets += 1
-
-        def sleep(self, level=1):
-            self.slept.append(level)
-
-        def wake_up(self, tags=None):
-            self.slept.append("awake")
-
-    fake = types.ModuleType("vllm")
-    fake.__version__ = "0.26.0"
-    fake.LLM, fake.SamplingParams = FakeLLM, FakeParams
-    fake.inputs = types.ModuleType("vllm.inputs")
-    fake.inputs.TokensPrompt = dict
-    fake.sampling_params = types.ModuleType("vllm.sampling_params")
-    fake.sampling_params.RequestOutputKind = types.SimpleNamespace(DELTA="DELTA")
-    monkeypatch.setitem(sys.modules, "vllm", fake)
-    monkeypatch.setitem(sys.modules, "vllm.inputs", fake.inputs)
-    monkeypatch.setitem(sys.modules, "vllm.sampling_params", fake.sampling_params)
-    monkeypatch.setattr(base, "ENGINES", {})
-    monkeypatch.setattr(base, "UNAVAILABLE", {})
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
-    path = Path(base.__file__).with_name("vllm_engine.py")
-    spec = importlib.util.spec_from_file_location("stages.rl.engines._vllm_fake", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod, fake, _ = install(monkeypatch)
     assert "vllm" in base.ENGINES and not base.UNAVAILABLE
-
-    def rule(seq, n):  # what the fake model decodes
-        out = []
-        for _ in range(n):
-            out.append((([*seq, *out])[-1] * 7 + 3) % VOCAB)
-        return out
-
-    eng = base.ENGINES["vllm"](str(model_dir), device="cuda", max_batch=4, max_len=64, seed=3)
+    monkeypatch.setenv("LOCAL_RANK", "3")  # the stage launcher's: not for vLLM's processes
+    eng = open_engine(mod, model_dir, max_batch=4, max_len=64, seed=3)
     assert eng.llm.kw["logprobs_mode"] == "processed_logprobs" and eng.llm.kw["max_num_seqs"] == 4
+    assert eng.llm.env == {"CUDA_VISIBLE_DEVICES": "0", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1", "LOCAL_RANK": None}
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ and os.environ["LOCAL_RANK"] == "3"  # only the engine's got it
     assert eng.eos_token_ids == [EOS]
     reqs = [RolloutRequest("a", [5, 6], 3), RolloutRequest("b", [9], 6, generated_ids=[10, 11]),
             RolloutRequest("z", [4], 0)]
@@ -571,54 +474,106 @@ def test_vllm_engine_glue_against_a_fake_vllm(monkeypatch, model_dir):
     assert ups[1].token_ids == rule([9, 10, 11], 6)  # continued from prompt + generated_ids
     assert ups[1].logprobs == pytest.approx([-0.1 * (k + 1) for k in range(6)])
     assert ups[2].token_ids == [] and ups[2].finished
-    fe = eng.llm.llm_engine
+    fe = eng.llm
     assert sorted(fe.prompts.values()) == sorted([[5, 6], [9, 10, 11]])
     sent = list(fe.params.values())
-    assert all(p.top_k == -1 and p.logprobs == 0 and p.stop_token_ids == [EOS] for p in sent)
+    assert all(p.top_k == -1 and p.logprobs == 0 and p.stop_token_ids == [EOS] and p.detokenize is False
+               for p in sent)
     assert sorted(p.max_tokens for p in sent) == [3, 6]
     assert len({p.seed for p in sent}) == 2 and None not in {p.seed for p in sent}  # per request
     fe.params.clear()
     eng.generate(reqs[:1], SamplingParams(temperature=0.0, top_k=5))
     (p,) = fe.params.values()
     assert p.top_k == 5 and p.seed is None and p.temperature == 0.0
-    # EOS -> "eos"; the budget aborts the rest, which keep their tokens
+    # EOS -> "eos"; the budget aborts the rest, which keep the tokens and logprobs they have
     eos_tok = rule([5, 6], 2)[1]
-    eng2 = base.ENGINES["vllm"](str(model_dir), device="cuda", eos_token_ids=[eos_tok])
+    eng2 = open_engine(mod, model_dir, eos_token_ids=[eos_tok])
     ups = eng2.generate([RolloutRequest("e", [5, 6], 10), RolloutRequest("l", [8], 10)],
                         SamplingParams(), finished_token_budget=2)
     assert ups[0].token_ids == rule([5, 6], 2) and ups[0].finish_reason == "eos"
-    assert ups[1].token_ids == rule([8], 2) and not ups[1].finished
-    assert len(eng2.llm.llm_engine.aborted) == 1
+    partial = ups[1]
+    assert not partial.finished and partial.finish_reason is None
+    assert 2 <= len(partial.token_ids) < 10 and partial.token_ids == rule([8], len(partial.token_ids))
+    assert partial.logprobs == pytest.approx([-0.1 * (k + 1) for k in range(len(partial.token_ids))])
+    assert len(eng2.llm.aborted) == 1 and not eng2.llm.live
+    # a budget the carried tokens of already finished requests reach: nothing is decoded
+    ups = eng2.generate([RolloutRequest("old", [5], 0, generated_ids=[7, 7, 7]), RolloutRequest("new", [6], 4)],
+                        SamplingParams(), finished_token_budget=3)
+    assert ups[0].finished and ups[1].token_ids == [] and not ups[1].finished
     # a request vLLM drops without finishing it is an error, not a wait for ever
-    eng2.llm.llm_engine.lose.add("lost")
+    eng2.llm.lose.add("lost")
     with pytest.raises(RuntimeError, match=r"1 request\(s\) vanished.*lost"):
-        eng2.generate([RolloutRequest("kept", [5], 3), RolloutRequest("lost", [6], 3)], SamplingParams())
+        eng2.generate([RolloutRequest("kept", [5], 3), RolloutRequest("lost", [6], 300 - 1 - 1)], SamplingParams())
     # EOS switched off: the model's own EOS (first token after `pre`) does not stop a request
     pre = (EOS - 3) * pow(7, -1, VOCAB) % VOCAB
     assert rule([pre], 1) == [EOS]
-    no_eos = base.ENGINES["vllm"](str(model_dir), device="cuda", eos_token_ids=[])
+    no_eos = open_engine(mod, model_dir, eos_token_ids=[])
     (up,) = no_eos.generate([RolloutRequest("n", [pre], 5)], SamplingParams())
     assert up.token_ids == rule([pre], 5) and up.finish_reason == "length"
-    # weights: DeepSpeed prefix stripped, prefix cache reset, time recorded
-    eng2.update_weights([("module.model.norm.weight", torch.ones(2))])
-    assert eng2.llm.worker.model_runner.model.loaded == ["model.norm.weight"] and eng2.llm.resets == 1
-    assert eng2.last_sync_seconds is not None
     # sleep mode: only with enable_sleep_mode; weights=True is vLLM's level 2
     with pytest.raises(RuntimeError, match="enable_sleep_mode"):
         eng2.sleep()
-    eng3 = base.ENGINES["vllm"](str(model_dir), device="cuda", enable_sleep_mode=True)
+    eng3 = open_engine(mod, model_dir, enable_sleep_mode=True)
     eng3.sleep()
     eng3.wake()
     eng3.sleep(weights=True)
     eng3.wake()
     assert eng3.llm.kw["enable_sleep_mode"] and eng3.llm.slept == [1, "awake", 2, "awake"]
-    with pytest.raises(ValueError, match="cuda:0"):
-        base.ENGINES["vllm"](str(model_dir), device="cuda:1")
+    eng3.close()
+    assert eng3.llm is None
+    # an engine dropped is freed at once (no reference cycle): vLLM's processes go with it
+    # (AsyncLLM's finaliser), and its loop thread ends
+    import weakref
+
+    eng4 = open_engine(mod, model_dir)
+    eng4.generate([RolloutRequest("w", [5], 2)], SamplingParams())
+    gone, loop = weakref.ref(eng4), eng4._loop
+    del eng4
+    assert gone() is None and not loop._thread.is_alive()
     # an older vLLM has other APIs: refused by name, not half-run
-    fake.__version__ = "0.25.2"
-    monkeypatch.setattr(base, "ENGINES", {})
-    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    install(monkeypatch, version="0.25.2")
     assert "vllm" not in base.ENGINES and "older than 0.26" in base.UNAVAILABLE["vllm"]
+
+
+def test_vllm_weight_sync_sends_ipc_handles_in_buckets(monkeypatch, model_dir):
+    """update_weights: every tensor reaches every tensor-parallel worker's load_weights under
+    its HF name (DeepSpeed / compile prefixes stripped), bit-exact whatever its dtype and
+    offset in the staging buffer; buckets hold at most sync_bucket_mb unless one tensor is
+    larger; what crosses to the workers is a handle and a layout (no tensor pickled); the prefix
+    cache is reset and the sync timed."""
+    import os
+
+    from tests.stages.rl.fake_vllm import install, open_engine
+
+    mod, _, ipc = install(monkeypatch, sender_gpu=2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    eng = open_engine(mod, model_dir, device="cuda:2", tensor_parallel_size=2, sync_bucket_mb=1)
+    assert eng.gpus == ["6", "7"] and eng.llm.env["CUDA_VISIBLE_DEVICES"] == "6,7"
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
+    g = torch.Generator().manual_seed(0)
+    sent = {"module.model.embed_tokens.weight": torch.randn(600, 1000, generator=g),  # 2.4 MB: a bucket alone
+            "_orig_mod.model.norm.weight": torch.randn(7, generator=g).to(torch.bfloat16),
+            "model.layers.0.mlp.up_proj.weight": torch.randn(100, 300, generator=g).t(),  # not contiguous
+            "model.layers.0.mlp.idx": torch.arange(5, dtype=torch.int64),
+            "lm_head.weight": torch.randn(300, 1000, generator=g)}  # 1.2 MB: alone again
+    eng.update_weights(sent.items())
+    for worker in eng.llm.workers:
+        loaded = worker.model_runner.model.loaded
+        assert sorted(loaded) == sorted(mod._strip(n) for n in sent)
+        for name, t in sent.items():
+            got = loaded[mod._strip(name)]
+            assert got.dtype == t.dtype and got.shape == t.shape and torch.equal(got, t), name
+    report = eng.last_sync
+    assert report.bytes == sum(t.numel() * t.element_size() for t in sent.values())
+    assert report.buckets == 3  # embed alone (over 1 MiB); norm + up_proj + idx; lm_head alone
+    assert max(eng.llm.rpc_bytes) < 4096  # handles and names, never the tensors
+    assert eng.llm.resets == 1 and eng.last_sync_seconds is not None and eng.syncs == 1
+    with pytest.raises(ValueError, match="needs visible GPUs 3..4"):
+        open_engine(mod, model_dir, device="cuda:3", tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="'cuda' or 'cuda:N'"):
+        open_engine(mod, model_dir, device="cpu")
+    with pytest.raises(ValueError, match="in_process is gone"):
+        open_engine(mod, model_dir, in_process=True)
 
 
 def test_the_vllm_engine_registers_without_importing_vllm(monkeypatch):

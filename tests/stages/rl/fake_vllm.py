@@ -1,0 +1,208 @@
+"""A stand-in of the vLLM 0.26 API that stages/rl/engines/vllm_engine.py calls (its docstring
+lists every call; a new call goes into both), and of the CUDA IPC calls of vllm_weights.py, so
+CI drives the engine's own logic (streams to their end, the budget stop and abort, partial
+outputs, continuation prompts, logprob extraction, finish reasons, seeds, bucketed weight
+loading, sleep, GPU selection) without vLLM or a GPU.
+
+The fake engine decodes on a stepping task of the engine's event loop, as vLLM's engine core
+runs apart from its client: every step appends token (last * 7 + 3) % VOCAB to each live
+request. Like vLLM, a request also stops at the model's own EOS unless its params say
+ignore_eos, FINAL_ONLY streams yield once, and an aborted request's stream ends with an output
+holding all it decoded (finish_reason "abort"). `collective_rpc` pickles its function and
+arguments as vLLM's multi-process client does, and runs the function on one worker per
+tensor-parallel rank.
+"""
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import itertools
+import os
+import pickle
+import sys
+import types
+from pathlib import Path
+
+import torch
+
+from tests.stages.rl.tiny_model import EOS, VOCAB
+
+
+def rule(seq: list[int], n: int) -> list[int]:
+    """What the fake model decodes after `seq`, n tokens."""
+    out: list[int] = []
+    for _ in range(n):
+        out.append(((list(seq) + out)[-1] * 7 + 3) % VOCAB)
+    return out
+
+
+class FakeParams:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+class FakeEngineArgs:
+    def __init__(self, **kw):
+        self.kw = kw
+
+
+class FakeModel:
+    def __init__(self):
+        self.loaded: dict[str, torch.Tensor] = {}
+
+    def load_weights(self, weights):
+        for name, tensor in weights:
+            self.loaded[name] = tensor.clone()
+
+
+class FakeAsyncLLM:
+    def __init__(self, args: FakeEngineArgs):
+        self.kw = args.kw
+        self.env = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "VLLM_ALLOW_INSECURE_SERIALIZATION",
+                                                    "LOCAL_RANK")}
+        self.live: dict[str, dict] = {}
+        self.prompts: dict[str, list[int]] = {}
+        self.params: dict[str, FakeParams] = {}
+        self.aborted: list[str] = []
+        self.lose: set[str] = set()  # request uids the scheduler drops without a word
+        self.workers = [types.SimpleNamespace(model_runner=types.SimpleNamespace(model=FakeModel()))
+                        for _ in range(int(self.kw.get("tensor_parallel_size", 1)))]
+        self.rpc_bytes: list[int] = []  # the pickled size of each collective_rpc
+        self.resets = 0
+        self.slept: list = []
+        self.shut = False
+        self.output_processor = types.SimpleNamespace(has_unfinished_requests=lambda: bool(self.live))
+        self._stepper: asyncio.Task | None = None
+
+    @classmethod
+    def from_engine_args(cls, args: FakeEngineArgs) -> "FakeAsyncLLM":
+        asyncio.get_running_loop()  # AsyncLLM's output handler needs the loop it is built on
+        return cls(args)
+
+    # -- decoding ----------------------------------------------------------------------------
+    async def generate(self, prompt: dict, params: FakeParams, request_id: str):
+        assert params.output_kind == "FINAL_ONLY"  # one output per request, at its end
+        ids = list(prompt["prompt_token_ids"])
+        self.prompts[request_id], self.params[request_id] = list(ids), params
+        state = {"ids": ids, "out": [], "p": params, "reason": None, "done": asyncio.Event()}
+        self.live[request_id] = state
+        if self._stepper is None or self._stepper.done():
+            self._stepper = asyncio.ensure_future(self._run())
+        try:
+            await state["done"].wait()
+        except asyncio.CancelledError:
+            self.live.pop(request_id, None)
+            raise
+        lps = [{t: types.SimpleNamespace(logprob=-0.1 * (k + 1))} for k, t in enumerate(state["out"])]
+        comp = types.SimpleNamespace(token_ids=list(state["out"]), logprobs=lps, finish_reason=state["reason"])
+        yield types.SimpleNamespace(request_id=request_id, outputs=[comp], finished=True)
+
+    async def _run(self) -> None:
+        while self.live:
+            for rid in [r for r in self.live if r.split("-", 2)[2] in self.lose]:
+                del self.live[rid]
+            for rid, r in list(self.live.items()):
+                tok = (r["ids"][-1] * 7 + 3) % VOCAB
+                r["ids"].append(tok)
+                r["out"].append(tok)
+                model_eos = tok == EOS and not getattr(r["p"], "ignore_eos", False)
+                reason = ("stop" if tok in r["p"].stop_token_ids or model_eos else
+                          "length" if len(r["out"]) >= r["p"].max_tokens else None)
+                if reason:
+                    self._end(rid, reason)
+            await asyncio.sleep(0)
+
+    def _end(self, rid: str, reason: str) -> None:
+        state = self.live.pop(rid)
+        state["reason"] = reason
+        state["done"].set()
+
+    async def abort(self, request_ids, internal: bool = False) -> None:
+        for rid in request_ids:
+            self.aborted.append(rid)
+            if rid in self.live:  # vLLM ignores ids it does not hold
+                self._end(rid, "abort")
+
+    # -- the rest of the engine's API ----------------------------------------------------------
+    async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        payload = pickle.dumps((method, args, kwargs or {}))  # by reference: an importable function
+        self.rpc_bytes.append(len(payload))
+        method, args, kwargs = pickle.loads(payload)
+        return [method(w, *args, **kwargs) for w in self.workers]
+
+    async def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False):
+        self.resets += 1
+        return True
+
+    async def sleep(self, level: int = 1, mode: str = "abort") -> None:
+        self.slept.append(level)
+
+    async def wake_up(self, tags=None) -> None:
+        self.slept.append("awake")
+
+    def shutdown(self, timeout=None) -> None:
+        self.shut = True
+
+
+class FakeIpc:
+    """CUDA IPC without CUDA: `reduce_tensor` registers the buffer under a key (what travels is
+    the key, as a real handle is a few bytes), `rebuild_cuda_tensor` finds it again and checks
+    that the storage's device was set from the sender's GPU UUID."""
+
+    def __init__(self, sender_gpu: int):
+        self.shared: dict[int, torch.Tensor] = {}
+        self.keys = itertools.count()
+        self.sender_gpu = sender_gpu
+
+    def reduce_tensor(self, tensor: torch.Tensor):
+        key = next(self.keys)
+        self.shared[key] = tensor
+        args = [None] * 15
+        args[6], args[7] = self.sender_gpu, key
+        return None, tuple(args)
+
+    def rebuild_cuda_tensor(self, *args):
+        assert args[6] == self.sender_gpu, f"storage device {args[6]} is not the sender's GPU"
+        return self.shared[args[7]]
+
+
+def install(monkeypatch, version: str = "0.26.0", gpus: int = 4, sender_gpu: int = 0):
+    """The fake `vllm` package in sys.modules, CUDA calls the engine makes answered on CPU, and
+    a fresh copy of vllm_engine.py loaded against them. Returns (engine module, fake vllm, ipc)."""
+    from torch.multiprocessing import reductions
+
+    import stages.rl.engines.protocol as base
+    import stages.rl.engines.vllm_weights as weights
+
+    fake = types.ModuleType("vllm")
+    fake.__version__ = version
+    fake.AsyncLLMEngine, fake.AsyncEngineArgs = FakeAsyncLLM, FakeEngineArgs
+    fake.SamplingParams, fake.TokensPrompt = FakeParams, dict
+    fake.sampling_params = types.ModuleType("vllm.sampling_params")
+    fake.sampling_params.RequestOutputKind = types.SimpleNamespace(FINAL_ONLY="FINAL_ONLY", DELTA="DELTA")
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setitem(sys.modules, "vllm.sampling_params", fake.sampling_params)
+    monkeypatch.setattr(base, "ENGINES", {})
+    monkeypatch.setattr(base, "UNAVAILABLE", {})
+    for name, value in {"is_available": lambda: True, "synchronize": lambda *a, **k: None,
+                        "device_count": lambda: gpus, "current_device": lambda: 0,
+                        "ipc_collect": lambda: None}.items():
+        monkeypatch.setattr(torch.cuda, name, value)
+    monkeypatch.setattr(weights, "gpu_uuid", lambda index: f"GPU-uuid-{index}")
+    ipc = FakeIpc(sender_gpu)
+    monkeypatch.setattr(reductions, "reduce_tensor", ipc.reduce_tensor)
+    monkeypatch.setattr(reductions, "rebuild_cuda_tensor", ipc.rebuild_cuda_tensor)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    path = Path(base.__file__).with_name("vllm_engine.py")
+    spec = importlib.util.spec_from_file_location("stages.rl.engines._vllm_fake", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(mod, "STALL_CHECK_S", 0.05)
+    return mod, fake, ipc
+
+
+def open_engine(mod, model_dir, **kw):
+    """An engine of the loaded module whose weight sync stages its buckets in CPU memory."""
+    eng = mod.make_vllm_engine(str(model_dir), **{"device": "cuda", **kw})
+    eng._weights.device = torch.device("cpu")
+    return eng
