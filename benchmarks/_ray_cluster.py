@@ -13,13 +13,15 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
+
+from stages.common.ports import reserved_port
 
 
 @dataclass(frozen=True)
@@ -29,15 +31,10 @@ class Node:
     env: dict[str, str] = field(default_factory=dict)  # e.g. CUDA_VISIBLE_DEVICES of its GPUs
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start(node: Node, args: list[str], log: Path, timeout_s: float) -> subprocess.Popen:
+def _start(node: Node, args: list[str], log: Path, timeout_s: float, port: Callable[[], int]) -> subprocess.Popen:
     """`ray start ... --block` in its own process group; returns once the node is up. Every port
-    a node would take by default is a free one, so clusters of parallel runs do not collide."""
+    a node would take by default is a reserved one (`port()`: held while the cluster runs, see
+    stages.common.ports), so clusters of parallel runs do not collide."""
     env = {**os.environ, **node.env, "RAY_USAGE_STATS_ENABLED": "0"}
     with open(log, "w") as out:
         proc = subprocess.Popen(
@@ -45,8 +42,8 @@ def _start(node: Node, args: list[str], log: Path, timeout_s: float) -> subproce
             [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--disable-usage-stats",
              f"--num-cpus={node.cpus}", f"--num-gpus={node.gpus}", "--object-store-memory=80000000",
              "--node-ip-address=127.0.0.1",
-             f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
-             f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}", *args],
+             f"--dashboard-agent-listen-port={port()}", f"--dashboard-agent-grpc-port={port()}",
+             f"--metrics-export-port={port()}", f"--runtime-env-agent-port={port()}", *args],
             stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     deadline = time.time() + timeout_s
     while "Ray runtime started" not in log.read_text():
@@ -69,16 +66,22 @@ def stop_node(proc: subprocess.Popen) -> None:
 @contextlib.contextmanager
 def local_ray_cluster(logs: Path, nodes: list[Node], timeout_s: float = 90) -> Iterator[str]:
     """The GCS address of a cluster of `nodes` on this machine (the first is the head)."""
-    temp = Path("/tmp") / f"ring-ray-{os.getpid()}-{free_port()}"  # Ray's socket paths must stay short
-    port = free_port()
+    temp = Path(tempfile.mkdtemp(prefix="ring-ray-", dir="/tmp"))  # Ray's socket paths must stay short
     started: list[subprocess.Popen] = []
-    try:
-        started.append(_start(nodes[0], ["--head", f"--port={port}", f"--temp-dir={temp}", "--include-dashboard=false",
-                                         f"--dashboard-port={free_port()}"], logs / "ray-head.log", timeout_s))
-        for i, node in enumerate(nodes[1:], 1):
-            started.append(_start(node, [f"--address=127.0.0.1:{port}"], logs / f"ray-node{i}.log", timeout_s))
-        yield f"127.0.0.1:{port}"
-    finally:
-        for proc in reversed(started):
-            stop_node(proc)
-        shutil.rmtree(temp, ignore_errors=True)
+    with contextlib.ExitStack() as ports:
+        def port() -> int:
+            return ports.enter_context(reserved_port())
+
+        gcs = port()
+        try:
+            started.append(_start(nodes[0], ["--head", f"--port={gcs}", f"--temp-dir={temp}",
+                                             "--include-dashboard=false", f"--dashboard-port={port()}"],
+                                  logs / "ray-head.log", timeout_s, port))
+            for i, node in enumerate(nodes[1:], 1):
+                started.append(_start(node, [f"--address=127.0.0.1:{gcs}"], logs / f"ray-node{i}.log", timeout_s,
+                                      port))
+            yield f"127.0.0.1:{gcs}"
+        finally:
+            for proc in reversed(started):
+                stop_node(proc)
+            shutil.rmtree(temp, ignore_errors=True)

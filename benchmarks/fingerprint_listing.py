@@ -25,12 +25,12 @@ def main() -> None:
     from moto.server import ThreadedMotoServer
 
     from pipeline.fingerprints import fingerprint
-    from stages.common.ports import free_port
+    from stages.common.ports import reserved_port
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # not a line per request
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
+    with reserved_port() as port:  # until the server listens on it
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        server.start()
     opts = {"endpoint_url": f"http://127.0.0.1:{port}", "key": "bench", "secret": "bench",
             "client_kwargs": {"region_name": "us-east-1"}}
     boto3.client("s3", endpoint_url=opts["endpoint_url"], aws_access_key_id="bench",

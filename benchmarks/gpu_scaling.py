@@ -426,10 +426,12 @@ class Bench:
         spec = {"placement": placement, "root": str(root), "shapes": list(shapes), "repeats": 3,
                 "bucket_mb": 512, "bandwidth_mb": 16 if a.smoke else 1024, "dtype": "float32" if a.smoke else "bfloat16",
                 "out": str(Path(a.work) / f"sync-{placement}.json")}
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(self.n), "--master-port",
-               str(_free_port()), __file__, "--worker", "sync", "--spec", json.dumps(spec)]
+        from stages.common.ports import reserved_port
+
         log_path = Path(a.work) / f"sync-{placement}.log"
-        with open(log_path, "w") as log:
+        with reserved_port() as port, open(log_path, "w") as log:  # held until torchrun's store bound it
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(self.n), "--master-port",
+                   str(port), __file__, "--worker", "sync", "--spec", json.dumps(spec)]
             proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.runner.env(list(range(self.n))),
                                   cwd=ROOT, start_new_session=True)
         results = json.loads(Path(spec["out"]).read_text()) if Path(spec["out"]).exists() else {}
@@ -694,12 +696,6 @@ def _param_count(cfg) -> int:
 
     with torch.device("meta"):
         return sum(p.numel() for p in AutoModelForCausalLM.from_config(cfg).parameters())
-
-
-def _free_port() -> int:
-    from stages.common.ports import free_port
-
-    return free_port()
 
 
 def _gpu_count() -> int:

@@ -26,7 +26,7 @@ from pipeline.changes import code_record
 from pipeline.failures import StageFailure
 from pipeline.fingerprints import Fingerprint
 from pipeline.interrupt import StageInterrupted
-from pipeline.launch import build_command, launch_job
+from pipeline.launch import LaunchResult, launch_command, launch_job
 from pipeline.lease import Lease, LeaseHeld, describe_holder, try_acquire
 from pipeline.plan import PlannedStage, plan_stage
 from pipeline.recipe import Defaults, StorageConfig
@@ -195,8 +195,6 @@ def _execute_leased(target: StageTarget, store: ArtifactStore, work_root: Path, 
                    store_timeout_s=policy.writes.timeout_s, store_attempts=policy.writes.attempts)
     job_path = work / "job.json"
     job_env = secrets.job_env(job.write(job_path))  # credentials reach the job through its environment
-    command = build_command(target.kind.entry, job_path, target.resources, target.launcher,
-                            target.kind.distributed, target.ray)
     show = console.current()
     show.stage_started(target.name, f"{target.kind.name}, {target.launcher} on {target.resources.world_size} "
                                     "ranks" if target.kind.distributed else target.kind.name)
@@ -206,9 +204,7 @@ def _execute_leased(target: StageTarget, store: ArtifactStore, work_root: Path, 
     try:
         for check in target.kind.pre_launch:  # e.g. the eval-suite gate (stages/common/eval_suite_gate.py)
             check(target.name, target.config, store.storage_options)
-        launched = launch_job(command, target.name, log_path, target.resources, kind=target.kind.name,
-                              extra_env=job_env, progress_deadline_s=target.progress_deadline_s,
-                           must_stop=lambda: lease.lost and f"its {target.url}/_RUNNING lease was lost: {lease.lost}")
+        command, launched = _launch(target, job_path, log_path, job_env, lease)
         if lease.lost:  # lost after the job's last poll: publishing could overwrite the new holder's
             raise StageInterrupted(f"stage {target.name!r} was stopped before publishing: its lease "
                                    f"was lost: {lease.lost}")
@@ -251,6 +247,17 @@ def _execute_leased(target: StageTarget, store: ArtifactStore, work_root: Path, 
                                                             f"-> {target.url}") if p))
     return StageRun(target.name, "ran", target.url, target.hash, finished - started, run_id, summary, numbers,
                     run_link)
+
+
+def _launch(target: StageTarget, job_path: Path, log_path: Path, job_env: dict[str, str],
+            lease: Lease) -> tuple[list[str], LaunchResult]:
+    """The job's command and its run; its rendezvous port stays reserved until the job ended."""
+    with launch_command(target.kind.entry, job_path, target.resources, target.launcher,
+                        target.kind.distributed, target.ray) as command:
+        return command, launch_job(command, target.name, log_path, target.resources, kind=target.kind.name,
+                                   extra_env=job_env, progress_deadline_s=target.progress_deadline_s,
+                                   must_stop=lambda: lease.lost and f"its {target.url}/_RUNNING lease was "
+                                                                    f"lost: {lease.lost}")
 
 
 def _plot(tracker: PipelineTracker, run_id: str, target: StageTarget) -> None:

@@ -12,6 +12,7 @@ to stop (`pipeline.interrupt`) or the stage's lease is lost.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -20,7 +21,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from pipeline import console, interrupt
 from pipeline.hang import dump_stacks, hang_report
@@ -28,7 +29,7 @@ from pipeline.interrupt import StageInterrupted
 from pipeline.job_output import JobOutput
 from stages.common import secrets
 from stages.common.contract import Launcher, RaySettings, Resources, StageFailed
-from stages.common.ports import free_port
+from stages.common.ports import reserved_port
 
 # Keep NVLink multicast off in every process we start (see the device notes); harmless on CPU.
 _CHILD_ENV = {
@@ -44,9 +45,21 @@ _COLLECTIVE_AFTER_DEADLINE_S = 60.0  # a collective's own timeout: the deadline'
 _GRACE_S = 5.0  # per step of SIGINT -> SIGTERM -> SIGKILL
 
 
+@contextlib.contextmanager
+def launch_command(entry: str, job_path: Path, resources: Resources, launcher: Launcher,
+                   distributed: bool, ray: RaySettings | None = None) -> Iterator[list[str]]:
+    """The command line that starts a stage's job now. The rendezvous port it names (unless
+    `resources.master_port` fixes one) stays reserved by this process until the block ends:
+    run the job inside it (stages.common.ports: no other process takes the port meanwhile)."""
+    with reserved_port() as port:
+        yield build_command(entry, job_path, resources, launcher, distributed, ray, master_port=port)
+
+
 def build_command(entry: str, job_path: Path, resources: Resources, launcher: Launcher,
-                  distributed: bool, ray: RaySettings | None = None) -> list[str]:
-    """The command line that starts a stage's job (also shown by `ring-pipeline plan`)."""
+                  distributed: bool, ray: RaySettings | None = None, master_port: int | None = None) -> list[str]:
+    """The command line that starts a stage's job (also shown by `ring-pipeline plan`): the
+    rendezvous on `resources.master_port`, else on `master_port` (`launch_command` reserves one),
+    else on a placeholder."""
     module_args = ["--job", str(job_path)]
     if not distributed or launcher == "local":
         return [sys.executable, "-m", entry, *module_args]
@@ -56,7 +69,7 @@ def build_command(entry: str, job_path: Path, resources: Resources, launcher: La
                 "--nodes", str(resources.nodes), "--gpus-per-node", str(resources.gpus_per_node),
                 "--cpu-ranks", str(resources.cpu_ranks), "--cpus-per-worker", str(ray.cpus_per_worker),
                 "--placement-timeout", str(ray.placement_timeout_s), "--", "-m", entry, *module_args]
-    port = str(resources.master_port or free_port())
+    port = str(resources.master_port or master_port or "<free port>")
     if launcher == "deepspeed":
         cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--master_port", port]
         visible = _visible_gpus(resources)

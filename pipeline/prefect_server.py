@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator
 
-from stages.common.ports import free_port
+from stages.common.ports import reserved_port
 
 _STOP_GRACE_S = 10.0
 
@@ -31,9 +31,13 @@ class PrefectServerError(RuntimeError):
 @contextlib.contextmanager
 def embedded_prefect_api(log_path: Path) -> Iterator[str]:
     """Start the server, yield its API URL, stop it (SIGTERM, then SIGKILL) on the way out."""
+    with reserved_port() as port:  # held while the server runs: no other process takes it first
+        yield from _serve(port, log_path)
+
+
+def _serve(port: int, log_path: Path) -> Iterator[str]:
     from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, get_current_settings
 
-    port = free_port()
     env = {**os.environ, **get_current_settings().to_environment_variables(exclude_unset=True),
            "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
     env.pop("PREFECT_API_URL", None)

@@ -209,7 +209,7 @@ class Driver:
         bad = [(w, p) for w, p in zip(self.workers, problems) if p]
         if bad:
             raise LaunchError("; ".join(f"{w.describe()}: {p}" for w, p in bad))
-        master_port = ray.get(self.workers[0].actor.free_port.remote())
+        master_port = ray.get(self.workers[0].actor.reserve_port.remote())
         master = (self.workers[0].where["ip"], master_port)
         for w in self.workers:
             print(f"ray_launch: {w.describe()}, local rank {w.local_rank}"

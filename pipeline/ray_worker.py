@@ -13,6 +13,7 @@ children in turn lose it. `stop` signals the job's process group itself.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -26,6 +27,7 @@ from typing import Any
 
 from data_curation.urls import filesystem, join
 from pipeline.lease import RUNNING
+from stages.common.ports import reserved_port
 
 _MAX_LINES_PER_POLL = 5000  # a chatty rank cannot make one poll reply unbounded
 
@@ -38,6 +40,7 @@ class RankWorker:
         self._lines: list[str] = []
         self._lock = threading.Lock()
         self._reader: threading.Thread | None = None
+        self._ports = contextlib.ExitStack()  # reservations: released when the actor ends
 
     def where(self) -> dict[str, Any]:
         """The node this actor runs on and the GPUs Ray assigned to it."""
@@ -48,11 +51,11 @@ class RankWorker:
         return {"node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(),
                 "host": socket.gethostname(), "pid": os.getpid(), "gpus": [str(g) for g in gpus]}
 
-    def free_port(self) -> int:
-        """A free TCP port on this node, for rank 0's rendezvous (torch's env:// store)."""
-        with socket.socket() as s:
-            s.bind(("", 0))
-            return s.getsockname()[1]
+    def reserve_port(self) -> int:
+        """A TCP port on this node for rank 0's rendezvous (torch's env:// store), reserved by
+        this actor while it lives (stages.common.ports): no other process takes it before the
+        rank binds it."""
+        return self._ports.enter_context(reserved_port())
 
     def prepare(self, rank: int, job_path: str, job_text: str, node_job: tuple[str, str], cwd: str) -> str | None:
         """None when this node can run the rank, else the problem (the driver reports it as

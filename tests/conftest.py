@@ -61,16 +61,38 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: (item.path not in long_pole, item.path not in slow))
 
 
+@pytest.fixture
+def no_aws_credentials(monkeypatch, tmp_path):
+    """No AWS credentials from anywhere (environment, files, instance metadata). The s3_server
+    fixture puts test credentials in the environment for the worker's whole session: with
+    them, resolving a real s3:// URL (no network here) waits out botocore's retries."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+@pytest.fixture
+def unreachable_port():
+    """A loopback port nothing listens on for the whole test: reserved (stages.common.ports), so
+    no other process of the machine starts listening there meanwhile."""
+    from stages.common.ports import reserved_port
+
+    with reserved_port() as port:
+        yield port
+
+
 @pytest.fixture(scope="session")
 def s3_server():
     """moto's S3 server on a free loopback port; yields fsspec storage options for s3fs."""
     from moto.server import ThreadedMotoServer
 
-    from stages.common.ports import free_port
+    from stages.common.ports import reserved_port
 
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
+    with reserved_port() as port:  # until the server listens on it
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        server.start()
     creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
              "AWS_DEFAULT_REGION": "us-east-1"}
     old = {k: os.environ.get(k) for k in creds}

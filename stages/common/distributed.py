@@ -29,7 +29,6 @@ import torch.distributed as dist
 
 from stages.common.contract import StageError
 from stages.common.groups import Group, StandaloneGroup, WorldGroup, collective_timeout
-from stages.common.ports import free_port
 
 
 # -- joining --------------------------------------------------------------------------------------------
@@ -58,8 +57,10 @@ def init_distributed(local_rank: int | None = None, *, world_of_one_without_laun
 
     on_gpu = torch.cuda.is_available()
     if world_of_one_without_launcher and "RANK" not in os.environ:
+        # port 0: no other rank connects, so the store binds a port of its own choosing (a
+        # port found free beforehand could be taken by another process before it bound it)
         os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-                           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
+                           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"})
     if local_rank is None:
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local_rank) if on_gpu else torch.device("cpu")

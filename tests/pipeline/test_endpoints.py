@@ -12,7 +12,6 @@ import pytest
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from stages.common.ports import free_port
 
 runner = CliRunner()
 STAGES = """\
@@ -32,15 +31,6 @@ def _invoke(*args):
     res = runner.invoke(app, list(args))
     assert res.exception is None or isinstance(res.exception, SystemExit), res.output  # no traceback
     return res
-
-
-@pytest.fixture
-def no_aws_credentials(monkeypatch, tmp_path):
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
 
 
 @pytest.mark.parametrize("url, fragment", [
@@ -63,14 +53,14 @@ def test_an_unknown_tracking_scheme_is_a_recipe_error(tmp_path):
         assert res.exit_code == 2 and "r.yaml:3: tracking.uri:" in res.output and fragment in res.output, res.output
 
 
-def test_s3_store_problems_name_the_url_and_the_line(tmp_path, s3_bucket, no_aws_credentials):
+def test_s3_store_problems_name_the_url_and_the_line(tmp_path, s3_bucket, no_aws_credentials, unreachable_port):
     bucket_url, opts = s3_bucket
     endpoint, region = opts["endpoint_url"], json.dumps(opts["client_kwargs"])
     secret = "sk-the-store-secret-0123456789"
     cases = [  # (storage section, what the error says)
         (f"storage: {{url: {bucket_url}/x, options: {{endpoint_url: {endpoint}, client_kwargs: {region}}}}}",
          "no credentials for the store"),
-        (f"storage: {{url: {bucket_url}/x, options: {{endpoint_url: 'http://127.0.0.1:{free_port()}', key: k, "
+        (f"storage: {{url: {bucket_url}/x, options: {{endpoint_url: 'http://127.0.0.1:{unreachable_port}', key: k, "
          f"secret: {secret}, client_kwargs: {region}}}}}", "is unreachable"),
         (f"storage: {{url: {bucket_url}-missing/x, options: {{endpoint_url: {endpoint}, key: k, secret: {secret}, "
          f"client_kwargs: {region}}}}}", "does not exist: create it first"),
@@ -87,8 +77,8 @@ def test_s3_store_problems_name_the_url_and_the_line(tmp_path, s3_bucket, no_aws
     assert res.exit_code == 0, res.output
 
 
-def test_run_refuses_an_unreachable_store_before_starting_anything(tmp_path, no_aws_credentials):
-    storage = f"storage: {{url: s3://b/x, options: {{endpoint_url: 'http://127.0.0.1:{free_port()}', key: k, secret: s}}}}"
+def test_run_refuses_an_unreachable_store_before_starting_anything(tmp_path, no_aws_credentials, unreachable_port):
+    storage = f"storage: {{url: s3://b/x, options: {{endpoint_url: 'http://127.0.0.1:{unreachable_port}', key: k, secret: s}}}}"
     path = _recipe(tmp_path, storage)
     path.write_text(path.read_text() + textwrap.dedent(f"""\
         defaults: {{work_dir: {tmp_path}/work}}
@@ -129,11 +119,11 @@ def tracking_server():
         s.shutdown()
 
 
-def test_tracking_server_problems_name_the_uri_and_the_line(tmp_path, tracking_server):
+def test_tracking_server_problems_name_the_uri_and_the_line(tmp_path, tracking_server, unreachable_port):
     storage = f"storage: {{url: 'file://{tmp_path}/store'}}"
     refusing = tracking_server(401)
     cases = [
-        (f"http://127.0.0.1:{free_port()}", "is unreachable"),
+        (f"http://127.0.0.1:{unreachable_port}", "is unreachable"),
         (f"http://{refusing}", "its credentials are missing"),
         (f"http://alice:tr-password-0123@{refusing}", "its credentials were refused"),
         (f"http://{tracking_server(404)}", "is it an MLflow tracking server"),

@@ -108,11 +108,10 @@ def test_s3_prefix_is_one_paginated_listing_and_tracks_etags(s3_bucket):
     assert _fp(f"{bucket}/nothing-here/", opts).kind == "missing"
 
 
-def test_unreachable_store_names_the_url(tmp_path):
+def test_unreachable_store_names_the_url(tmp_path, unreachable_port):
     from stages.common.artifact_inputs import StorageError
-    from stages.common.ports import free_port
 
-    opts = {"endpoint_url": f"http://127.0.0.1:{free_port()}", "key": "k", "secret": "s",
+    opts = {"endpoint_url": f"http://127.0.0.1:{unreachable_port}", "key": "k", "secret": "s",
             "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1}}
     with pytest.raises(StorageError, match="cannot list the input s3://down/prefix"):
         _fp("s3://down/prefix", opts)

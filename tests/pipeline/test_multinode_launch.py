@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.launch import build_command, launch_job
+from pipeline.launch import launch_command, launch_job
 from pipeline.torchrun_hosts import HostfileError, choose_nodes, read_hostfile
 from stages.common.contract import Resources, StageFailed, launch_problem
 
@@ -18,8 +18,8 @@ pytestmark = pytest.mark.slow
 
 def _launch(tmp_path: Path, resources: Resources, *extra: str):
     job = tmp_path / "job.json"
-    cmd = build_command("tests.pipeline.world_probe", job, resources, "torchrun", True) + list(extra)
-    return job, launch_job(cmd, "probe", tmp_path / "probe.log", resources)
+    with launch_command("tests.pipeline.world_probe", job, resources, "torchrun", True) as cmd:
+        return job, launch_job(cmd + list(extra), "probe", tmp_path / "probe.log", resources)
 
 
 def test_two_nodes_on_localhost_form_one_process_group(tmp_path):

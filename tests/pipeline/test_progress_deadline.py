@@ -8,7 +8,7 @@ import time
 import pytest
 
 from pipeline.job_output import JobOutput
-from pipeline.launch import build_command, launch_job
+from pipeline.launch import launch_command, launch_job
 from stages.common.artifact_inputs import StorageError
 from stages.common.checkpoint_store import CheckpointStore
 from stages.common.contract import Resources, StageFailed, StageJob
@@ -23,10 +23,10 @@ def test_a_rank_blocked_in_a_collective_fails_the_stage_within_its_deadline(tmp_
     job_path = tmp_path / "job.json"
     job.write(job_path)
     resources = Resources(cpu_ranks=2)
-    command = build_command("tests.pipeline.hang_probe", job_path, resources, "torchrun", True)
     log = tmp_path / "stage.log"
     started = time.monotonic()
-    with pytest.raises(StageFailed) as e:
+    with launch_command("tests.pipeline.hang_probe", job_path, resources, "torchrun", True) as command, \
+            pytest.raises(StageFailed) as e:
         launch_job(command, "hang", log, resources, progress_deadline_s=20)
     took = time.monotonic() - started
     reason = e.value.reason

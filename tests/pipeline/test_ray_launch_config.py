@@ -113,7 +113,9 @@ def test_ray_settings_defaults():
     assert Resources(nodes=3).world_size == 3  # the hostfile check moved to where the launcher is known
 
 
-def test_ring1t_on_ray_is_ring1t_with_another_launcher():
+def test_ring1t_on_ray_is_ring1t_with_another_launcher(no_aws_credentials):
+    """(Without credentials, the cluster's s3:// inputs are unreachable at once: with the suite's
+    moto credentials in the environment each one waited out botocore's retries, 2 min in all.)"""
     from tests.conftest import REPO
 
     on_ray = make_plan(load_recipe(REPO / "recipes" / "ring1t-ray.yaml"), check_store=False)
@@ -128,12 +130,11 @@ def test_ring1t_on_ray_is_ring1t_with_another_launcher():
     ("127.0.0.1:{port}", "nothing answers at 127.0.0.1:{port}"),   # a cluster that is not up: at once, not in minutes
     ("head-without-port", "expected auto, host:port or ray://host:port"),
 ])
-def test_an_address_without_a_cluster_fails_at_once_as_the_users_error(tmp_path, address, fragment):
+def test_an_address_without_a_cluster_fails_at_once_as_the_users_error(tmp_path, address, fragment,
+                                                                       unreachable_port):
     import subprocess
 
-    from stages.common.ports import free_port
-
-    port = free_port()
+    port = unreachable_port
     job = tmp_path / "job.json"
     job.write_text('{"stage": "sft", "kind": "sft", "stage_url": "file:///x", "output_dir": "/o", "work_dir": "/w"}')
     out = subprocess.run([sys.executable, "-m", "pipeline.ray_launch", "--address", address.format(port=port),

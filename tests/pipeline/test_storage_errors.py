@@ -11,7 +11,6 @@ from typer.testing import CliRunner
 from pipeline.artifacts import ArtifactStore
 from pipeline.cli import app
 from stages.common.artifact_inputs import ArtifactError, read_manifest
-from stages.common.ports import free_port
 
 runner = CliRunner()
 
@@ -58,8 +57,8 @@ def test_corrupt_manifest_is_named_and_status_survives(tmp_path, damage):
     assert res.exit_code == 0 and "error:" in res.output and "Traceback" not in res.output, res.output
 
 
-def test_unreachable_store_names_url_and_operation(tmp_path):
-    opts = {"endpoint_url": f"http://127.0.0.1:{free_port()}", "key": "k", "secret": "s",
+def test_unreachable_store_names_url_and_operation(tmp_path, unreachable_port):
+    opts = {"endpoint_url": f"http://127.0.0.1:{unreachable_port}", "key": "k", "secret": "s",
             "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1}}
     recipe = _recipe(tmp_path, "s3://down-bucket/runs", opts)
     res = runner.invoke(app, ["status", str(recipe)])

@@ -15,20 +15,21 @@ pytestmark = pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no /dev/s
 
 
 def test_cpu_ranks_leave_no_shared_memory_behind():
-    from stages.common.ports import free_port
+    from stages.common.ports import reserved_port
 
     repo = Path(__file__).resolve().parents[3]
-    port = str(free_port())
-    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
-           "WORLD_SIZE": "2", "LOCAL_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-    script = str(Path(__file__).with_name("shm_ranks.py"))
-    procs = [subprocess.Popen([sys.executable, script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(2)]
-    rows = []
-    for p in procs:
-        out, err = p.communicate(timeout=300)
-        assert p.returncode == 0, out[-2000:] + err[-3000:]
-        rows += [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+    with reserved_port() as reserved:  # until rank 0's store has bound it
+        port = str(reserved)
+        env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
+               "WORLD_SIZE": "2", "LOCAL_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+        script = str(Path(__file__).with_name("shm_ranks.py"))
+        procs = [subprocess.Popen([sys.executable, script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(2)]
+        rows = []
+        for p in procs:
+            out, err = p.communicate(timeout=300)
+            assert p.returncode == 0, out[-2000:] + err[-3000:]
+            rows += [json.loads(x) for x in out.splitlines() if x.startswith("{")]
     assert sorted(r["rank"] for r in rows) == [0, 1]
     for r in rows:
         assert r["shm_op"]  # the ranks did use DeepSpeed's shared-memory backend

@@ -162,8 +162,6 @@ def test_a_failed_rank_prints_its_cause_then_leaves_even_if_the_group_never_lets
     import time
     from pathlib import Path
 
-    from stages.common.ports import free_port
-
     _job(tmp_path, stage="stuck").write(tmp_path / "job.json")
     script = (
         "import sys, time\n"
@@ -179,7 +177,7 @@ def test_a_failed_rank_prints_its_cause_then_leaves_even_if_the_group_never_lets
         f"sys.exit(entry.run_job(main, StageConfig, ['--job', {str(tmp_path / 'job.json')!r}]))\n")
     repo = Path(__file__).resolve().parents[3]
     env = {**os.environ, "PYTHONPATH": str(repo), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
-           "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+           "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"}  # world of one
     t0 = time.time()
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=repo, env=env,
                          timeout=120)

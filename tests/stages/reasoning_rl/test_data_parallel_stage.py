@@ -34,7 +34,7 @@ def _rank_process(root: psutil.Process, rank: int) -> psutil.Process:
 
 def test_split_placement_survives_a_killed_engine_rank_and_resumes_its_pool(tiny_policy, tmp_path):
     from pipeline.execute import adhoc_target, run_stage
-    from pipeline.launch import build_command
+    from pipeline.launch import launch_command
     from stages.common.checkpoint import rank_state_file, read_state
     from stages.common.checkpoint_store import CheckpointStore
     from stages.common.contract import Resources, StageJob
@@ -57,22 +57,22 @@ def test_split_placement_survives_a_killed_engine_rank_and_resumes_its_pool(tiny
     env = {**os.environ, "PYTHONPATH": repo, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
            "TOKENIZERS_PARALLELISM": "false"}
     store = CheckpointStore(target.url, {})
-    proc = subprocess.Popen(build_command(spec.entry, tmp_path / "job.json", resources, "torchrun", True),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=repo,
-                            start_new_session=True, text=True)
-    try:
-        root = psutil.Process(proc.pid)
-        deadline = time.time() + 300
-        while store.latest() is None and proc.poll() is None and time.time() < deadline:
-            time.sleep(0.05)
-        assert store.latest() is not None, proc.communicate(timeout=60)[0][-3000:]
-        family = [root, *root.children(recursive=True)]
-        _rank_process(root, 1).kill()
-        killed = time.time()
-        log = proc.communicate(timeout=FAIL_WITHIN_S)[0]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, 9)
+    with launch_command(spec.entry, tmp_path / "job.json", resources, "torchrun", True) as command:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=repo,
+                                start_new_session=True, text=True)
+        try:
+            root = psutil.Process(proc.pid)
+            deadline = time.time() + 300
+            while store.latest() is None and proc.poll() is None and time.time() < deadline:
+                time.sleep(0.05)
+            assert store.latest() is not None, proc.communicate(timeout=60)[0][-3000:]
+            family = [root, *root.children(recursive=True)]
+            _rank_process(root, 1).kill()
+            killed = time.time()
+            log = proc.communicate(timeout=FAIL_WITHIN_S)[0]
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
     assert proc.returncode != 0 and time.time() - killed < FAIL_WITHIN_S, log[-3000:]
     assert "rank 1" in log or "local_rank: 1" in log, log[-3000:]  # the launcher names the failed rank
     time.sleep(2)  # the launcher reaps its workers as it exits

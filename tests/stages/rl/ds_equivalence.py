@@ -14,10 +14,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirna
 
 
 def main(stages: list[int]) -> None:
-    from stages.common.ports import free_port
-
     os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(free_port())})
+                       "MASTER_PORT": "0"})  # a world of one: its store binds a port of its own
     # this process never logs to MLflow: skip DeepSpeed's ~4 s import of it, as stage ranks do
     # (stages/common/entry.py)
     sys.modules.setdefault("mlflow", None)

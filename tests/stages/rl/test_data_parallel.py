@@ -11,7 +11,7 @@ from collections import defaultdict
 import pytest
 import torch.multiprocessing as mp
 
-from stages.common.ports import free_port
+from stages.common.ports import reserved_port
 from stages.rl.prompt_sampler import PromptSampler
 from tests.stages.rl import dp_workers
 from tests.stages.rl.tiny_model import build_model, save_model
@@ -29,8 +29,9 @@ def model_dir(tmp_path_factory) -> str:
 
 def spawn(fn, world: int, tmp_path, model_dir: str, extra) -> list[dict]:
     """`fn(rank, world, port, model_dir, out, extra)` on `world` gloo ranks; what each wrote."""
-    mp.start_processes(fn, args=(world, free_port(), model_dir, str(tmp_path), extra), nprocs=world,
-                       start_method="spawn")
+    with reserved_port() as port:  # until rank 0's store has bound it
+        mp.start_processes(fn, args=(world, port, model_dir, str(tmp_path), extra), nprocs=world,
+                           start_method="spawn")
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
 
 

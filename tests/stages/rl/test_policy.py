@@ -35,25 +35,26 @@ def test_zero3_ranks_with_uneven_micro_batches_call_the_head_alike():
     batches hold different numbers of response tokens must still call it equally often, or
     they hang (seen on 2 GPUs). Two real ranks, one long response among short ones, a head
     big enough to be partitioned: both finish, with the same reduced stats."""
-    from stages.common.ports import free_port
+    from stages.common.ports import reserved_port
 
     repo = Path(__file__).resolve().parents[3]
-    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
-           "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    script = str(Path(__file__).with_name("ds_zero3_ranks.py"))
-    procs = [subprocess.Popen([sys.executable, script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, cwd=repo, start_new_session=True)
-             for r in range(2)]
     outs = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=240)
-            assert p.returncode == 0, out[-2000:] + err[-3000:]
-            outs.append(out)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, 9)
+    with reserved_port() as port:  # until rank 0's store has bound it
+        env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
+               "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        script = str(Path(__file__).with_name("ds_zero3_ranks.py"))
+        procs = [subprocess.Popen([sys.executable, script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, cwd=repo, start_new_session=True)
+                 for r in range(2)]
+        try:
+            for p in procs:
+                out, err = p.communicate(timeout=240)
+                assert p.returncode == 0, out[-2000:] + err[-3000:]
+                outs.append(out)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, 9)
     rows = [json.loads(x) for out in outs for x in out.splitlines() if x.startswith("{")]
     assert sorted(r["rank"] for r in rows) == [0, 1]
     assert rows[0]["loss"] == pytest.approx(rows[1]["loss"]) and rows[0]["grad_norm"] == pytest.approx(rows[1]["grad_norm"])
