@@ -11,6 +11,7 @@ import numpy as np
 
 from data_curation._base import CurationError
 from data_curation.benchmarks import BenchmarkSpec, iter_benchmark_rows
+from data_curation.hashing import NUMBER_TOKEN, TokenBatch, is_number_token, masked_word_hashes, ngram_hashes
 from data_curation.normalize import Normalizer
 
 if TYPE_CHECKING:
@@ -42,8 +43,6 @@ NUM = "\x00"   # a masked number in masked text (no token holds it)
 
 
 def masked_text(tokens: list[str]) -> str:
-    from data_curation.hashing import is_number_token
-
     return " ".join(NUM if is_number_token(w) else w for w in tokens)
 
 
@@ -76,8 +75,6 @@ class BenchmarkIndex:
     def build(cls, specs: list[BenchmarkSpec], cfg: "DecontaminateConfig",
               storage_options: dict | None) -> "BenchmarkIndex":
         import xxhash
-
-        from data_curation.hashing import TokenBatch, masked_word_hashes
 
         if not specs:
             raise CurationError("decontaminate: the benchmark list is empty")
@@ -140,8 +137,6 @@ class BenchmarkIndex:
                       cfg: "DecontaminateConfig") -> None:
         """The items' n-gram hashes (masked and raw), their document frequencies, the
         prefilter bitmap, and the whole-item hashes of items shorter than an n-gram."""
-        from data_curation.hashing import NUMBER_TOKEN, ngram_hashes
-
         n = cfg.ngram
         hm, doc, _ = ngram_hashes(masked_flat, lengths, n)
         hr, _, _ = ngram_hashes(raw_flat, lengths, n)

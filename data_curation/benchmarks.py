@@ -16,6 +16,9 @@ from typing import Any, Iterator
 from pydantic import Field, ValidationError
 
 from data_curation._base import CurationError, Strict
+from data_curation.discovery import discover
+from data_curation.row_reading import iter_batches
+from data_curation.urls import filesystem, is_local, local_path, normalise_url
 
 # looked for, in this order, when a benchmark entry names no `id_field`
 NATIVE_ID_FIELDS = ("id", "unique_id", "problem_id", "question_id", "task_id", "idx", "uid")
@@ -46,8 +49,6 @@ def load_benchmark_list(url: str, storage_options: dict | None = None) -> list[B
     """A YAML/JSON list of `{path, fields, name}` (or `{benchmarks: [...]}`); relative paths
     are relative to the list file."""
     import yaml
-
-    from data_curation.urls import filesystem, is_local, local_path, normalise_url
 
     full = normalise_url(url)
     fs, p = filesystem(full, storage_options)
@@ -92,9 +93,6 @@ def iter_benchmark_rows(spec: BenchmarkSpec, storage_options: dict | None
     import json
 
     import fsspec
-
-    from data_curation.discovery import discover
-    from data_curation.row_reading import iter_batches
 
     sources = discover([spec.path], storage_options)
     if spec.split is not None:

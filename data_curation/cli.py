@@ -28,7 +28,9 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
+from data_curation import io, urls
 from data_curation._base import CurationError, Strict
+from data_curation.engine import run_curation
 from data_curation.row_schema import FieldMap, RowPolicy
 from data_curation.step_kinds import CurationStep, check_labels, default_steps, with_benchmarks
 
@@ -45,8 +47,6 @@ class CurateFileConfig(Strict):
 
 def load_config(path: str, storage_options: dict[str, Any] | None = None) -> CurateFileConfig:
     import yaml
-
-    from data_curation import io, urls
 
     url = urls.normalise_url(path)
     if not io.exists(url, storage_options):
@@ -76,8 +76,6 @@ def curate_standalone(data_urls: list[str], out_url: str, config_path: str | Non
     [--benchmarks list.yaml]`: run (or rerun parts of) the curation without a recipe.
 
     Returns the report (also written to `{out_url}/report.json|md|html`)."""
-    from data_curation.engine import run_curation
-
     cfg = load_config(config_path, storage_options) if config_path else CurateFileConfig()
     steps = list(cfg.steps) if cfg.steps else default_steps(benchmarks_path)
     if benchmarks_path and cfg.steps:

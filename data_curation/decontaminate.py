@@ -37,8 +37,11 @@ from pydantic import Field
 from data_curation._base import bump
 from data_curation.benchmark_index import FILTER_SIZE, TEMPLATE_MIN_WORDS, BenchmarkIndex, masked_text
 from data_curation.benchmarks import BenchmarkSpec, resolve_benchmarks
+from data_curation.discovery import discover
+from data_curation.hashing import TokenBatch, masked_word_hashes, ngram_hashes
 from data_curation.normalize import NormalizeConfig, Normalizer
 from data_curation.step_api import Decision, RunContext, StepConfig, StepRunner
+from data_curation.urls import is_local, local_path
 
 # hits recorded per training row (the count of all of them is kept)
 MAX_HITS_PER_ROW = 20
@@ -84,9 +87,6 @@ class DecontaminateConfig(StepConfig):
 
 def _content_identity(spec: BenchmarkSpec, ctx: RunContext) -> list[Any]:
     """sha256 of local benchmark files; size/etag/mtime of remote ones and dataset dirs."""
-    from data_curation.discovery import discover
-    from data_curation.urls import is_local, local_path
-
     out: list[Any] = []
     for s in discover([spec.path], ctx.storage_options):
         if is_local(s.url) and s.fmt != "hf":
@@ -120,8 +120,6 @@ class Decontaminate(StepRunner):
         """Every contamination hit of each text (at most one per item, the strongest),
         strongest first; [] if clean."""
         import xxhash
-
-        from data_curation.hashing import TokenBatch, masked_word_hashes, ngram_hashes
 
         cfg, ix, n = self.cfg, self.index, self.cfg.ngram
         toks = [self.norm.tokens(t) for t in texts]

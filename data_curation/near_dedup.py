@@ -23,6 +23,7 @@ from typing import Any, Iterator, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
+from data_curation.hashing import minhash_signatures, ngram_hashes, permutations, to_shingle32, word_hashes
 from data_curation.normalize import NormalizeConfig, Normalizer
 from data_curation.row_schema import field_text
 from data_curation.step_api import Decision, RunContext, StepConfig, StepRunner
@@ -102,8 +103,6 @@ class NearDedup(StepRunner):
     mode = "global"
 
     def __init__(self, cfg: NearDedupConfig):
-        from data_curation.hashing import permutations
-
         self.cfg = cfg
         self.norm = Normalizer(cfg.normalize)
         self.bands, self.rows = cfg.lsh_params()
@@ -116,16 +115,12 @@ class NearDedup(StepRunner):
 
     def shingles(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(64-bit shingle hashes, owning document index) of the texts."""
-        from data_curation.hashing import ngram_hashes, word_hashes
-
         flat, lengths = word_hashes([self.norm.tokens(t) for t in texts])
         h, doc, _ = ngram_hashes(flat, lengths, self.cfg.ngram, short="whole")
         return h, doc
 
     def features(self, table) -> tuple[np.ndarray, np.ndarray]:
         """(signatures of the rows that have shingles, their indices in the part)."""
-        from data_curation.hashing import minhash_signatures, to_shingle32
-
         h, doc = self.shingles(self._texts(table))
         counts = np.bincount(doc, minlength=table.num_rows)
         has = np.nonzero(counts)[0]

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from data_curation import io, row_reading, urls
+from data_curation.report import render_html, render_markdown
 from data_curation.step_api import RunContext
 from data_curation.step_cache import StepDir
 
@@ -199,8 +200,6 @@ def contamination_manifest(report: dict[str, Any]) -> dict[str, Any] | None:
 
 def write_reports(report: dict[str, Any], out_url: str, so: dict) -> None:
     """report.json|md|html, and contamination.json when the run decontaminated."""
-    from data_curation.report import render_html, render_markdown
-
     manifest = contamination_manifest(report)
     if manifest is not None:
         report["outputs"]["contamination"] = urls.join(out_url, "contamination.json")

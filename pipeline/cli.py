@@ -9,7 +9,23 @@ from typing import Optional
 
 import typer
 
-from pipeline.loader import RecipeError, load_recipe
+from data_curation._base import CurationError
+from data_curation.cli import curate_standalone
+from pipeline.changes import code_drift, previous_manifest, why_rerun
+from pipeline.console import RunConsole, Verbosity, installed
+from pipeline.execute import ExecutionPolicy, StageTarget, execute
+from pipeline.gc import GcPolicy, find_leftovers, remove
+from pipeline.launch import build_command
+from pipeline.loader import RecipeError, check_endpoints, load_recipe
+from pipeline.orchestrate import run_recipe
+from pipeline.plan import make_plan
+from pipeline.recipe import Recipe
+from pipeline.speed import resolve_stage_speed
+from pipeline.status import stage_state
+from pipeline.tracking import PipelineTracker, timestamped
+from stages.common import secrets
+from stages.common.artifact_inputs import ArtifactError
+from stages.common.contract import StageFailed
 
 # Prefect's ephemeral server reports telemetry into its SQLite DB, racing the flow's own writes.
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -35,8 +51,6 @@ def _main(ctx: typer.Context,
           version: bool = typer.Option(False, "--version", "-V", is_eager=True, callback=_version,
                                        help="print the version and exit")) -> None:
     """Run the Ring-1T training recipe as one declarative pipeline."""
-    from stages.common import secrets
-
     ctx.with_resource(secrets.redact_console())  # no credential of a recipe reaches the terminal
 
 RecipeArg = typer.Argument(..., help="recipe YAML file")
@@ -48,23 +62,18 @@ def _fail(message: str, code: int) -> None:
     raise typer.Exit(code)
 
 
-def _load(recipe: Path, overrides: list[str], check_endpoints: bool = False):
-    """The recipe; with `check_endpoints`, also whether its store and tracking server answer."""
-    from pipeline.loader import check_endpoints as probe
-
+def _load(recipe: Path, overrides: list[str], probe: bool = False):
+    """The recipe; with `probe`, also whether its store and tracking server answer."""
     try:
         r = load_recipe(recipe, overrides)
-        if check_endpoints:
-            probe(r)
+        if probe:
+            check_endpoints(r)
         return r
     except RecipeError as e:
         _fail("recipe error:\n" + "\n".join(f"  {p}" for p in e.problems), 2)
 
 
 def _plan(recipe):
-    from pipeline.plan import make_plan
-    from stages.common.artifact_inputs import ArtifactError
-
     try:
         return make_plan(recipe)
     except ArtifactError as e:  # store unreachable, bad credentials, an input that cannot be listed
@@ -77,18 +86,13 @@ def validate(recipe: Path = RecipeArg, set_: list[str] = SetOpt,
                                           "tracking server (form only)")) -> None:
     """Check a recipe (schema, values, references, cycles) without running anything; then
     whether its store and tracking server answer (reachable, credentials accepted)."""
-    r = _load(recipe, set_, check_endpoints=not offline)
+    r = _load(recipe, set_, probe=not offline)
     typer.echo(f"{recipe}: ok ({len(r.stages)} stages: {', '.join(r.stages)})")
 
 
 @app.command()
 def plan(recipe: Path = RecipeArg, set_: list[str] = SetOpt) -> None:
     """Stages in order with their hashes, what is done / to run and why, and each launch command."""
-    from pipeline.changes import code_drift, previous_manifest, why_rerun
-    from pipeline.launch import build_command
-    from pipeline.plan import make_plan
-    from stages.common.artifact_inputs import ArtifactError
-
     r = _load(recipe, set_)
     try:
         p, unknown = make_plan(r), None
@@ -130,8 +134,6 @@ def plan(recipe: Path = RecipeArg, set_: list[str] = SetOpt) -> None:
 
 def _echo_speed(s, storage_options: dict) -> None:
     """The stage's `auto` speed settings as decided for this machine (pipeline/speed.py)."""
-    from pipeline.speed import resolve_stage_speed
-
     speed = resolve_stage_speed(s.kind, s.resolved_config(), s.resources, s.launcher, storage_options)
     if speed is None or not speed.choices:
         return
@@ -169,15 +171,11 @@ def run(recipe: Path = RecipeArg, set_: list[str] = SetOpt,
     Per stage: a start line, a progress line, a finish line; a failed stage is reported once,
     and every failed stage is listed at the end (exit 1). Stage output is in each stage's
     log. Ctrl-C or SIGTERM stops every running stage job (exit 130 / 143); nothing is published."""
-    from pipeline.console import RunConsole, Verbosity, installed
-    from pipeline.flow import PipelineFailed
-    from pipeline.orchestrate import run_recipe
-    from stages.common.artifact_inputs import ArtifactError
-    from stages.common.contract import StageFailed
+    from pipeline.flow import PipelineFailed  # imports Prefect (~800 modules): only a run needs it
 
     if quiet and verbose:
         _fail("run: --quiet and --verbose exclude each other", 2)
-    r = _load(recipe, set_, check_endpoints=True)
+    r = _load(recipe, set_, probe=True)
     p = _plan(r)
     try:
         p.select(only, from_, force)
@@ -221,8 +219,6 @@ def _list_results(results: dict) -> None:
 @app.command()
 def status(recipe: Path = RecipeArg, set_: list[str] = SetOpt) -> None:
     """Per stage: done / running / failed / interrupted / pending, its artifact URI and MLflow run."""
-    from pipeline.status import stage_state
-
     p = _plan(_load(recipe, set_))
     for s in p.stages:
         st = stage_state(p.store, s)
@@ -244,9 +240,6 @@ def gc(recipe: Path = RecipeArg, set_: list[str] = SetOpt,
        older_than: float = typer.Option(7.0, "--older-than", min=0, help="days unchanged before an "
                                         "unreferenced artifact or unfinished attempt is removed")) -> None:
     """List (or with --delete remove) work dirs, checkpoints and artifacts nothing needs."""
-    from pipeline.gc import GcPolicy, find_leftovers, remove
-    from stages.common.artifact_inputs import ArtifactError
-
     r = _load(recipe, set_)
     p = _plan(r)
     policy = GcPolicy(r.storage.keep_checkpoints if keep_checkpoints is None else keep_checkpoints,
@@ -266,8 +259,6 @@ def gc(recipe: Path = RecipeArg, set_: list[str] = SetOpt,
 @app.command()
 def schema() -> None:
     """JSON Schema of a recipe (for editor completion)."""
-    from pipeline.recipe import Recipe
-
     typer.echo(json.dumps(Recipe.model_json_schema(), indent=2))
 
 
@@ -278,7 +269,7 @@ def serve(recipe: Path = RecipeArg, set_: list[str] = SetOpt) -> None:
     if not os.environ.get("PREFECT_API_URL"):
         _fail("serve needs a Prefect server: start one (`prefect server start`) and set "
               "PREFECT_API_URL=http://127.0.0.1:4200/api", 2)
-    from pipeline.flow import pipeline_flow
+    from pipeline.flow import pipeline_flow  # imports Prefect (~800 modules): only serve needs it
 
     pipeline_flow.serve(name=r.name, parameters={"recipe_path": str(recipe.resolve()), "overrides": set_})
 
@@ -295,8 +286,6 @@ def curate(target: list[str] = typer.Argument(..., help="a recipe YAML, or data 
            set_: list[str] = SetOpt) -> None:
     """Curate data: a recipe's `curate` stage alone (e.g. decontamination against a new
     benchmark list), or files without a recipe (`--out` required)."""
-    from data_curation._base import CurationError
-
     if benchmarks and "://" not in benchmarks:
         benchmarks = str(Path(benchmarks).resolve())
     is_recipe = len(target) == 1 and target[0].endswith((".yaml", ".yml"))
@@ -309,8 +298,6 @@ def curate(target: list[str] = typer.Argument(..., help="a recipe YAML, or data 
             return
         if not out:
             _fail("curate: --out URL is required when curating data files (or give a recipe .yaml)", 2)
-        from data_curation.cli import curate_standalone
-
         report = curate_standalone(target, out, config, only or None, benchmarks)
         typer.echo(json.dumps(report.get("counts", report), indent=2, default=str))
     except CurationError as e:
@@ -323,11 +310,6 @@ def _curate_recipe_stage(recipe: Path, overrides: list[str], stage: str | None, 
     the `curate` kind) with `--only` / `--benchmarks` applied. The stage hash follows the
     (possibly new) benchmark list, so the result is the artifact a recipe with that list would
     use; earlier steps come from the stage's step cache."""
-    from pipeline.execute import ExecutionPolicy, StageTarget, execute
-    from pipeline.tracking import PipelineTracker, timestamped
-    from stages.common.artifact_inputs import ArtifactError
-    from stages.common.contract import StageFailed
-
     r = _load(recipe, overrides)
     rerunnable = [s for s in _plan(r).stages if s.kind.rerun_config is not None]
     candidates = [s for s in rerunnable if stage is None or s.name == stage]
@@ -363,7 +345,7 @@ def verify(data: Path = typer.Argument(..., help="task rows (jsonl: domain, prom
            workers: int = typer.Option(2, "--workers", min=0),
            timeout_s: float = typer.Option(10.0, "--timeout", min=0.1)) -> None:
     """Score model responses with the verifiers registry; prints a per-domain summary."""
-    from verifiers.cli import verify_files
+    from verifiers.cli import verify_files  # the verifiers package, ~0.1 s: only this command needs it
 
     try:
         summary = verify_files(str(data), str(responses), str(out) if out else None, workers, timeout_s)

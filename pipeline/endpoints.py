@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from data_curation.urls import filesystem
 from stages.common import secrets
+from stages.common.store_writes import within
 
 PROBE_TIMEOUT_S = float(os.environ.get("RING_PROBE_TIMEOUT_S", "20"))
 # MLflow's tracking stores by URI scheme (a DB scheme may name its driver: postgresql+psycopg2)
@@ -140,9 +142,6 @@ def _local_writable(path: Path, what: str) -> str | None:
 def probe_store(url: str, options: dict[str, Any]) -> str | None:
     """Why the store at `url` cannot be used now, or None. A missing root is fine (the first
     run creates it); its bucket must exist and answer with these credentials."""
-    from data_curation.urls import filesystem
-    from stages.common.store_writes import within
-
     if protocol_of(url) == "file":
         return _local_writable(Path(url.removeprefix("file://")), "the store")
 

@@ -33,6 +33,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+from data_curation.package_files import PackageFileError, resolve
 from data_curation.urls import filesystem, normalise_url
 from stages.common.artifact_inputs import StorageError, sha256_file, storage_errors
 
@@ -167,8 +168,6 @@ def hub_fingerprint(value: str) -> Fingerprint:
 
 # -- files inside installed packages ------------------------------------------------------
 def package_fingerprint(value: str, hash_max_bytes: int) -> Fingerprint:
-    from data_curation.package_files import PackageFileError, resolve
-
     try:
         f = resolve(value)
     except PackageFileError as e:

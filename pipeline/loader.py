@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from pipeline.endpoints import probe_store, probe_tracking
 from pipeline.recipe import Recipe, RecipeGraphError
 from stages.common import secrets
 from stages.common.secrets import CREDENTIAL_KEY
@@ -276,8 +277,6 @@ def locate(recipe: Recipe, key: Path_) -> str:
 def check_endpoints(recipe: Recipe) -> None:
     """RecipeError (`file:line: key: problem`) when the store or the tracking server cannot be
     used now: unreachable, no credentials, credentials refused, no bucket (pipeline.endpoints)."""
-    from pipeline.endpoints import probe_store, probe_tracking
-
     problems = []
     for key, probe in ((("storage", "url"), lambda: probe_store(recipe.storage.url, recipe.storage.options)),
                        (("tracking", "uri"), lambda: probe_tracking(recipe.tracking.uri))):

@@ -24,6 +24,7 @@ from typing import Any
 
 from pipeline import interrupt
 from pipeline.console import Verbosity
+from pipeline.prefect_server import embedded_prefect_api
 from stages.common import secrets
 from stages.common.artifact_inputs import ArtifactError
 from stages.common.contract import StageFailed
@@ -51,8 +52,6 @@ def run_recipe(params: dict[str, Any], deployment_name: str, work_dir: Path,
         if user_api:
             api_context: contextlib.AbstractContextManager[str] = contextlib.nullcontext(user_api)
         else:
-            from pipeline.prefect_server import embedded_prefect_api
-
             api_context = embedded_prefect_api(work_dir / f"prefect-server-{os.getpid()}.log")
         with api_context as api:
             if not interrupt.stop_requested():
@@ -135,7 +134,7 @@ def _console_logging(verbosity: Verbosity) -> Any:
 def _run_flow(params: dict[str, Any], api: str, deployment_name: str | None, outcome: RunOutcome) -> None:
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from pipeline.flow import pipeline_flow
+    from pipeline.flow import pipeline_flow  # imports Prefect: not before a run needs it
 
     try:
         with temporary_settings(updates={PREFECT_API_URL: api}), _console_logging(outcome.verbosity):

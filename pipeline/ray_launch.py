@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.job_output import JobOutput
+from pipeline.ray_worker import RankWorker
 from pipeline.torchrun_hosts import EXPORTED_ENV
 from stages.common.contract import Resources
 
@@ -93,8 +94,6 @@ def place_workers(layout: Layout, timeout_s: float) -> tuple[Any, list[Worker]]:
     import ray
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    from pipeline.ray_worker import RankWorker
 
     strategy = "STRICT_SPREAD" if layout.nodes > 1 else "PACK"
     pg = placement_group([layout.bundle() for _ in range(layout.nodes)], strategy=strategy)

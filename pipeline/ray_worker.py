@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from data_curation.urls import filesystem, join
+from pipeline.lease import RUNNING
 from stages.common.ports import reserved_port
 
 _MAX_LINES_PER_POLL = 5000  # a chatty rank cannot make one poll reply unbounded
@@ -165,9 +167,6 @@ def _store_problem(stage_url: str, options: dict[str, Any]) -> str | None:
     """None when this node sees the stage's artifact dir (its `_RUNNING` lease, written by the
     pipeline before the launch), else why not: a local-path store that is not shared, or an
     object store this node cannot reach or has no credentials for."""
-    from data_curation.urls import filesystem, join
-    from pipeline.lease import RUNNING
-
     try:
         fs, path = filesystem(join(stage_url, RUNNING), options)
         if fs.exists(path):

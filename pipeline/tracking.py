@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from pipeline.changes import git_commit
+from pipeline.plots import log_main_curves
 from stages.common import secrets
 from stages.common.stage_log import flatten, mlflow_client
 
@@ -186,8 +187,6 @@ class PipelineTracker:
 
     def plot_main_curves(self, run_id: str, kind: str, stage: str) -> str | None:
         """PNG plots of the stage's main curves among its run's artifacts (pipeline.plots)."""
-        from pipeline.plots import log_main_curves
-
         return log_main_curves(self.client, run_id, kind, stage)
 
     def mark_killed(self, holder: dict[str, Any]) -> None:

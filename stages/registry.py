@@ -30,6 +30,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable
 
+import stages
 from stages.common.contract import StageConfig
 from stages.common.eval_suite_gate import check_eval_suite
 from stages.common.kind_metrics import KindMetrics
@@ -119,8 +120,6 @@ def register(kind: StageKind) -> StageKind:
 
 def _kind_packages() -> list[str]:
     """The packages under stages/ that are stage kinds (they have a config.py)."""
-    import stages
-
     return sorted(m.name for m in pkgutil.iter_modules(stages.__path__)
                   if m.ispkg and importlib.util.find_spec(f"stages.{m.name}.config") is not None)
 

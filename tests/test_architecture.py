@@ -1,14 +1,19 @@
 """The rules of docs/ARCHITECTURE.md, enforced: ruff passes, the import layers only point down
-(import-linter, contracts in pyproject.toml), and no product file or function outgrows the size
-a reader can hold (files <= 450 lines, functions <= 80 lines). The size rule covers the product
-packages only: benchmarks/ (measurement scripts) and tests/ are not held to it."""
+(import-linter, contracts in pyproject.toml), no product file or function outgrows the size
+a reader can hold (files <= 450 lines, functions <= 80 lines), and the project's own modules
+are imported at a module's top unless a comment on the import says why not. The size and
+import rules cover the product packages only: benchmarks/ (measurement scripts) and tests/
+are not held to them."""
 from __future__ import annotations
 
 import ast
+import io
 import os
+import re
 import subprocess
 import sys
 import textwrap
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -53,6 +58,78 @@ def test_the_size_check_finds_a_long_file_and_a_long_nested_function(tmp_path):
         f"pipeline/long.py: {MAX_FUNCTION_LINES + 2 + MAX_FILE_LINES} lines (limit {MAX_FILE_LINES})",
         f"pipeline/long.py:1 outer: {MAX_FUNCTION_LINES + 2} lines (limit {MAX_FUNCTION_LINES})",
         f"pipeline/long.py:2 inner: {MAX_FUNCTION_LINES + 1} lines (limit {MAX_FUNCTION_LINES})"]
+
+
+# a comment that only silences a linter is no reason
+_DIRECTIVE = re.compile(r"#\s*(noqa(:\s*[A-Z0-9, ]+)?|type:\s*ignore(\[[^\]]*\])?|pragma:[^#]*)\s*", re.IGNORECASE)
+
+
+def unexplained_local_imports(root: Path, packages: tuple[str, ...] = PRODUCT) -> list[str]:
+    """`path:line module` for every import of a product module (PRODUCT) inside a function of
+    `packages` (methods and nested functions included) whose lines carry no comment saying why it is not at the module's
+    top: an import cycle the layers make legitimate, a heavy or optional dependency that a path
+    must not load, a measured start-up cost. Relative imports count as the package's own."""
+    found: list[tuple[str, int, str]] = []
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            source = path.read_text(encoding="utf-8")
+            rel = path.relative_to(root).as_posix()
+            comments = {tok.start[0]: _DIRECTIVE.sub("", tok.string).strip("# ")
+                        for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+                        if tok.type == tokenize.COMMENT}
+            seen: set[int] = set()
+            for fn in ast.walk(ast.parse(source, filename=rel)):
+                if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                for node in ast.walk(fn):
+                    if not isinstance(node, (ast.Import, ast.ImportFrom)) or id(node) in seen:
+                        continue
+                    seen.add(id(node))
+                    names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                    own = (isinstance(node, ast.ImportFrom) and node.level > 0) \
+                        or any(n.split(".")[0] in PRODUCT for n in names)
+                    why = any(comments.get(line) for line in range(node.lineno, node.end_lineno + 1))
+                    if own and not why:
+                        found.append((rel, node.lineno, f"{'.' * getattr(node, 'level', 0)}{', '.join(names)}"))
+    return [f"{rel}:{line} {what}" for rel, line, what in sorted(found)]
+
+
+def test_project_modules_are_imported_at_the_top_or_say_why_not():
+    assert unexplained_local_imports(ROOT) == []
+
+
+def test_the_import_check_finds_a_local_import_without_a_reason(tmp_path):
+    pkg = tmp_path / "stages"
+    pkg.mkdir()
+    (pkg / "mod.py").write_text(textwrap.dedent("""\
+        import json
+        from typing import TYPE_CHECKING
+
+        from stages import other
+        if TYPE_CHECKING:
+            from pipeline import plan
+
+        def f():
+            import torch                      # a third-party module: not this rule's business
+            from stages import sibling
+            import pipeline.flow
+            from .near import x  # noqa: F401
+            from verifiers import api  # a cycle: api imports this module
+            from data_curation.engine import (  # numpy: only a run needs it
+                run_curation,
+            )
+
+        class C:
+            def method(self):
+                def inner():
+                    from data_curation import urls
+                from stages.common import (
+                    contract,  # type: ignore[attr-defined]
+                )
+        """))
+    assert unexplained_local_imports(tmp_path, ("stages",)) == [
+        "stages/mod.py:10 stages", "stages/mod.py:11 pipeline.flow", "stages/mod.py:12 .near",
+        "stages/mod.py:21 data_curation", "stages/mod.py:22 stages.common"]
 
 
 def test_ruff_passes():

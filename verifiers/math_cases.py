@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Callable
 
+from .api import verify
+
 Row = dict[str, Any]
 
 
@@ -160,8 +162,7 @@ def generate_cases(n_per_category: int, seed: int) -> list[Case]:
 def score_cases(cases: list[Case], verify_fn: Callable[[Row, str], Any] | None = None) -> dict[str, dict]:
     """Per (category, kind): how many cases the verifier got right (equivalent -> 1, near
     miss -> 0), with the failures for inspection."""
-    if verify_fn is None:
-        from .api import verify as verify_fn
+    verify_fn = verify_fn or verify
     table: dict[str, dict] = defaultdict(lambda: {"n": 0, "ok": 0, "failures": []})
     for c in cases:
         score = verify_fn(c.row, c.response).score

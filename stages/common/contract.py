@@ -15,9 +15,9 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from data_curation.benchmarks import EvalSuite
 from stages.common import secrets
@@ -155,6 +155,19 @@ class StageConfig(Strict):
                                             "its `data` overlaps the suite (stages/common/eval_suite_gate.py)")
 
 
+ConfigT = TypeVar("ConfigT", bound=StageConfig)
+
+
+def validation_problems(error: ValidationError, prefix: str = "") -> str:
+    """`key.path: problem` per error of a pydantic validation, `; `-joined; never the values
+    (a job file's values include credentials)."""
+    problems = []
+    for err in error.errors():
+        key = ".".join(str(part) for part in (prefix, *err["loc"]) if part != "")
+        problems.append(f"{key or '(top level)'}: {secrets.redact(err['msg'])}")
+    return "; ".join(problems)
+
+
 class StageJob(BaseModel):
     """What a stage's processes are given (serialised to job.json by the pipeline)."""
 
@@ -176,18 +189,44 @@ class StageJob(BaseModel):
     store_attempts: int = Field(3, ge=1, description="tries of a store write (storage.write_attempts)")
 
     # -- helpers for the stage's own process ------------------------------------
-    @classmethod
-    def from_argv(cls, argv: list[str] | None = None) -> "StageJob":
+    @staticmethod
+    def path_from_argv(argv: list[str] | None = None) -> Path:
+        """The job file named by a job process's command line (`--job job.json`)."""
         parser = argparse.ArgumentParser()
         parser.add_argument("--job", required=True, help="path of the job.json")
         # deepspeed's launcher appends --local_rank=N; accept and ignore it
         parser.add_argument("--local_rank", type=int, default=None)
         args, _ = parser.parse_known_args(argv)
-        data = json.loads(Path(args.job).read_text())
+        return Path(args.job)
+
+    @classmethod
+    def read(cls, path: Path) -> "StageJob":
+        """The job file at `path`, credentials put back from the environment. The pipeline
+        wrote it; one that cannot be read or no longer parses (edited by hand) is a StageError
+        naming the file and the key."""
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except OSError as e:
+            raise StageError(f"job file {path}: cannot be read: {e.strerror or e}") from None
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            where = f":{e.lineno}" if isinstance(e, json.JSONDecodeError) else ""
+            raise StageError(f"job file {path}{where}: not JSON: {getattr(e, 'msg', e)}") from None
         try:
             return cls.model_validate(secrets.resolve(data))  # credentials come from the environment
         except secrets.MissingSecret as e:
             raise StageError(str(e.args[0])) from None
+        except ValidationError as e:
+            raise StageError(f"job file {path}: {validation_problems(e)}") from None
+
+    def typed_config(self, model: type[ConfigT], source: str | os.PathLike = "job.json") -> ConfigT:
+        """`config` as the kind's config model: parsed once, at the job's entry (run_job),
+        and handed to the kind's `main`. The pipeline validated it with the recipe; it is
+        parsed again here because it crossed a process boundary as JSON, and a job file
+        edited by hand gets a StageError naming `source` and the key."""
+        try:
+            return model.model_validate(self.config)
+        except ValidationError as e:
+            raise StageError(f"job file {source}: {validation_problems(e, 'config')}") from None
 
     def write(self, path: str | os.PathLike) -> str:
         """job.json, readable by its owner only, with every credential as a `${env:NAME}`

@@ -1,14 +1,15 @@
 """How every stage job runs (the stage contract): `stages/<kind>/job.py` ends with
 
     if __name__ == "__main__":
-        sys.exit(run_job(main))
+        sys.exit(run_job(main, MyKindConfig))
 
-`run_job` reads the job file, calls `main(job)`, and turns the outcome into the exit status:
-0 when `main` returns; 2 when it raises `StageError` (a problem the user can fix), printed
-without a traceback (by rank 0 as it is; other ranks prefix their rank, since a rank can hit
-a user error its peers do not, e.g. a shard of a checkpoint); anything else is a bug: its
-traceback is printed and the job exits 1 (SystemExit). The process group, when `main` joined
-one, is left.
+`run_job` reads the job file, parses its config into the kind's config model (once, here:
+`main` gets it typed and never validates it again), calls `main(job, cfg)`, and turns the
+outcome into the exit status: 0 when `main` returns; 2 when it raises `StageError` (a problem
+the user can fix; also a job file that does not parse), printed without a traceback (by rank
+0 as it is; other ranks prefix their rank, since a rank can hit a user error its peers do
+not, e.g. a shard of a checkpoint); anything else is a bug: its traceback is printed and the
+job exits 1 (SystemExit). The process group, when `main` joined one, is left.
 
 After a failure the traceback or message is printed *before* the group is left, and leaving
 it is bounded: a peer may still be inside a collective that will never complete, and NCCL's
@@ -27,15 +28,24 @@ import threading
 import traceback
 from typing import Any, Callable
 
-from stages.common.contract import StageError, StageJob
+from stages.common.contract import ConfigT, StageError, StageJob
 from stages.common.stage_log import StageLogger
 
 STACKS_SIGNAL = signal.SIGUSR2  # SIGUSR1 is the job guard's parent-death signal
 LEAVE_GROUP_S = 20.0  # a failed rank's wait to leave the process group (see the module docstring)
 
 
-def run_job(main: Callable[[StageJob], Any], argv: list[str] | None = None) -> int:
-    job = StageJob.from_argv(argv)
+def run_job(main: Callable[[StageJob, ConfigT], Any], config_model: type[ConfigT],
+            argv: list[str] | None = None) -> int:
+    """Run a stage job's `main(job, cfg)` on the job file named by `argv` (`--job job.json`),
+    `cfg` being the job's config as `config_model` (the model the kind registers); the exit
+    status (the module docstring)."""
+    path = StageJob.path_from_argv(argv)
+    try:
+        job = StageJob.read(path)
+    except StageError as e:  # nothing has started: no stage to name yet
+        print(f"{_rank_tag(int(os.environ.get('RANK', '0')))}{e}", file=sys.stderr, flush=True)
+        return 2
     faulthandler.register(STACKS_SIGNAL, file=sys.__stderr__, all_threads=True)  # the process's own fd 2
     if not StageLogger.talks_to_mlflow(job.tracking_uri, job.run_id, job.rank):
         # DeepSpeed imports mlflow as it is imported (its autotuner's optional logging):
@@ -44,7 +54,7 @@ def run_job(main: Callable[[StageJob], Any], argv: list[str] | None = None) -> i
         sys.modules.setdefault("mlflow", None)
     failed_with: int | None = 1  # the exit status while not known to have succeeded
     try:
-        main(job)
+        main(job, job.typed_config(config_model, path))
         group = _process_group()
         if group is not None:
             # every rank done (rank 0 may still be writing the model) before the group goes:
@@ -52,8 +62,7 @@ def run_job(main: Callable[[StageJob], Any], argv: list[str] | None = None) -> i
             group.barrier()
         failed_with = None
     except StageError as e:
-        where = "" if job.rank == 0 else f"[rank {job.rank}] "
-        print(f"{where}{job.stage} ({job.kind}) failed: {e}", file=sys.stderr, flush=True)
+        print(f"{_rank_tag(job.rank)}{job.stage} ({job.kind}) failed: {e}", file=sys.stderr, flush=True)
         failed_with = 2
         return 2
     except Exception:
@@ -63,6 +72,11 @@ def run_job(main: Callable[[StageJob], Any], argv: list[str] | None = None) -> i
     finally:
         _leave_group(failed_with)
     return 0
+
+
+def _rank_tag(rank: int) -> str:
+    """What a user error's message starts with: nothing on rank 0, `[rank N] ` elsewhere."""
+    return "" if rank == 0 else f"[rank {rank}] "
 
 
 class _AlreadyReported(SystemExit):

@@ -31,7 +31,11 @@ from typing import Iterator
 
 import torch
 
+from data_curation.urls import normalise_url
+from stages.common.artifact_inputs import read_manifest
 from stages.common.contract import StageError
+from stages.common.deepspeed_setup import gathered
+from stages.common.hf_io import save_hf_model
 from stages.common.training_settings import LoraSettings
 
 ADAPTER = "default"  # peft's name of the one adapter a stage trains
@@ -181,8 +185,6 @@ def lora_state_dict(model: torch.nn.Module, publish: str, zero3: bool, rank: int
     """What a stage publishes of a LoRA-trained `model`: the merged weights under the base's
     names ("merged") or peft's adapter file ("adapter"). Every rank calls it (ZeRO-3 gathers
     each tensor's parts); rank 0 gets the tensors (on the CPU), the others None."""
-    from stages.common.deepspeed_setup import gathered
-
     out: dict[str, torch.Tensor] = {}
     tensors = merged_tensors(model) if publish == "merged" else [
         MergedTensor(adapter_key(n), (p,)) for n, p in model.named_parameters() if adapter_key(n) is not None]
@@ -212,9 +214,6 @@ def write_adapter(state_dict: dict[str, torch.Tensor], settings: LoraSettings, p
 def base_reference(model_url: str, upstream: dict[str, str], storage_options: dict | None) -> dict:
     """The base model an adapter belongs to: its URL and, when it is (inside) an upstream
     artifact, that artifact's URL and stage hash."""
-    from data_curation.urls import normalise_url
-    from stages.common.artifact_inputs import read_manifest
-
     url = normalise_url(model_url)
     for art in sorted((normalise_url(a) for a in upstream.values()), key=len, reverse=True):
         if url == art or url.startswith(art + "/"):
@@ -234,14 +233,13 @@ def injected_plan(model: torch.nn.Module) -> LoraPlan:
                     [n for n, m in modules if isinstance(m, ModulesToSaveWrapper)])
 
 
-def publish_trained_model(job, engine, module: torch.nn.Module, settings: LoraSettings | None, model_dir: Path,
-                          zero_stage: int, rank: int, dtype: torch.dtype | None) -> dict | None:
+def publish_trained_model(job, base_model: str, engine, module: torch.nn.Module, settings: LoraSettings | None,
+                          model_dir: Path, zero_stage: int, rank: int, dtype: torch.dtype | None) -> dict | None:
     """The trained model into `job.output_dir` (every rank calls it; ZeRO-3 gathers): without
     LoRA, as hf_io.save_hf_model writes it; with LoRA, what `settings.publish` says: the merged
     model (a HF directory with the input model's tokenizer files), or the adapter naming its
-    base. Returns, on rank 0 of a LoRA stage, the stage summary's `lora` record."""
-    from stages.common.hf_io import save_hf_model
-
+    base (`base_model`, the config's `model` reference, fetched into `model_dir`). Returns, on
+    rank 0 of a LoRA stage, the stage summary's `lora` record."""
     out = Path(job.output_dir)
     if settings is None:
         save_hf_model(engine, module, model_dir, out, zero_stage, rank, dtype)
@@ -250,7 +248,7 @@ def publish_trained_model(job, engine, module: torch.nn.Module, settings: LoraSe
     if rank != 0:
         return None
     plan = injected_plan(module)
-    base = base_reference(job.config["model"], job.upstream, job.storage_options)
+    base = base_reference(base_model, job.upstream, job.storage_options)
     if settings.publish == "merged":
         save_hf_model(None, module, model_dir, out, 0, rank, dtype, state_dict=state_dict)
     else:

@@ -24,6 +24,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+from stages.common.contract import AUTO_LEGACY
+
 GIB = 1024 ** 3
 MEMORY_BUDGET = 0.85  # of a GPU's memory: the CUDA context, NCCL buffers and fragmentation get the rest
 # Activation bytes per token, decoder layer and hidden unit, fitted to the sft stage's measured peaks
@@ -337,8 +339,6 @@ def settle_auto(cfg: Any) -> Any:
     as it is (a stage started without the pipeline's resolution: a test, a direct `run_job`) at
     the value it had before `auto` existed; precision and attention keep `auto`, which the job
     decides on its device."""
-    from stages.common.contract import AUTO_LEGACY
-
     updates = {}
     for name, f in type(cfg).model_fields.items():
         extra = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}

@@ -153,8 +153,8 @@ def train_supervised(job: StageJob, cfg: SupervisedSettings,
     task.before_training(run)
     _train(run, task, ckpt)
     out = Path(job.output_dir)
-    lora = publish_trained_model(job, run.engine, task.trained_module(run.engine), cfg.lora, setup.model_dir,
-                                 cfg.zero_stage, setup.ranks.rank, setup.published_dtype)
+    lora = publish_trained_model(job, cfg.model, run.engine, task.trained_module(run.engine), cfg.lora,
+                                 setup.model_dir, cfg.zero_stage, setup.ranks.rank, setup.published_dtype)
     if setup.ranks.rank != 0:
         return None
     summary = task.outputs(run, out)

@@ -6,7 +6,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from data_curation.row_schema import FieldMap, RowPolicy
-from data_curation.step_kinds import CurationStep, check_labels, default_steps
+from data_curation.step_kinds import CurationStep, check_labels, default_steps, parse_steps, with_benchmarks
 from stages.common.contract import StageConfig, cosmetic
 from stages.common.kind_metrics import Curve, KindMetrics
 from stages.registry import StageKind, register
@@ -53,8 +53,6 @@ def rerun_config(config: dict[str, Any], only: list[str] | None = None,
     """A curate stage config for `ring-pipeline curate recipe.yaml --only S --benchmarks L`:
     every decontaminate step reads benchmark list L, and nothing before step S may be
     computed (the stage fails with a clear message if those steps are not cached)."""
-    from data_curation.step_kinds import parse_steps, with_benchmarks
-
     cfg = CurateConfig.model_validate({**config, "kind": "curate"})
     steps = list(cfg.steps)
     if benchmarks:

@@ -68,8 +68,7 @@ def _summary(report: dict[str, Any]) -> dict[str, Any]:
             **({"domain_mix_after": report["domain_mix"]["after"]} if report.get("domain_mix") else {})}
 
 
-def main(job: StageJob) -> dict[str, Any]:
-    cfg = CurateConfig.model_validate(job.config)
+def main(job: StageJob, cfg: CurateConfig) -> dict[str, Any]:
     out = Path(job.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     local, names = [], {}
@@ -134,4 +133,4 @@ def check_kept(report: dict[str, Any], min_rows: int) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(run_job(main))
+    sys.exit(run_job(main, CurateConfig))

@@ -22,6 +22,10 @@ domain, family, score and length; `samples.jsonl`, every sample with its score, 
 verifier's reason and its verdict; `stage_summary.json` (-> the manifest): the counts per
 family, per domain and overall (selection.report). Fewer kept chats than `min_rows` is a
 StageError naming the teacher and the acceptance rates: an empty SFT set must not flow on.
+
+Imports: this module is the `__main__` of its verifier workers (verifiers/api.py: each worker
+imports it as it starts), so what loads torch (the engine, the checkpoint, the ranks) is imported by the functions that
+use it, not at the top.
 """
 from __future__ import annotations
 
@@ -38,6 +42,8 @@ from stages.common.rows import DataError
 from stages.common.stage_log import StageLogger, info
 from stages.distill.config import DistillConfig
 from stages.distill.selection import describe_rates, report, verdicts
+from stages.reasoning_rl.data import load_rows, require_verifiers
+from stages.rl.prompts import render_prompts
 from stages.rl.verified_sampling import SamplingModel
 
 
@@ -59,8 +65,6 @@ class Progress:
 
 def load_prompts(job: StageJob, cfg: DistillConfig) -> list[dict[str, Any]]:
     """The validated rows (file and line of each problem), the teacher's messages of each."""
-    from stages.reasoning_rl.data import load_rows, require_verifiers
-
     try:
         rows = load_rows(job.fetch, cfg.data_list)
     except DataError as e:
@@ -82,7 +86,7 @@ def sample_batch(teacher: SamplingModel, cfg: DistillConfig, rows: list[dict], p
                  batch: list[int], batch_no: int) -> list[dict[str, Any]]:
     """Sample, score and judge the responses of the prompts `batch` (indices into rows):
     one record per sample, in prompt then sample order."""
-    from stages.rl.engines import SamplingParams
+    from stages.rl.engines import SamplingParams  # torch: not at the top (module docstring)
 
     k = cfg.samples_per_prompt
     sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
@@ -129,9 +133,9 @@ def run_batches(job: StageJob, cfg: DistillConfig, teacher, rows: list[dict], pr
     returns the progress and the batch it resumed after (None: a fresh start)."""
     import torch
 
-    from stages.common.checkpoint import Checkpointer
-    from stages.common.distributed import Ranks
-    from stages.common.groups import SOLO
+    from stages.common.checkpoint import Checkpointer  # torch: not at the top (module docstring)
+    from stages.common.distributed import Ranks  # torch (module docstring)
+    from stages.common.groups import SOLO  # torch (module docstring)
 
     batches = [list(range(b, min(b + cfg.batch_prompts, len(rows)))) for b in range(0, len(rows), cfg.batch_prompts)]
     progress = Progress()
@@ -166,10 +170,7 @@ def write_outputs(out: Path, cfg: DistillConfig, rows: list[dict], progress: Pro
     return kept
 
 
-def main(job: StageJob) -> dict[str, Any]:
-    from stages.rl.prompts import render_prompts
-
-    cfg = DistillConfig.model_validate(job.config)
+def main(job: StageJob, cfg: DistillConfig) -> dict[str, Any]:
     log = StageLogger.for_job(job)
     out = Path(job.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -204,4 +205,4 @@ def main(job: StageJob) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    sys.exit(run_job(main))
+    sys.exit(run_job(main, DistillConfig))

@@ -61,7 +61,7 @@ class BenchmarkSet(EvalSet):
     @classmethod
     def _extraction(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
         if v is not None:
-            from verifiers.extract import ExtractionOptions
+            from verifiers.extract import ExtractionOptions  # the verifiers package: see _extractor
 
             ExtractionOptions.from_dict(v)  # ValueError naming the bad option
         return v
@@ -69,7 +69,9 @@ class BenchmarkSet(EvalSet):
     @field_validator("answer_extractor")
     @classmethod
     def _extractor(cls, v: str) -> str:
-        from stages.eval.benchmarks import ANSWER_EXTRACTORS
+        # every recipe validation (each CLI command) imports this config: the verifiers package that
+        # benchmarks.py loads costs ~0.1 s of start-up, so only an eval stage's validation pays it
+        from stages.eval.benchmarks import ANSWER_EXTRACTORS  # see the comment above
 
         if v not in ANSWER_EXTRACTORS:
             raise ValueError(f"answer_extractor {v!r}: known ones are {sorted(ANSWER_EXTRACTORS)}")

@@ -24,6 +24,8 @@ from typing import Any
 
 from stages.common.rows import DataError, input_rows
 from stages.eval.benchmarks import GSM8K_EXTRACTION, gsm8k_gold
+from stages.eval.harness import gsm8k_scorer
+from verifiers import verify_batch
 
 
 def agreement(rows: list[dict[str, Any]], num_workers: int = 0,
@@ -31,9 +33,6 @@ def agreement(rows: list[dict[str, Any]], num_workers: int = 0,
     """rows: {"id", "response", "answer"}. Returns accuracies, agreement rates per lm-eval
     filter, and the disagreements. `extraction`: our verifier's extraction options (default:
     a GSM8K benchmark set's, `GSM8K_EXTRACTION`)."""
-    from stages.eval.harness import gsm8k_scorer
-    from verifiers import verify_batch
-
     score, _ = gsm8k_scorer()
     golds = [gsm8k_gold(r["answer"]) or str(r["answer"]).strip() for r in rows]
     options = GSM8K_EXTRACTION if extraction is None else extraction

@@ -18,6 +18,10 @@ set, decoding and domain (accuracy, pass_at_k, rows, responses, mean response le
 ended by EOS; domain "all" = the whole set) and `accuracy`, model -> set -> decoding ->
 accuracy; `responses.jsonl`, every response with its score and the verifier's reason. The
 same numbers go to MLflow as `<model>/<set>/<decoding>/<domain>/<metric>`.
+
+Imports: this module is the `__main__` of its verifier workers (verifiers/api.py: each worker
+imports it as it starts), so what loads torch (the engine, the device) is imported by the functions that
+use it, not at the top.
 """
 from __future__ import annotations
 
@@ -33,17 +37,17 @@ from stages.common.rows import DataError
 from stages.common.stage_log import StageLogger, info
 from stages.eval.benchmarks import benchmark_rows
 from stages.eval.config import BenchmarkSet, Decoding, EvalConfig, EvalSet, LmEvalSet
-from stages.eval.harness import require_lm_eval
+from stages.eval.harness import require_lm_eval, run_task
 from stages.eval.scoring import ALL_DOMAINS, Scored, summarize
+from stages.reasoning_rl.config import RLData
+from stages.reasoning_rl.data import load_rows, require_verifiers
+from stages.rl.prompts import render_prompts
 from stages.rl.verified_sampling import SamplingModel
 
 
 def load_set(job: StageJob, name: str, spec: EvalSet) -> list[dict[str, Any]]:
     """The set's rows (RL format, validated with the file and line of each problem): RL rows
     as they are, or a benchmark file through its field mapping (benchmarks.py)."""
-    from stages.reasoning_rl.config import RLData
-    from stages.reasoning_rl.data import load_rows, require_verifiers
-
     if isinstance(spec, BenchmarkSet):
         rows = benchmark_rows(job.fetch, name, spec)
     else:
@@ -60,7 +64,7 @@ def evaluate(model: SamplingModel, cfg: EvalConfig, rows: list[dict], prompt_ids
              dec: Decoding, responses: TextIO, tag: dict[str, str]) -> dict[str, dict[str, float]]:
     """Generate `dec.samples` responses per row, score them, write them to `responses`;
     returns the summary per domain."""
-    from stages.rl.engines import SamplingParams
+    from stages.rl.engines import SamplingParams  # torch: not at the top (module docstring)
 
     sampling = SamplingParams(temperature=dec.temperature, top_p=dec.top_p, top_k=dec.top_k, seed=cfg.seed)
     scored = []
@@ -78,8 +82,6 @@ def evaluate(model: SamplingModel, cfg: EvalConfig, rows: list[dict], prompt_ids
 def score_model(job: StageJob, cfg: EvalConfig, name: str, ref: str, sets: dict[str, list[dict]],
                 responses: TextIO, records: list[dict[str, Any]], accuracy: dict[str, Any]) -> None:
     """Every decoding of every verifier-scored set on one model."""
-    from stages.rl.prompts import render_prompts
-
     log = StageLogger.for_job(job)
     model = SamplingModel(job, cfg, name, ref)
     for set_name, rows in sets.items():
@@ -110,8 +112,7 @@ def run_harness(job: StageJob, cfg: EvalConfig, name: str, ref: str, tasks: dict
     """Every lm-eval task on one model: set -> `<metric>,<filter>` -> value."""
     import torch
 
-    from stages.common.distributed import resolve_device
-    from stages.eval.harness import run_task
+    from stages.common.distributed import resolve_device  # torch: not at the top (module docstring)
 
     log = StageLogger.for_job(job)
     model_dir = Path(job.fetch(ref))
@@ -135,8 +136,7 @@ def run_harness(job: StageJob, cfg: EvalConfig, name: str, ref: str, tasks: dict
     return out
 
 
-def main(job: StageJob) -> dict[str, Any]:
-    cfg = EvalConfig.model_validate(job.config)
+def main(job: StageJob, cfg: EvalConfig) -> dict[str, Any]:
     log = StageLogger.for_job(job)
     out = Path(job.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -160,4 +160,4 @@ def main(job: StageJob) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    sys.exit(run_job(main))
+    sys.exit(run_job(main, EvalConfig))

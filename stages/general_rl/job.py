@@ -22,14 +22,14 @@ from stages.general_rl.config import GeneralRLConfig
 from stages.general_rl.prompts import load_sources
 from stages.general_rl.reasoning_guard import ReasoningGuard
 from stages.general_rl.rewards import GeneralReward
+from stages.reward_model.scoring import RewardScorer
 from stages.rl.prompts import PromptSet, render_prompts
 from stages.rl.spec import RLContext, RLSpec
 from stages.rl.trainer import RLTrainer
+from verifiers import VERIFIERS, verify_batch
 
 
 def load_prompts(ctx: RLContext) -> PromptSet:
-    from verifiers import VERIFIERS
-
     cfg: GeneralRLConfig = ctx.cfg  # type: ignore[assignment]
     sources = {name: src.paths for name, src in cfg.data.items()}
     rows, by_source, skipped = load_sources(ctx.job.fetch, sources, set(VERIFIERS))
@@ -52,13 +52,9 @@ def load_prompts(ctx: RLContext) -> PromptSet:
 
 
 def build_reward(ctx: RLContext) -> GeneralReward:
-    from verifiers import verify_batch
-
     cfg: GeneralRLConfig = ctx.cfg  # type: ignore[assignment]
     scorer = None
     if cfg.reward.rm_weight > 0:
-        from stages.reward_model.scoring import RewardScorer
-
         rm_device = resolve_device(cfg.reward.rm_device, "reward.rm_device", ctx.ranks.device)
         try:
             scorer = RewardScorer(ctx.job.fetch(cfg.reward_model), device=rm_device, batch_size=cfg.reward.rm_batch_size,
@@ -94,9 +90,9 @@ SPEC = RLSpec(name="general_rl", load_prompts=load_prompts, build_reward=build_r
               step_metrics=reward_metrics, build_hooks=ReasoningGuard)
 
 
-def main(job: StageJob) -> dict[str, Any] | None:
-    return RLTrainer(job, GeneralRLConfig.model_validate(job.config), SPEC).train()
+def main(job: StageJob, cfg: GeneralRLConfig) -> dict[str, Any] | None:
+    return RLTrainer(job, cfg, SPEC).train()
 
 
 if __name__ == "__main__":
-    sys.exit(run_job(main))
+    sys.exit(run_job(main, GeneralRLConfig))

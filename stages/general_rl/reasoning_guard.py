@@ -13,20 +13,21 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from stages.common.contract import StageError
+from stages.common.rows import input_rows
 from stages.common.stage_log import info
 from stages.general_rl.config import GeneralRLConfig
 from stages.general_rl.prompts import reasoning_rows
+from stages.rl.engines.protocol import SamplingParams
 from stages.rl.prompts import render_prompts
 from stages.rl.spec import RLContext, RLHooks
+from stages.rl.verified_sampling import generate_and_score
+from verifiers import VERIFIERS
 
 if TYPE_CHECKING:
     from stages.rl.trainer import RLTrainer
 
 
 def load_reasoning_set(ctx: RLContext) -> dict[str, Any]:
-    from stages.common.rows import input_rows
-    from verifiers import VERIFIERS
-
     cfg: GeneralRLConfig = ctx.cfg  # type: ignore[assignment]
     ev = cfg.reasoning_eval
     what = "reasoning_eval data"
@@ -47,9 +48,6 @@ def load_reasoning_set(ctx: RLContext) -> dict[str, Any]:
 
 def reasoning_check(engine, eval_set: dict[str, Any], decode, cfg: GeneralRLConfig) -> dict[str, float]:
     """Decode the held-out reasoning set with the engine's current weights and verify it."""
-    from stages.rl.engines.protocol import SamplingParams
-    from stages.rl.verified_sampling import generate_and_score
-
     ev = cfg.reasoning_eval
     t0 = time.perf_counter()
     scored = generate_and_score(engine, decode, eval_set["rows"], eval_set["prompt_ids"],

@@ -35,6 +35,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from verifiers.ifeval import with_grading
+
 EPS = 1e-6
 
 
@@ -168,7 +170,6 @@ class GeneralReward:
         if checked and s.rule_weight > 0:
             if self.verify_batch is None:
                 raise ValueError("rows with a reference need a verifier (verify_batch)")
-            from verifiers.ifeval import with_grading
 
             rewards = self.verify_batch(with_grading([rows[i] for i in checked], self.ifeval_grading),
                                         [str(texts[i]) for i in checked],

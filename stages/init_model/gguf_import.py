@@ -31,7 +31,9 @@ from data_curation.package_files import PackageFileError
 from data_curation.package_files import resolve as resolve_package_file
 from stages.common.artifact_inputs import sha256_file
 from stages.common.contract import StageError
+from stages.common.hf_io import load_tokenizer, save_hf_model
 from stages.init_model.config import GGUFImport
+from stages.init_model.tokenizer import first_difference
 
 FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
 # text every import tokenises with both the GGUF tokenizer and the written one
@@ -158,8 +160,6 @@ def import_gguf(spec: GGUFImport, fetch: Callable[[str], Path], out: Path) -> di
     """Write the GGUF model of `spec` to `out` as a HF model directory; returns the summary."""
     import torch
 
-    from stages.common.hf_io import save_hf_model
-
     path, record_sha256 = locate(spec.gguf, fetch)
     sha256 = sha256_file(path)
     if record_sha256 is not None and sha256 != record_sha256:
@@ -183,9 +183,6 @@ def import_gguf(spec: GGUFImport, fetch: Callable[[str], Path], out: Path) -> di
 def check_written(out: Path, gguf_tokenizer, source: str) -> list[str]:
     """The written tokenizer, loaded as later stages load it, tokenises like the GGUF one;
     returns warnings (no chat template)."""
-    from stages.common.hf_io import load_tokenizer
-    from stages.init_model.tokenizer import first_difference
-
     loaded = load_tokenizer(out, trust_remote_code=False, what=f"GGUF import of {source}:")
     probe = [PROBE_TEXT]
     if gguf_tokenizer.chat_template:

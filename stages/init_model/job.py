@@ -83,11 +83,10 @@ def from_architecture(cfg: InitModelConfig, job: StageJob, out: Path, log: Stage
 SOURCES = {"pretrained": from_pretrained, "gguf": from_gguf, "architecture": from_architecture}
 
 
-def main(job: StageJob) -> dict[str, Any]:
+def main(job: StageJob, cfg: InitModelConfig) -> dict[str, Any]:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    cfg = InitModelConfig.model_validate(job.config)
     log = StageLogger.for_job(job)
     out = Path(job.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -97,4 +96,4 @@ def main(job: StageJob) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    sys.exit(run_job(main))
+    sys.exit(run_job(main, InitModelConfig))

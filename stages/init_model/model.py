@@ -32,8 +32,8 @@ def _transformers_classes(config_name: str, model_name: str) -> Callable[[], tup
 
 
 def _ring_moe_classes() -> tuple[type, type]:
-    from stages.init_model.ring_moe.configuration_ring_moe import RingMoeConfig
-    from stages.init_model.ring_moe.modeling_ring_moe import RingMoeForCausalLM
+    from stages.init_model.ring_moe.configuration_ring_moe import RingMoeConfig  # transformers + torch: only for this arch
+    from stages.init_model.ring_moe.modeling_ring_moe import RingMoeForCausalLM  # as above
 
     return RingMoeConfig, RingMoeForCausalLM
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from stages.common.contract import StageError
+from stages.common.hf_io import custom_code, load_tokenizer
 from stages.common.rows import Row
 from stages.init_model.config import TokenizerSpec
 
@@ -92,8 +93,6 @@ def check_reload(out: Path, trained, corpus: Corpus, n_texts: int = 200) -> None
     """The saved tokenizer, loaded the way every later stage loads it, must tokenise like
     the trained one and have the same size (model vocab = tokenizer size). A model built
     with custom code (ring_moe) is loaded trusting it: it is this stage's own code."""
-    from stages.common.hf_io import custom_code, load_tokenizer
-
     loaded = load_tokenizer(out, trust_remote_code=bool(custom_code(out)))
     texts = [t for _, t in zip(range(n_texts), iter_corpus(corpus, {"rows": 0, "chars": 0}))]
     texts.append(f"{IM_START}user\nWhat is 12 + 30?{IM_END}\n{IM_START}assistant\n{THINK}\nx\n{END_THINK}\n")

@@ -16,6 +16,7 @@ from typing import Any, Callable
 from stages.common.contract import StageError
 from stages.common.rows import DataError, Row, input_rows
 from stages.reasoning_rl.config import RLData
+from verifiers import VERIFIERS
 
 WHAT = "RL data"
 
@@ -51,8 +52,6 @@ def load_rows(fetch: Callable[[str], Path], inputs: list[RLData]) -> list[dict[s
 def require_verifiers(rows: list[dict[str, Any]], what: str) -> None:
     """Every row's domain has a registered verifier; else a StageError naming the first row of
     each domain that has none (`what`: the data, as the message names it)."""
-    from verifiers import VERIFIERS
-
     unknown: dict[str, Any] = {}
     for row in rows:
         if row["domain"] not in VERIFIERS:

@@ -21,6 +21,9 @@ from stages.reasoning_rl.data import load_rows, require_verifiers, rows_by_domai
 from stages.rl.prompts import PromptSet, render_prompts
 from stages.rl.spec import RLContext, RLSpec
 from stages.rl.trainer import RLTrainer
+from verifiers import verify_batch
+from verifiers.ifeval import with_grading
+from verifiers.monitor import RewardMonitor
 
 
 def load_prompts(ctx: RLContext) -> PromptSet:
@@ -51,15 +54,10 @@ class MonitoredReward:
     console shows even when quiet: the first signs of a policy learning to game a verifier."""
 
     def __init__(self, cfg) -> None:
-        from verifiers.monitor import RewardMonitor
-
         self.cfg, self.monitor = cfg, RewardMonitor()
         self.last: dict[str, float] = {}
 
     def __call__(self, rows: list[dict], texts: list[str], groups: list[str]) -> list[Any]:
-        from verifiers import verify_batch
-        from verifiers.ifeval import with_grading
-
         texts = [str(t) for t in texts]
         rewards = verify_batch(with_grading(rows, self.cfg.ifeval_grading), texts, num_workers=self.cfg.verifier_workers,
                                timeout_s=self.cfg.verifier_timeout_s)
@@ -82,9 +80,9 @@ SPEC = RLSpec(name="reasoning_rl", load_prompts=load_prompts, build_reward=build
               step_metrics=monitor_metrics)
 
 
-def main(job: StageJob) -> dict[str, Any] | None:
-    return RLTrainer(job, ReasoningRLConfig.model_validate(job.config), SPEC).train()
+def main(job: StageJob, cfg: ReasoningRLConfig) -> dict[str, Any] | None:
+    return RLTrainer(job, cfg, SPEC).train()
 
 
 if __name__ == "__main__":
-    sys.exit(run_job(main))
+    sys.exit(run_job(main, ReasoningRLConfig))

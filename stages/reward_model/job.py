@@ -253,10 +253,10 @@ class RewardModelTask:
                 "data": self.stats.as_dict(), "eval_data": self.eval_stats.as_dict() if self.eval_stats else None}
 
 
-def main(job: StageJob) -> dict[str, Any] | None:
-    cfg = settle_auto(RewardModelConfig.model_validate(job.config))  # `auto` left only without the pipeline
+def main(job: StageJob, cfg: RewardModelConfig) -> dict[str, Any] | None:
+    cfg = settle_auto(cfg)  # `auto` left only without the pipeline
     return train_supervised(job, cfg, lambda setup: RewardModelTask(job, cfg, setup))
 
 
 if __name__ == "__main__":
-    sys.exit(run_job(main))
+    sys.exit(run_job(main, RewardModelConfig))

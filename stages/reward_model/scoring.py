@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 import torch
 
+from stages.common.hf_io import load_sequence_classifier, load_tokenizer
 from stages.reward_model.data import encode
 
 META = "reward_model.json"  # written by the stage next to the weights
@@ -25,8 +26,6 @@ META = "reward_model.json"  # written by the stage next to the weights
 class RewardScorer:
     def __init__(self, model_dir: str | Path, device: str | torch.device = "cpu", batch_size: int = 16,
                  max_seq_len: int | None = None, dtype: torch.dtype | None = None, *, trust_remote_code: bool):
-        from stages.common.hf_io import load_sequence_classifier, load_tokenizer
-
         model_dir = Path(model_dir)
         meta_path = model_dir / META
         if not meta_path.is_file():

@@ -23,6 +23,7 @@ from typing import Any, Callable
 from stages.common.checkpoint import Stateful
 from stages.common.distributed import Ranks, every_rank_do, make_group, resolve_device, run_on
 from stages.common.groups import WorldGroup
+from stages.rl.engines import create_engine
 from stages.rl.engines.protocol import RolloutEngine, SamplingParams
 from stages.rl.placement import Placement
 from stages.rl.prompt_sampler import PromptSampler
@@ -61,8 +62,6 @@ class DataParallelRollouts:
               step_metrics: Callable[[RewardFn], dict[str, float]]) -> "DataParallelRollouts":
         """Rank 0's `prompts` go to every rank; each engine rank builds its engine and scheduler
         shard, engine 0 the reward function too."""
-        from stages.rl.engines import create_engine
-
         prompts = ranks.everyone.broadcast_object(prompts, 0)
         # the scheduler shards' group: the engines' default world, or with tensor-parallel engines
         # (placement.py) their first ranks only (every rank makes the group)

@@ -171,8 +171,8 @@ class RLTrainer:
         cfg, out = self.cfg, Path(self.ctx.job.output_dir)
         lora = None
         if self.policy is not None:
-            lora = publish_trained_model(self.ctx.job, self.policy.ds_engine, self.policy.module, cfg.lora,
-                                         self.ctx.model_dir, cfg.zero_stage, self.rank, None)
+            lora = publish_trained_model(self.ctx.job, cfg.model, self.policy.ds_engine, self.policy.module,
+                                         cfg.lora, self.ctx.model_dir, cfg.zero_stage, self.rank, None)
         if self.rank != 0:
             return None
         history = self.progress.history

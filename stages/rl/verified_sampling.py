@@ -13,8 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from stages.common.chat import require_chat_template
 from stages.common.contract import StageError, StageJob
+from stages.common.hf_io import eos_token_ids_of, load_tokenizer
+from stages.rl.decoding import make_decoder
 from stages.rl.settings import GenerationSettings, VerifierSettings
+from verifiers import verify_batch
 
 
 @dataclass(frozen=True)
@@ -37,8 +41,7 @@ def generate_and_score(engine, decode: Callable[[list[int]], Any], rows: Sequenc
     `sampling` (`stages.rl.engines.SamplingParams`), scored by the verifier of each row's
     domain; in row then sample order. `uid` names each request: an engine may seed a request
     by its uid (vLLM does), so a caller keeps the names its results were drawn with."""
-    from stages.rl.engines import RolloutRequest
-    from verifiers import verify_batch
+    from stages.rl.engines import RolloutRequest  # torch: not at the top (module docstring)
 
     which = range(len(rows)) if which is None else which
     drawn = [(i, j) for i in which for j in range(samples)]
@@ -59,11 +62,8 @@ class SamplingModel:
         import torch
         from transformers.utils import logging as hf_logging
 
-        from stages.common.chat import require_chat_template
-        from stages.common.distributed import resolve_device
-        from stages.common.hf_io import eos_token_ids_of, load_tokenizer
-        from stages.rl.decoding import make_decoder
-        from stages.rl.engines import create_engine
+        from stages.common.distributed import resolve_device  # torch: not at the top (module docstring)
+        from stages.rl.engines import create_engine  # torch (module docstring)
 
         where = f"{key or f'models.{name}'} = {ref}:"
         model_dir = Path(job.fetch(ref))

@@ -266,10 +266,10 @@ class SFTTask:
         return summary
 
 
-def main(job: StageJob) -> dict[str, Any] | None:
-    cfg = settle_auto(SFTConfig.model_validate(job.config))  # `auto` left only without the pipeline
+def main(job: StageJob, cfg: SFTConfig) -> dict[str, Any] | None:
+    cfg = settle_auto(cfg)  # `auto` left only without the pipeline
     return train_supervised(job, cfg, lambda setup: SFTTask(job, cfg, setup))
 
 
 if __name__ == "__main__":
-    sys.exit(run_job(main))
+    sys.exit(run_job(main, SFTConfig))

@@ -7,6 +7,7 @@ from pydantic import Field, field_validator, model_validator
 
 from stages.common.contract import StageConfig, Strict
 from stages.registry import StageKind, register
+from stages.synthetic_data.generators import get_generator
 
 
 class GeneratedFile(Strict):
@@ -17,9 +18,6 @@ class GeneratedFile(Strict):
 
     @model_validator(mode="after")
     def _known_generator(self) -> "GeneratedFile":
-        # generators.py imports nothing heavy; the verifiers-backed ones load on first use
-        from stages.synthetic_data.generators import get_generator
-
         gen = get_generator(self.generator)  # ValueError listing the known generators
         try:
             gen.validate_params(self.params)
@@ -47,8 +45,6 @@ class SyntheticDataConfig(StageConfig):
 def generator_packages(cfg: SyntheticDataConfig) -> list[str]:
     """The installed libraries the stage's generators draw with: their versions are part of
     the stage hash (pipeline/fingerprints.py)."""
-    from stages.synthetic_data.generators import get_generator
-
     return sorted({p for f in cfg.files.values() for p in get_generator(f.generator).packages})
 
 

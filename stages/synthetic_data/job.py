@@ -18,8 +18,7 @@ from stages.synthetic_data.config import SyntheticDataConfig
 from stages.synthetic_data.generators import get_generator
 
 
-def main(job: StageJob) -> dict[str, Any]:
-    cfg = SyntheticDataConfig.model_validate(job.config)
+def main(job: StageJob, cfg: SyntheticDataConfig) -> dict[str, Any]:
     log = StageLogger.for_job(job)
     out = Path(job.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -42,4 +41,4 @@ def main(job: StageJob) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    sys.exit(run_job(main))
+    sys.exit(run_job(main, SyntheticDataConfig))

@@ -42,6 +42,8 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from stages.synthetic_data.generators import Split, split_of
+from verifiers import verify
+from verifiers.rgym import ANSWER_FORMAT, EXCLUDED_FAMILIES
 
 RESERVED_CONFIG_KEYS = ("size", "seed")  # the generator sets them
 MAX_DRAWS_PER_ROW = 50
@@ -58,7 +60,6 @@ def _families() -> dict[str, Any]:
         DATASETS,  # ~1.5 s: imported only by this generator
     )
 
-    from verifiers.rgym import EXCLUDED_FAMILIES
     return {name: cfg for name, (_, cfg) in DATASETS.items() if name not in EXCLUDED_FAMILIES}
 
 
@@ -110,9 +111,6 @@ def apportion(n: int, weights: dict[str, float]) -> dict[str, int]:
 def _family_rows(family: str, spec: FamilySpec, count: int, seed: int, split: str, seen: set[str],
                  partial_credit: bool) -> list[dict]:
     import reasoning_gym
-
-    from verifiers import verify
-    from verifiers.rgym import ANSWER_FORMAT
 
     fseed = family_seed(seed, family)
     limit = MAX_DRAWS_PER_ROW * count + 100

@@ -10,6 +10,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from stages.common.contract import StageConfig
 from stages.common.entry import run_job
 from stages.common.groups import collective_timeout
 from stages.common.stage_log import StageLogger
@@ -20,7 +21,7 @@ def stall_forever() -> None:
         time.sleep(0.2)
 
 
-def main(job) -> None:
+def main(job, cfg: StageConfig) -> None:
     dist.init_process_group("gloo", timeout=collective_timeout())
     log = StageLogger(None, None, job.rank)
     log.progress(0, total=3)
@@ -33,4 +34,4 @@ def main(job) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(run_job(main))
+    sys.exit(run_job(main, StageConfig))

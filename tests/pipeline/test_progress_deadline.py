@@ -18,8 +18,8 @@ from tests.store_faults import StallingS3
 
 @pytest.mark.slow
 def test_a_rank_blocked_in_a_collective_fails_the_stage_within_its_deadline(tmp_path):
-    job = StageJob(recipe="t", stage="hang", kind="probe", hash="0" * 16, config={}, stage_url="file:///x",
-                   output_dir=str(tmp_path / "out"), work_dir=str(tmp_path / "work"))
+    job = StageJob(recipe="t", stage="hang", kind="probe", hash="0" * 16, config={"kind": "probe"},
+                   stage_url="file:///x", output_dir=str(tmp_path / "out"), work_dir=str(tmp_path / "work"))
     job_path = tmp_path / "job.json"
     job.write(job_path)
     resources = Resources(cpu_ranks=2)

@@ -77,12 +77,12 @@ def test_job_file_holds_references_and_the_job_resolves_them(tmp_path, monkeypat
     assert env["T_KEY"] == value and literal in env.values()
     for name, v in env.items():
         monkeypatch.setenv(name, v)
-    back = StageJob.from_argv(["--job", str(path)])
+    back = StageJob.read(path)
     assert back.storage_options == {"key": value, "secret": literal}
     assert back.config["data"] == f"s3://b/{value}/x"
     monkeypatch.delenv("T_KEY")
     with pytest.raises(StageError, match=r"\$\{env:T_KEY\}.*not set"):
-        StageJob.from_argv(["--job", str(path)])
+        StageJob.read(path)
 
 
 def test_a_credential_on_the_command_line_is_refused(tmp_path, monkeypatch):

@@ -3,6 +3,7 @@ order), and every kind package follows the stage contract."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import subprocess
 import sys
@@ -49,15 +50,19 @@ def test_unknown_kind_names_the_known_ones():
 @pytest.mark.parametrize("name", sorted(STAGE_KINDS))
 def test_every_kind_package_follows_the_stage_contract(name):
     """stages/<kind>/config.py registers the kind with a declared version; stages/<kind>/job.py
-    has main(job) and runs it through run_job when executed."""
+    has main(job, cfg) and runs it through run_job when executed, with the config model the
+    kind registers (run_job parses the job's config into it once)."""
     kind = STAGE_KINDS[name]
     assert kind.name == name and kind.entry == f"stages.{name}.job"
     assert isinstance(kind.version, int) and kind.version >= 1
     assert importlib.import_module(f"stages.{name}.config").KIND is kind
     job = importlib.import_module(kind.entry)
-    assert callable(job.main)
+    assert list(inspect.signature(job.main).parameters) == ["job", "cfg"]
     source = Path(job.__file__).read_text()
-    assert 'if __name__ == "__main__":\n    sys.exit(run_job(main))' in source
+    model = kind.config.__name__
+    assert f'if __name__ == "__main__":\n    sys.exit(run_job(main, {model}))' in source
+    assert getattr(job, model) is kind.config
+    assert "model_validate(job.config)" not in source and "job.config[" not in source  # parsed once, by run_job
 
 
 def test_a_kind_registered_elsewhere_is_listed_and_names_its_own_module(monkeypatch):

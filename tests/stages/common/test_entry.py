@@ -1,47 +1,124 @@
-"""run_job, the one way a stage job runs: a user error is one message from rank 0 and exit 2,
-a bug keeps its traceback, and the process group is left either way."""
+"""run_job, the one way a stage job runs: the job gets its config typed, parsed once from the
+job file (a hand-edited one that no longer parses is a user error naming the file and the key),
+a user error is one message from rank 0 and exit 2, a bug keeps its traceback, and the process
+group is left either way."""
 from __future__ import annotations
+
+import json
+from typing import ClassVar, Literal
 
 import pytest
 import torch.distributed as dist
+from pydantic import Field, model_validator
 
-from stages.common.contract import StageError, StageJob
+from stages.common.contract import StageConfig, StageError, StageJob
 from stages.common.entry import run_job
+
+
+class ProbeConfig(StageConfig):
+    kind: Literal["probe"] = "probe"
+    lr: float = Field(1e-3, gt=0)
+    data: str = "rows.jsonl"
+    parsed: ClassVar[int] = 0  # how many times a config was parsed into this model
+
+    @model_validator(mode="after")
+    def _count(self) -> "ProbeConfig":
+        type(self).parsed += 1
+        return self
+
+
+def _job(tmp_path, config=None, stage="train-it") -> StageJob:
+    return StageJob(recipe="t", stage=stage, kind="probe", hash="0" * 16,
+                    config={"kind": "probe"} if config is None else config,
+                    stage_url=f"file://{tmp_path}/store", output_dir=str(tmp_path / "out"),
+                    work_dir=str(tmp_path / "work"))
 
 
 @pytest.fixture
 def job_file(tmp_path):
-    job = StageJob(recipe="t", stage="train-it", kind="sft", hash="0" * 16, config={},
-                   stage_url=f"file://{tmp_path}/store", output_dir=str(tmp_path / "out"),
-                   work_dir=str(tmp_path / "work"))
-    job.write(tmp_path / "job.json")
+    _job(tmp_path, {"kind": "probe", "lr": 0.5, "data": "s3://b/x.jsonl"}).write(tmp_path / "job.json")
     return ["--job", str(tmp_path / "job.json"), "--local_rank=0"]
 
 
+def test_main_gets_the_config_typed_parsed_once(job_file, monkeypatch):
+    monkeypatch.setattr(ProbeConfig, "parsed", 0)
+    seen = []
+    assert run_job(lambda job, cfg: seen.append((job.stage, cfg)), ProbeConfig, job_file) == 0
+    [(stage, cfg)] = seen
+    assert stage == "train-it" and isinstance(cfg, ProbeConfig)
+    assert (cfg.lr, cfg.data, cfg.log_every) == (0.5, "s3://b/x.jsonl", 1)  # the file's values, defaults filled
+    assert ProbeConfig.parsed == 1
+
+
 def test_a_user_error_exits_2_with_one_message_and_leaves_the_group(gloo_group, job_file, capsys):
-    def main(job):
+    def main(job, cfg):
         assert dist.is_initialized() and job.stage == "train-it"
         raise StageError("data.jsonl:3: no `messages` field")
 
-    assert run_job(main, job_file) == 2
-    assert capsys.readouterr().err == "train-it (sft) failed: data.jsonl:3: no `messages` field\n"
+    assert run_job(main, ProbeConfig, job_file) == 2
+    assert capsys.readouterr().err == "train-it (probe) failed: data.jsonl:3: no `messages` field\n"
     assert not dist.is_initialized()
 
 
 def test_a_bug_keeps_its_traceback_and_leaves_the_group(gloo_group, job_file, capsys):
-    def main(job):
+    def main(job, cfg):
         raise ZeroDivisionError("a bug")
 
     with pytest.raises(SystemExit) as exit_:
-        run_job(main, job_file)
+        run_job(main, ProbeConfig, job_file)
     assert exit_.value.code == 1
     err = capsys.readouterr().err
     assert err.count("Traceback") == 1 and "ZeroDivisionError: a bug" in err and "in main" in err
     assert not dist.is_initialized()
 
 
-def test_success_is_0(job_file):
-    assert run_job(lambda job: None, job_file) == 0
+def _never_called(job, cfg):
+    raise AssertionError("main ran on a job file that does not parse")
+
+
+@pytest.mark.parametrize("config, problem", [
+    ({"kind": "probe", "lr": -1}, "config.lr: Input should be greater than 0"),
+    ({"kind": "probe", "lrr": 0.1}, "config.lrr: Extra inputs are not permitted"),   # a typo
+    ({"kind": "sft"}, "config.kind: Input should be 'probe'"),                      # another kind's config
+    ({"kind": "probe", "data": 7}, "config.data: Input should be a valid string"),
+])
+def test_a_hand_edited_config_is_a_user_error_naming_the_file_and_key(tmp_path, capsys, config, problem):
+    path = tmp_path / "job.json"
+    _job(tmp_path, config).write(path)
+    assert run_job(_never_called, ProbeConfig, ["--job", str(path)]) == 2
+    assert capsys.readouterr().err == f"train-it (probe) failed: job file {path}: {problem}\n"
+
+
+def test_a_broken_job_file_is_a_user_error_on_every_rank(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "job.json"
+    _job(tmp_path).write(path)
+    good = path.read_text()
+    cut = good[: len(good) // 2]  # cut short: not JSON, broken on its last line
+    path.write_text(cut)
+    assert run_job(_never_called, ProbeConfig, ["--job", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"job file {path}:{cut.count(chr(10)) + 1}: not JSON: ") and err.count("\n") == 1, err
+    data = json.loads(good)
+    del data["stage_url"]
+    data["seed"] = "one"
+    path.write_text(json.dumps(data))
+    monkeypatch.setenv("RANK", "1")  # every rank reads the file: the others say which they are
+    assert run_job(_never_called, ProbeConfig, ["--job", str(path)]) == 2
+    assert capsys.readouterr().err == (f"[rank 1] job file {path}: stage_url: Field required; "
+                                       "seed: Input should be a valid integer, unable to parse string as an integer\n")
+    assert run_job(_never_called, ProbeConfig, ["--job", str(tmp_path / "gone.json")]) == 2
+    assert capsys.readouterr().err == (f"[rank 1] job file {tmp_path / 'gone.json'}: cannot be read: "
+                                       "No such file or directory\n")
+
+
+def test_the_message_of_a_bad_config_never_holds_its_values(tmp_path, capsys, monkeypatch):
+    """A job file carries credentials as `${env:NAME}`; the message names the key, not what it held."""
+    monkeypatch.setenv("RING_TEST_TOKEN", "hunter2-not-a-number")
+    path = tmp_path / "job.json"
+    _job(tmp_path, {"kind": "probe", "lr": "${env:RING_TEST_TOKEN}"}).write(path)
+    assert run_job(_never_called, ProbeConfig, ["--job", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "config.lr: Input should be a valid number" in err and "hunter2" not in err
 
 
 def test_sigusr2_prints_every_threads_stack_and_the_rank_goes_on(tmp_path):
@@ -53,19 +130,17 @@ def test_sigusr2_prints_every_threads_stack_and_the_rank_goes_on(tmp_path):
     import time
     from pathlib import Path
 
-    job = StageJob(recipe="t", stage="hang", kind="sft", hash="0" * 16, config={},
-                   stage_url=f"file://{tmp_path}/store", output_dir=str(tmp_path / "out"),
-                   work_dir=str(tmp_path / "work"))
-    job.write(tmp_path / "job.json")
+    _job(tmp_path, stage="hang").write(tmp_path / "job.json")
     ready = tmp_path / "ready"
     script = (
         "import sys, time\n"
         "from pathlib import Path\n"
+        "from stages.common.contract import StageConfig\n"
         "from stages.common.entry import run_job\n"
-        "def waits_for_a_peer(job):\n"
+        "def waits_for_a_peer(job, cfg):\n"
         f"    Path({str(ready)!r}).write_text('x')\n"
         "    time.sleep(4)\n"
-        f"sys.exit(run_job(waits_for_a_peer, ['--job', {str(tmp_path / 'job.json')!r}]))\n")
+        f"sys.exit(run_job(waits_for_a_peer, StageConfig, ['--job', {str(tmp_path / 'job.json')!r}]))\n")
     repo = Path(__file__).resolve().parents[3]
     proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True, cwd=repo,
                             env={**os.environ, "PYTHONPATH": str(repo)})
@@ -87,21 +162,19 @@ def test_a_failed_rank_prints_its_cause_then_leaves_even_if_the_group_never_lets
     import time
     from pathlib import Path
 
-    job = StageJob(recipe="t", stage="stuck", kind="sft", hash="0" * 16, config={},
-                   stage_url=f"file://{tmp_path}/store", output_dir=str(tmp_path / "out"),
-                   work_dir=str(tmp_path / "work"))
-    job.write(tmp_path / "job.json")
+    _job(tmp_path, stage="stuck").write(tmp_path / "job.json")
     script = (
         "import sys, time\n"
         "import torch.distributed as dist\n"
         "from stages.common import entry\n"
+        "from stages.common.contract import StageConfig\n"
         "from stages.common.distributed import init_distributed\n"
         "entry.LEAVE_GROUP_S = 1.0\n"
-        "def main(job):\n"
+        "def main(job, cfg):\n"
         "    init_distributed()\n"
         "    dist.destroy_process_group = lambda *a, **k: time.sleep(3600)  # a peer never lets go\n"
         "    raise RuntimeError('shard 3 of the checkpoint is missing')\n"
-        f"sys.exit(entry.run_job(main, ['--job', {str(tmp_path / 'job.json')!r}]))\n")
+        f"sys.exit(entry.run_job(main, StageConfig, ['--job', {str(tmp_path / 'job.json')!r}]))\n")
     repo = Path(__file__).resolve().parents[3]
     env = {**os.environ, "PYTHONPATH": str(repo), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
            "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"}  # world of one

@@ -146,7 +146,7 @@ def _job(tmp: Path, pretrained, name: str = "g") -> StageJob:
 def _run_failing(tmp: Path, pretrained, capsys) -> str:
     path = tmp / "job.json"
     _job(tmp, pretrained, "bad").write(path)
-    assert run_job(init_model_job.main, ["--job", str(path)]) == 2
+    assert run_job(init_model_job.main, InitModelConfig, ["--job", str(path)]) == 2
     return capsys.readouterr().err
 
 
@@ -202,7 +202,7 @@ def test_fp32_import_holds_the_dequantized_tensors_exactly(tmp_path, tiny_gguf):
 
     path, expected = tiny_gguf
     job = _job(tmp_path, {"gguf": str(path), "dtype": "float32"})
-    summary = init_model_job.main(job)
+    summary = init_model_job.main(job, job.typed_config(InitModelConfig))
     weights = load_file(Path(job.output_dir) / "model.safetensors")
     assert summary["dtype"] == "float32" and summary["parameters"] == sum(v.size for v in expected.values())
     for name, want in expected.items():
@@ -241,7 +241,7 @@ def test_pkg_scheme_resolves_fingerprints_and_verifies_the_installed_file(tmp_pa
     fp = fingerprint(url, {}, 0)
     assert fp.kind == "package" and "tiny-gguf-pkg 1.0" in fp.summary
     job = _job(tmp_path, url)  # a bare *.gguf string is a GGUF import
-    summary = init_model_job.main(job)
+    summary = init_model_job.main(job, job.typed_config(InitModelConfig))
     assert summary["gguf"] == url and summary["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
     assert (Path(job.output_dir) / "model.safetensors").is_file()
     # a new version of the package is a new input; the same install is the same input

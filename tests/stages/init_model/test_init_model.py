@@ -75,14 +75,14 @@ def test_same_seed_same_model_and_tokenizer_llama(tmp_path, data_dir):
     outs = []
     for name in ("a", "b"):
         job = _job(tmp_path, cfg, name)
-        summary = init_model_job.main(job)
+        summary = init_model_job.main(job, job.typed_config(InitModelConfig))
         assert summary["vocab_size"] <= 400
         outs.append(Path(job.output_dir))
     assert (outs[0] / "tokenizer.json").read_bytes() == (outs[1] / "tokenizer.json").read_bytes()
     wa, wb = load_file(outs[0] / "model.safetensors"), load_file(outs[1] / "model.safetensors")
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
     other = _job(tmp_path, {**cfg, "seed": 4}, "c")
-    init_model_job.main(other)
+    init_model_job.main(other, other.typed_config(InitModelConfig))
     wc = load_file(Path(other.output_dir) / "model.safetensors")
     assert not all(torch.equal(wa[k], wc[k]) for k in wa)
     tok = AutoTokenizer.from_pretrained(outs[0])
@@ -94,7 +94,7 @@ def test_same_seed_same_model_and_tokenizer_llama(tmp_path, data_dir):
 @pytest.mark.slow
 def test_pretrained_dir_is_checked_and_copied(tmp_path, base_dir):
     job = _job(tmp_path, {"pretrained": str(base_dir)}, "pre")
-    summary = init_model_job.main(job)
+    summary = init_model_job.main(job, job.typed_config(InitModelConfig))
     out = Path(job.output_dir)
     assert summary["source"] == "pretrained" and summary["warnings"] == []
     for f in ("config.json", "model.safetensors", "tokenizer.json"):
@@ -111,14 +111,14 @@ def test_pretrained_dir_missing_parts_fail_clearly(tmp_path, capsys):
     job = _job(tmp_path, {"pretrained": str(broken)}, "broken")
     job_path = tmp_path / "job.json"
     job.write(job_path)
-    assert run_job(init_model_job.main, ["--job", str(job_path)]) == 2
+    assert run_job(init_model_job.main, InitModelConfig, ["--job", str(job_path)]) == 2
     err = capsys.readouterr().err
     assert "missing: weights" in err and "tokenizer" in err and str(broken) in err
     assert "README.md" in err  # what *was* found
 
     job = _job(tmp_path, {"pretrained": str(tmp_path / "nope")}, "missing")
     job.write(job_path)
-    assert run_job(init_model_job.main, ["--job", str(job_path)]) == 2
+    assert run_job(init_model_job.main, InitModelConfig, ["--job", str(job_path)]) == 2
     assert "does not exist" in capsys.readouterr().err
 
 
@@ -128,7 +128,7 @@ def test_bad_corpus_line_names_file_and_line(tmp_path, capsys):
     job = _job(tmp_path, {"architecture": {}, "tokenizer": {"corpus": [str(corpus)]}})
     job_path = tmp_path / "job.json"
     job.write(job_path)
-    assert run_job(init_model_job.main, ["--job", str(job_path)]) == 2
+    assert run_job(init_model_job.main, InitModelConfig, ["--job", str(job_path)]) == 2
     assert f"{corpus}:2: invalid JSON" in capsys.readouterr().err
 
 
@@ -171,7 +171,7 @@ def moe_dir(tmp_path_factory) -> Path:
     corpus = tmp / "c.jsonl"
     corpus.write_text("".join(json.dumps({"messages": CHAT}) + "\n" for _ in range(20)))
     job = _job(tmp, {"architecture": MOE, "tokenizer": {"corpus": [str(corpus)], "vocab_size": 300}})
-    summary = init_model_job.main(job)
+    summary = init_model_job.main(job, job.typed_config(InitModelConfig))
     assert summary["model_type"] == "ring_moe" and "modeling_ring_moe.RingMoeForCausalLM" in summary["custom_code"]
     return Path(job.output_dir)
 
@@ -184,7 +184,7 @@ def _run(tmp_path, config: dict, name: str) -> tuple[int, str, Path]:
 
     err = StringIO()
     with redirect_stderr(err):
-        rc = run_job(init_model_job.main, ["--job", str(tmp_path / f"{name}.json")])
+        rc = run_job(init_model_job.main, InitModelConfig, ["--job", str(tmp_path / f"{name}.json")])
     return rc, err.getvalue(), Path(job.output_dir)
 
 
