@@ -94,7 +94,8 @@ class DistillConfig(StageConfig, _DISTILL_DATA, _DISTILL_GENERATION):
 
 
 KIND = register(StageKind(
-    name="distill", config=DistillConfig, version=1,
+    name="distill", config=DistillConfig, version=2,
+    # 2: the bf16 torch engine keeps the rotary frequencies in fp32, as the trainer does
     sources=("stages.distill", "stages.common", "stages.rl.engines", "stages.rl.decoding", "stages.rl.prompts",
              "stages.rl.verified_sampling", "stages.reasoning_rl.data", "verifiers"),
     distributed=False,

@@ -152,7 +152,8 @@ class EvalConfig(StageConfig, GenerationSettings):
 
 
 KIND = register(StageKind(
-    name="eval", config=EvalConfig, version=2,
+    name="eval", config=EvalConfig, version=3,
+    # 3: the bf16 torch engine keeps the rotary frequencies in fp32, as the trainer does
     sources=("stages.eval", "stages.common", "stages.rl.engines", "stages.rl.decoding", "stages.rl.prompts",
              "stages.rl.verified_sampling", "stages.reasoning_rl.data", "verifiers"),
     distributed=False,
