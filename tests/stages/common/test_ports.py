@@ -52,29 +52,25 @@ _EXHAUST = textwrap.dedent("""
     sys.path.insert(0, sys.argv[1])
     from stages.common.ports import reserved_port
     open("/proc/sys/net/ipv4/ip_local_port_range", "w").write("40000 40009")
-    def taken():
-        socks, ports = [], []
+    def until_refused(open_one):
+        opened = []
         while True:
             s = socket.socket()
             try:
-                s.bind(("127.0.0.1", 0))
+                open_one(s)
             except OSError:
-                break
-            socks.append(s)
-        ports += [s.getsockname()[1] for s in socks]
-        for s in socks:
+                s.close()
+                return opened
+            opened.append(s)
+    def taken():
+        bound = until_refused(lambda s: s.bind(("127.0.0.1", 0)))
+        ports = [s.getsockname()[1] for s in bound]
+        for s in bound:  # free the range again: the connections below get it next
             s.close()
         server = socket.socket()
         server.bind(("127.0.0.1", 50000))
         server.listen(64)
-        clients = []
-        while True:
-            c = socket.socket()
-            try:
-                c.connect(("127.0.0.1", 50000))
-            except OSError:
-                break
-            clients.append(c)
+        clients = until_refused(lambda c: c.connect(("127.0.0.1", 50000)))
         ports += [c.getsockname()[1] for c in clients]
         for c in clients + [server]:
             c.close()
