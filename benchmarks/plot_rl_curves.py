@@ -22,7 +22,10 @@ METRICS = ["reward/mean", "icepop/mismatch_kl", "icepop/masked_fraction", "icepo
 
 def curve(db: str, stage: str, key: str) -> list[tuple[int, float]]:
     with sqlite3.connect(db) as c:
-        (run,) = c.execute("select run_uuid from tags where key='mlflow.runName' and value=?", (stage,)).fetchone()
+        found = c.execute("select run_uuid from tags where key='mlflow.runName' and value=?", (stage,)).fetchone()
+        if found is None:
+            raise SystemExit(f"{db}: no MLflow run named {stage!r} (--stage)")
+        (run,) = found
         return c.execute("select step, value from metrics where run_uuid=? and key=? order by step",
                          (run, key)).fetchall()
 
