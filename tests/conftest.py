@@ -2,7 +2,7 @@
 (DeepSpeed's CPU ranks' /dev/shm workspaces are unlinked by the product itself:
 stages/common/distributed.py, tests/stages/common/test_distributed_shm.py.)
 
-The suite can run on pytest-xdist workers (`-n 2 --dist loadfile`: a file's tests share a worker,
+The suite can run on pytest-xdist workers (`-n 3 --dist loadfile`: a file's tests share a worker,
 so its module fixtures are built once); each worker has its own ports, tmp dirs and, below,
 PREFECT_HOME."""
 from __future__ import annotations
@@ -24,12 +24,12 @@ _OMP_THREADS = pytest.StashKey[object]()  # the OMP_NUM_THREADS this session rep
 
 def pytest_configure(config):
     """Each worker (and a plain run) gets its own PREFECT_HOME: `ring-pipeline run`'s embedded
-    server keeps its database there: two workers' servers would otherwise share one sqlite
+    server keeps its database there: the workers' servers would otherwise share one sqlite
     file, by default the user's own ~/.prefect/prefect.db. Set before any test imports Prefect; children inherit it.
 
     One intra-op thread per process unless OMP_NUM_THREADS says otherwise (set before any test
     imports torch; stage jobs inherit it, and pipeline.launch keeps a value that is set): the
-    suite's processes share 2 cores (two workers, each often running a stage's ranks), and a
+    suite's processes share 2 cores (three workers, each often running a stage's ranks), and a
     second OpenMP thread on a busy core spins instead of helping the tiny models (the in-process
     torch tests took ~25% longer beside a 2-rank stage with torch's default of one thread per core)."""
     home = tempfile.mkdtemp(prefix=f"ring-prefect-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-")
