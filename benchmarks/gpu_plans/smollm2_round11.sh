@@ -22,6 +22,10 @@ copy_summaries() {
     for d in "$STORE"/*/; do
       [ -f "$d/_SUCCESS" ] && [ -f "$d/stage_summary.json" ] && cp "$d/stage_summary.json" "$OUT/summaries/$(basename "$d").json"
     done
+    # the per-step curves so far, in case the machine is lost before the run ends
+    python3 -c "import glob, os, sqlite3, sys
+for db in glob.glob('.ring/mlflow*.db'):
+    sqlite3.connect(db).backup(sqlite3.connect(os.path.join(sys.argv[1], os.path.basename(db) + '.partial')))" "$OUT" 2>/dev/null || true
     sleep 20
   done
 }
