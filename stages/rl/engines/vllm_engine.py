@@ -17,15 +17,19 @@ vLLM nor a GPU and drives this module against a stand-in of the same API
   top_p < 1 / top_k > 0 with IcePop or TIS on this engine.
 - `engine.generate(TokensPrompt(prompt_token_ids=...), params, request_id)`: an async stream
   per request; with FINAL_ONLY outputs it yields once, when the request ends (no per-step
-  output objects: what `LLM.generate` asks for too). The finished-token budget (C3PO++): once
-  the finished rollouts' lengths reach it, `engine.abort([ids])` ends the rest, and each of
-  their streams yields a final output (finish_reason "abort") holding every token and logprob
-  it had: partial rollouts keep what they decoded. `engine.output_processor
+  output objects: what `LLM.generate` asks for too; vllm/v1/engine/output_processor.py:285).
+  (0.26 logs once that raw prompts are deprecated in favour of its renderer's output, and
+  takes them: vllm/v1/engine/input_processor.py:282.) The finished-token budget (C3PO++): once
+  the finished rollouts' lengths reach it, `engine.abort([ids])` (our request ids: vLLM maps
+  them to its internal ones) ends the rest, and each of their streams yields a final output
+  (finish_reason "abort") holding every token and logprob it had (output_processor.py:459-520,
+  399-402): partial rollouts keep what they decoded. `engine.output_processor
   .has_unfinished_requests()`: a request vLLM no longer holds is an error, not a wait for ever.
 - `SamplingParams(n=1, temperature, top_p, top_k (-1 = off), seed, max_tokens, logprobs=0,
   stop_token_ids, ignore_eos=True, detokenize=False, output_kind=FINAL_ONLY)`: `logprobs=0`
   returns the sampled token's logprob only; finish_reason "stop" (EOS / stop token) -> "eos",
-  "length" -> "length", "abort" -> unfinished.
+  "length" -> "length", "abort" -> unfinished. vLLM refuses a temperature above 2
+  (vllm/sampling_params.py:552): generate says so before it submits anything.
 - Seeds: each request carries a seed derived from (seed, uid, offset), so a rollout's tokens do
   not depend on the batch it ran in (as on the torch engine).
 - Weights: `engine.collective_rpc(fn, kwargs=...)` runs `fn(worker, ...)` on every worker: CUDA
@@ -36,7 +40,8 @@ vLLM nor a GPU and drives this module against a stand-in of the same API
 - Sleep (colocated placement, while the trainer steps): `engine.sleep(level)` /
   `engine.wake_up()` (V1's sleep mode, which needs `enable_sleep_mode=True`: rollout.options).
   Level 1 drops the KV cache and offloads the weights to CPU memory; level 2 (`weights`)
-  drops both, and the weight sync after `wake()` refills them.
+  drops both, and the weight sync after `wake()` refills them. Sleeping pauses vLLM's
+  scheduler; `wake_up()` without tags restores all and resumes it (vllm/v1/engine/core.py:860-914).
 - `engine.shutdown()` (`close()`): the engine's processes end and its GPU memory is returned.
 
 GPUs: the engine runs on `tensor_parallel_size` GPUs starting at `device` (cuda:N = this
@@ -70,6 +75,7 @@ from .vllm_weights import IpcWeightSender, SyncReport
 log = logging.getLogger(__name__)
 
 MIN_VLLM = (0, 26)  # the API this module is written against (module docstring)
+MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams refuses more (vllm/sampling_params.py:552)
 STALL_CHECK_S = 5.0  # how often a generate that waits checks that vLLM still holds its requests
 
 
@@ -253,6 +259,9 @@ class VllmEngine(SyncTiming):
     def generate(self, requests: list[RolloutRequest], sampling: SamplingParams,
                  finished_token_budget: int | None = None) -> list[RolloutUpdate]:
         t0 = time.perf_counter()
+        if sampling.temperature > MAX_TEMPERATURE:
+            raise ValueError(f"vllm engine: temperature {sampling.temperature} is above {MAX_TEMPERATURE}, "
+                             "the most vLLM samples at; lower the recipe's temperature or use rollout.engine: torch")
         for r in requests:
             need = len(r.prompt_ids) + len(r.generated_ids) + max(r.max_new_tokens, 0)
             if not r.prompt_ids or need > self.max_len:

@@ -13,7 +13,12 @@ layout are pickled: a few hundred bytes per bucket, whatever the model's size.
 
 The worker function travels through `collective_rpc` by reference (cloudpickle), which vLLM
 allows only with VLLM_ALLOW_INSECURE_SERIALIZATION=1 (set by the engine; the messages travel
-between this process and the engine's own processes only).
+between this process and the engine's own processes only). The bucket reaches the engine core
+as msgpack (vllm/v1/serial_utils.py:214-235): tuples (torch.Size among them) arrive as lists,
+torch classes and dtypes pickled; a tensor-parallel engine core pickles it on to its workers.
+The worker's model is `worker.get_model()` (vllm/v1/worker/gpu_worker.py:929): the model itself
+under either model runner (V2 is 0.26's default for dense models, vllm/config/vllm.py:550-621;
+V1's get_model unwraps its CUDA-graph wrappers, vllm/v1/worker/gpu_model_runner.py:3288).
 """
 from __future__ import annotations
 
@@ -62,7 +67,7 @@ def load_shared_bucket(worker: Any, bucket: dict) -> int:
         flat = flat.to(torch.device("cuda", here))
     weights = [(name, flat[offset:offset + nbytes].view(getattr(torch, dtype)).view(shape))
                for name, dtype, shape, offset, nbytes in bucket["tensors"]]
-    worker.model_runner.model.load_weights(weights)
+    worker.get_model().load_weights(weights)
     torch.cuda.synchronize()
     return sum(t[4] for t in bucket["tensors"])
 

@@ -9,8 +9,9 @@ runs apart from its client: every step appends token (last * 7 + 3) % VOCAB to e
 request. Like vLLM, a request also stops at the model's own EOS unless its params say
 ignore_eos, FINAL_ONLY streams yield once, and an aborted request's stream ends with an output
 holding all it decoded (finish_reason "abort"). `collective_rpc` pickles its function and
-arguments as vLLM's multi-process client does, and runs the function on one worker per
-tensor-parallel rank.
+arguments as vLLM's multi-process client does (its msgpack turns tuples into lists), and runs
+the function on one worker per tensor-parallel rank. SamplingParams refuses what vLLM 0.26's
+refuses (unknown fields, values out of range: vllm/sampling_params.py:205-347, 527-617).
 """
 from __future__ import annotations
 
@@ -36,9 +37,34 @@ def rule(seq: list[int], n: int) -> list[int]:
     return out
 
 
+# SamplingParams' public fields in vLLM 0.26 (vllm/sampling_params.py:213-347): a msgspec
+# Struct, so any other keyword is a TypeError
+SAMPLING_FIELDS = frozenset(
+    "n presence_penalty frequency_penalty repetition_penalty temperature top_p top_k min_p seed stop "
+    "stop_token_ids ignore_eos max_tokens min_tokens logprobs prompt_logprobs logprob_token_ids flat_logprobs "
+    "detokenize skip_special_tokens spaces_between_special_tokens include_stop_str_in_output output_kind "
+    "skip_clone output_text_buffer_length structured_outputs logit_bias allowed_token_ids extra_args "
+    "routed_experts_prompt_start bad_words skip_reading_prefix_cache thinking_token_budget "
+    "repetition_detection".split())
+
+
 class FakeParams:
     def __init__(self, **kw):
+        unknown = sorted(set(kw) - SAMPLING_FIELDS)
+        if unknown:
+            raise TypeError(f"Unexpected keyword argument(s) {unknown}")
         self.__dict__.update(kw)
+        # what vLLM's SamplingParams._verify_args refuses (vllm/sampling_params.py:527-617)
+        checks = {"temperature must be in [0, 2]": 0.0 <= kw.get("temperature", 1.0) <= 2.0,
+                  "top_p must be in (0, 1]": 0.0 < kw.get("top_p", 1.0) <= 1.0,
+                  "top_k must be 0 (disable), or at least 1": kw.get("top_k", 0) >= -1,
+                  "max_tokens must be at least 1": kw.get("max_tokens", 16) is None or kw.get("max_tokens", 16) >= 1,
+                  "logprobs must be non-negative or -1": kw.get("logprobs") is None or kw["logprobs"] >= -1,
+                  "stop strings are only supported when detokenize is True": not kw.get("stop")
+                  or kw.get("detokenize", True)}
+        for what, ok in checks.items():
+            if not ok:
+                raise ValueError(f"{what}: {kw}")
 
 
 class FakeEngineArgs:
@@ -55,6 +81,27 @@ class FakeModel:
             self.loaded[name] = tensor.clone()
 
 
+class FakeWorker:
+    """A vLLM worker as collective_rpc hands it to a function: `get_model()` is the model
+    (vllm/v1/worker/gpu_worker.py:929; `model_runner.model` may be a CUDA-graph wrapper)."""
+
+    def __init__(self):
+        self._model = FakeModel()
+
+    def get_model(self) -> FakeModel:
+        return self._model
+
+
+def as_msgpack(obj):
+    """What vLLM's msgpack leaves of `obj`: tuples (torch.Size too) become lists; other
+    objects it cannot encode travel pickled, as they are (vllm/v1/serial_utils.py:190-235)."""
+    if isinstance(obj, (list, tuple)):
+        return [as_msgpack(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: as_msgpack(v) for k, v in obj.items()}
+    return obj
+
+
 class FakeAsyncLLM:
     def __init__(self, args: FakeEngineArgs):
         self.kw = args.kw
@@ -65,8 +112,7 @@ class FakeAsyncLLM:
         self.params: dict[str, FakeParams] = {}
         self.aborted: list[str] = []
         self.lose: set[str] = set()  # request uids the scheduler drops without a word
-        self.workers = [types.SimpleNamespace(model_runner=types.SimpleNamespace(model=FakeModel()))
-                        for _ in range(int(self.kw.get("tensor_parallel_size", 1)))]
+        self.workers = [FakeWorker() for _ in range(int(self.kw.get("tensor_parallel_size", 1)))]
         self.rpc_bytes: list[int] = []  # the pickled size of each collective_rpc
         self.resets = 0
         self.slept: list = []
@@ -117,8 +163,8 @@ class FakeAsyncLLM:
         state["reason"] = reason
         state["done"].set()
 
-    async def abort(self, request_ids, internal: bool = False) -> None:
-        for rid in request_ids:
+    async def abort(self, request_id, internal: bool = False) -> None:
+        for rid in [request_id] if isinstance(request_id, str) else request_id:
             self.aborted.append(rid)
             if rid in self.live:  # vLLM ignores ids it does not hold
                 self._end(rid, "abort")
@@ -127,7 +173,7 @@ class FakeAsyncLLM:
     async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
         payload = pickle.dumps((method, args, kwargs or {}))  # by reference: an importable function
         self.rpc_bytes.append(len(payload))
-        method, args, kwargs = pickle.loads(payload)
+        method, args, kwargs = as_msgpack(pickle.loads(payload))
         return [method(w, *args, **kwargs) for w in self.workers]
 
     async def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False):

@@ -485,6 +485,11 @@ def test_vllm_engine_glue_against_a_fake_vllm(monkeypatch, model_dir):
     eng.generate(reqs[:1], SamplingParams(temperature=0.0, top_k=5))
     (p,) = fe.params.values()
     assert p.top_k == 5 and p.seed is None and p.temperature == 0.0
+    # vLLM samples at temperatures up to 2: above, the engine says so and submits nothing
+    fe.params.clear()
+    with pytest.raises(ValueError, match=r"temperature 2.5 is above 2.0"):
+        eng.generate(reqs[:1], SamplingParams(temperature=2.5))
+    assert not fe.params
     # EOS -> "eos"; the budget aborts the rest, which keep the tokens and logprobs they have
     eos_tok = rule([5, 6], 2)[1]
     eng2 = open_engine(mod, model_dir, eos_token_ids=[eos_tok])
@@ -558,7 +563,7 @@ def test_vllm_weight_sync_sends_ipc_handles_in_buckets(monkeypatch, model_dir):
             "lm_head.weight": torch.randn(300, 1000, generator=g)}  # 1.2 MB: alone again
     eng.update_weights(sent.items())
     for worker in eng.llm.workers:
-        loaded = worker.model_runner.model.loaded
+        loaded = worker.get_model().loaded
         assert sorted(loaded) == sorted(mod._strip(n) for n in sent)
         for name, t in sent.items():
             got = loaded[mod._strip(name)]
