@@ -86,6 +86,13 @@ case "${1:?start|part|vllm|collect}" in
     ;;
   collect)
     wait_s=${2:-0}
+    # a machine with no queue is a fresh one (the earlier machine went back: idle for 30 s, or
+    # 30 minutes held): say so at once rather than wait out the call on an idle GPU (round 13
+    # lost 940 s of device time so, twice)
+    if [ ! -f "$RESULTS/queue.json" ]; then
+      echo "no queue on this machine: it is a fresh one, the earlier machine and its results are gone" >&2
+      exit 3
+    fi
     end=$((SECONDS + wait_s))
     while (( SECONDS < end )) && ! python3 -c "
 import json, sys; q = json.load(open('$RESULTS/queue.json'))
