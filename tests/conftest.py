@@ -20,6 +20,7 @@ SHARED_BENCHMARKS = REPO.parent / "shared" / "benchmarks"
 
 _PREFECT_HOME = pytest.StashKey[tuple]()  # (this session's PREFECT_HOME, the one it replaced)
 _OMP_THREADS = pytest.StashKey[object]()  # the OMP_NUM_THREADS this session replaced (None: unset)
+_SHARED = "RING_TEST_RUN_SHARED"  # a directory of the whole run (main process and workers): tests/prefect_api.py
 
 
 def pytest_configure(config):
@@ -37,9 +38,17 @@ def pytest_configure(config):
     os.environ["PREFECT_HOME"] = home
     config.stash[_OMP_THREADS] = os.environ.get("OMP_NUM_THREADS")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # the run's main process; its workers inherit it
+        os.environ[_SHARED] = tempfile.mkdtemp(prefix="ring-suite-")
 
 
 def pytest_unconfigure(config):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # after every worker has finished
+        from tests import prefect_api
+
+        shared = Path(os.environ.pop(_SHARED))
+        prefect_api.stop(shared)
+        shutil.rmtree(shared, ignore_errors=True)
     home, old = config.stash[_PREFECT_HOME]
     shutil.rmtree(home, ignore_errors=True)
     for name, value in (("PREFECT_HOME", old), ("OMP_NUM_THREADS", config.stash[_OMP_THREADS])):
@@ -59,6 +68,16 @@ def pytest_collection_modifyitems(items):
     long_pole = {item.path for item in items if item.get_closest_marker("long_pole")}
     slow = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: (item.path not in long_pole, item.path not in slow))
+
+
+@pytest.fixture(scope="session")
+def prefect_api() -> str:
+    """The API URL of one Prefect server shared by every test of the run that needs a server but
+    not a server of its own (tests/prefect_api.py): pass it as PREFECT_API_URL to a
+    `ring-pipeline run`, or use `prefect_harness` (tests/e2e) for flows run in this process."""
+    from tests import prefect_api as server
+
+    return server.shared_api(Path(os.environ[_SHARED]))
 
 
 @pytest.fixture

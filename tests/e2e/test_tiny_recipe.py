@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import glob
 import json
+import os
 import re
 import subprocess
 import sys
@@ -21,13 +22,16 @@ STAGES = ["data", "curate", "base", "sft", "reasoning_rl", "reward_model", "gene
 SFT_STEPS = yaml.safe_load((REPO / "recipes" / "tiny.yaml").read_text())["stages"]["sft"]["max_steps"]
 
 
-def _cli(*args, tmp_path, timeout=900):
+def _cli(*args, tmp_path, timeout=900, prefect_api=None):
+    """`ring-pipeline` on the tiny recipe in tmp_path; with its embedded Prefect server unless
+    `prefect_api` names a server (the suite's shared one, where the embedded one is not the claim)."""
+    env = {**os.environ, "PREFECT_API_URL": prefect_api} if prefect_api else None
     overrides = ["--set", f"storage.url=file://{tmp_path}/store",
                  "--set", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
                  "--set", f"defaults.work_dir={tmp_path}/work",
                  "--set", "storage.keep_checkpoints=1"]
     out = subprocess.run([sys.executable, "-m", "pipeline.cli", *args, *overrides], cwd=REPO,
-                         capture_output=True, text=True, timeout=timeout)
+                         capture_output=True, text=True, timeout=timeout, env=env)
     return out.returncode, out.stdout + out.stderr
 
 
@@ -126,11 +130,12 @@ def test_tracking_has_a_parent_run_and_a_nested_run_per_stage(tiny_run):
     assert _manifest(tmp_path, "curate")["hash"][:12] == inputs["curate/curated.jsonl"].digest
 
 
-def test_second_run_skips_every_stage_and_status_says_done(tiny_run):
+def test_second_run_skips_every_stage_and_status_says_done(tiny_run, prefect_api):
     from mlflow.tracking import MlflowClient
 
     tmp_path, _ = tiny_run
-    rc, out = _cli("run", "recipes/tiny.yaml", tmp_path=tmp_path)
+    # the first run was on the embedded server; this one skips on the suite's shared server
+    rc, out = _cli("run", "recipes/tiny.yaml", tmp_path=tmp_path, prefect_api=prefect_api)
     assert rc == 0, out[-3000:]
     for stage in STAGES:
         assert f"{stage}: skipped" in out

@@ -72,10 +72,12 @@ def _rank_process(rank: int, entry: str, under: Path):
     return None
 
 
-def test_ray_stages_kill_a_worker_fail_fast_and_resume(ray_cluster, tmp_path, base_dir, data_dir, tiny_policy):
+def test_ray_stages_kill_a_worker_fail_fast_and_resume(ray_cluster, tmp_path, base_dir, data_dir, tiny_policy,
+                                                       prefect_api):
     recipe = _recipe(tmp_path, ray_cluster, base_dir, data_dir, tiny_policy)
+    env = {**os.environ, "PREFECT_API_URL": prefect_api}  # the suite's shared server: Ray is the claim
     first = subprocess.Popen(_cli("run", str(recipe), "--only", "sft"), cwd=REPO, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+                             stderr=subprocess.STDOUT, text=True, env=env)
     try:
         deadline = time.time() + 240
         while not glob.glob(f"{tmp_path}/store/raytiny/sft-*/checkpoints/step-*/_COMPLETE"):
@@ -95,7 +97,7 @@ def test_ray_stages_kill_a_worker_fail_fast_and_resume(ray_cluster, tmp_path, ba
     assert "worker rank 1 (node" in out and "killed by SIGKILL" in out, out[-4000:]
 
     # the rerun resumes sft from its checkpoint, then runs reasoning_rl split over the two nodes
-    rerun = subprocess.run(_cli("run", str(recipe)), cwd=REPO, capture_output=True, text=True, timeout=600)
+    rerun = subprocess.run(_cli("run", str(recipe)), cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
     out = rerun.stdout + rerun.stderr
     assert rerun.returncode == 0, out[-6000:]
     assert "sft: ran" in out and "reasoning_rl: ran" in out, out[-3000:]
