@@ -179,20 +179,30 @@ def package_fingerprint(value: str, hash_max_bytes: int) -> Fingerprint:
                        f"(sha256 {f.record_sha256[:12]} per its RECORD)")
 
 
-def distribution_fingerprint(name: str) -> Fingerprint:
-    """An installed distribution a stage's results come from (a generator's library): its version."""
+def installed_version(name: str) -> str | None:
+    """The installed version of distribution `name` in this process's environment, or None."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        installed = version(name)
+        return version(name)
     except PackageNotFoundError:
+        return None
+
+
+def distribution_fingerprint(name: str) -> Fingerprint:
+    """An installed distribution a stage's results come from (a generator's library): its version."""
+    installed = installed_version(name)
+    if installed is None:
         return Fingerprint("missing", _digest(["missing distribution", name]), f"{name} is not installed")
     return Fingerprint("package", _digest(["distribution", name, installed]), f"version {installed}")
 
 
+PACKAGE_INPUT = "installed "  # the input key of a distribution a kind declares: `installed <name>`
+
+
 def package_inputs(names: Iterable[str]) -> dict[str, Fingerprint]:
     """`installed <name>` -> its fingerprint, for the distributions a stage's kind declares."""
-    return {f"installed {n}": distribution_fingerprint(n) for n in sorted(set(names))}
+    return {f"{PACKAGE_INPUT}{n}": distribution_fingerprint(n) for n in sorted(set(names))}
 
 
 # -- which config values are inputs --------------------------------------------------------
