@@ -15,6 +15,7 @@ Cases: `0.5B` and `1.5B` (Qwen2 shapes, batch 256, prompt 128, 512 new tokens) a
 - `native`: `vllm.LLM(...).generate(prompts, [SamplingParams per request])`, what vLLM does alone.
   (`native_unseeded`, not run by default: the same without per-request seeds, what they cost.)
 - `ours`: `create_engine("vllm", ...)` and its `generate` (stages/rl/engines/vllm_engine.py).
+  (`ours_unseeded`, not run by default: with rollout.options request_seeds: false.)
 - `torch`: `create_engine("torch", ..., compile=True)`, the torch engine's fastest step.
 - `sync`: `update_weights` of the model's own weights (bf16, from the HF model on this GPU)
   into our engine, best of 3: seconds and GB/s, next to one device-to-device copy of the same
@@ -138,12 +139,12 @@ def _engine(args, name: str, case: str, mdir: Path, cuda: bool, **extra):
                          max_len=prompt_len + new + 8, seed=0, eos_token_ids=[], **extra)
 
 
-def run_engine(args, case: str, mdir: Path, name: str) -> dict:
+def run_engine(args, case: str, mdir: Path, name: str, **options) -> dict:
     from stages.rl.engines import RolloutRequest, SamplingParams
 
     cuda = not args.smoke
     _, _, batch, _, new = CASES[case]
-    eng = _engine(args, name, case, mdir, cuda, **({"compile": True} if name == "torch" and cuda else {}))
+    eng = _engine(args, name, case, mdir, cuda, **({"compile": True} if name == "torch" and cuda else {}), **options)
     sp = SamplingParams(temperature=1.0, seed=SEED)
 
     def call(ps: list[list[int]], tokens: int = new) -> int:
@@ -194,6 +195,7 @@ def child(args) -> dict:
     mdir = model_dir(args.work, case)
     fn = {"native": lambda: run_native(args, case, mdir), "native_unseeded": lambda: run_native(args, case, mdir, False),
           "ours": lambda: run_engine(args, case, mdir, "vllm"),
+          "ours_unseeded": lambda: run_engine(args, case, mdir, "vllm", request_seeds=False),
           "torch": lambda: run_engine(args, case, mdir, "torch"), "sync": lambda: run_sync(args, case, mdir)}[runner]
     return {**fn(), "device": device_name(not args.smoke)}
 

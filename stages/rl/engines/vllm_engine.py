@@ -31,7 +31,12 @@ vLLM nor a GPU and drives this module against a stand-in of the same API
   "length" -> "length", "abort" -> unfinished. vLLM refuses a temperature above 2
   (vllm/sampling_params.py:552): generate says so before it submits anything.
 - Seeds: each request carries a seed derived from (seed, uid, offset), so a rollout's tokens do
-  not depend on the batch it ran in (as on the torch engine).
+  not depend on the batch it ran in (as on the torch engine). vLLM 0.26 samples seeded requests
+  on its native path, one `exponential_` kernel per seeded request per decode step
+  (vllm/v1/sample/ops/topk_topp_sampler.py:195-202): at batch 256 that loop is the 12-14 ms a
+  step vLLM took at the 0.5B and 1.5B shapes alike (RESULTS.md, "Issue 32"). `rollout.options
+  {request_seeds: false}` submits requests unseeded (vLLM's batched sampler, the engine's own
+  seed only): faster, and a resumed run no longer replays the same tokens.
 - Weights: `engine.collective_rpc(fn, kwargs=...)` runs `fn(worker, ...)` on every worker: CUDA
   IPC handles of a staging buffer, bucketed (`sync_bucket_mb`), loaded by the model's own
   `load_weights` (vllm_weights.py); then `engine.reset_prefix_cache()`, so a continued
@@ -183,7 +188,8 @@ class VllmEngine(SyncTiming):
                  max_batch: int = 64, max_len: int = 4096, seed: int = 0,
                  gpu_memory_utilization: float = 0.4, enable_prefix_caching: bool = True,
                  enforce_eager: bool = False, sync_bucket_mb: int = 512,
-                 eos_token_ids: list[int] | None = None, trust_remote_code: bool = False, **engine_kwargs):
+                 eos_token_ids: list[int] | None = None, trust_remote_code: bool = False,
+                 request_seeds: bool = True, **engine_kwargs):
         if not torch.cuda.is_available():
             raise RuntimeError("vllm engine: no CUDA device is visible")
         if "in_process" in engine_kwargs:
@@ -192,6 +198,7 @@ class VllmEngine(SyncTiming):
         self.gpus = engine_gpus(device, int(engine_kwargs.get("tensor_parallel_size", 1)))
         self.device = torch.device("cuda", torch.device(device).index or 0)
         self.max_len, self.seed = int(max_len), int(seed)
+        self.request_seeds = bool(request_seeds)  # per-request seeds (module docstring: their cost)
         self.eos_token_ids = (list(eos_token_ids) if eos_token_ids is not None
                               else eos_token_ids_of(model_dir, trust_remote_code=trust_remote_code))
         # fp8: vLLM's own FP8 rollouts (weights quantised to e4m3 at load, FP8 GEMMs), bf16 around them
@@ -246,7 +253,7 @@ class VllmEngine(SyncTiming):
 
     # ---------------------------------------------------------------- generate
     def _params(self, s: SamplingParams, r: RolloutRequest):
-        seed = None if s.seed is None else _request_seed(s.seed, r.uid, len(r.generated_ids))
+        seed = None if s.seed is None or not self.request_seeds else _request_seed(s.seed, r.uid, len(r.generated_ids))
         return self._SamplingParams(
             n=1, temperature=max(0.0, s.temperature), top_p=s.top_p,
             top_k=s.top_k if s.top_k > 0 else -1, seed=seed, max_tokens=r.max_new_tokens,
@@ -354,7 +361,7 @@ def make_vllm_engine(model_dir: str, *, device: str = "cuda", dtype: str = "auto
                      max_batch: int = 64, max_len: int = 4096, seed: int = 0,
                      **engine_options) -> VllmEngine:
     """engine_options: gpu_memory_utilization (0.4), enable_prefix_caching, enforce_eager,
-    sync_bucket_mb (512), eos_token_ids, and any other `vllm.AsyncEngineArgs` keyword
+    sync_bucket_mb (512), eos_token_ids, request_seeds (True), and any other `vllm.AsyncEngineArgs` keyword
     (tensor_parallel_size, enable_sleep_mode, ...)."""
     return VllmEngine(model_dir, device=device, dtype=dtype, max_batch=max_batch,
                       max_len=max_len, seed=seed, **engine_options)

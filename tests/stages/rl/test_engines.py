@@ -481,6 +481,12 @@ def test_vllm_engine_glue_against_a_fake_vllm(monkeypatch, model_dir):
                for p in sent)
     assert sorted(p.max_tokens for p in sent) == [3, 6]
     assert len({p.seed for p in sent}) == 2 and None not in {p.seed for p in sent}  # per request
+    # request_seeds off: the same call submits unseeded requests (vLLM's batched sampler); the
+    # option is the engine's, not an AsyncEngineArgs keyword
+    unseeded = open_engine(mod, model_dir, max_batch=4, max_len=64, seed=3, request_seeds=False)
+    unseeded.generate(reqs, SamplingParams(temperature=1.0, seed=1))
+    assert [p.seed for p in unseeded.llm.params.values()] == [None, None]
+    assert "request_seeds" not in unseeded.llm.kw and unseeded.llm.kw["seed"] == 3
     fe.params.clear()
     eng.generate(reqs[:1], SamplingParams(temperature=0.0, top_k=5))
     (p,) = fe.params.values()
