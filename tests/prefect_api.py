@@ -57,15 +57,18 @@ def stop(shared: Path) -> None:
 
 
 def _stop_group(pid: int) -> None:
+    import psutil
+
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGTERM)
     for _ in range(100):  # up to 10 s for a clean exit (its database closed), then SIGKILL
-        try:
-            os.killpg(pid, 0)
-        except ProcessLookupError:
-            return
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)  # reap it where it is our child (a run without workers)
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
         time.sleep(0.1)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)
