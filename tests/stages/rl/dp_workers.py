@@ -141,7 +141,7 @@ def weight_sync(ranks, model_dir: str, split: bool, tp: int = 1) -> dict:
     if engine is not None:
         engine.sleep(weights=True)
         engine.wake()
-    seconds = sync.push()
+    seconds = sync.push(1)
 
     trained = None
     if module is not None:
