@@ -105,10 +105,14 @@ def test_sync_deals_the_step_groups_round_robin(shards):
 def test_every_engine_holds_the_trainers_weights_bit_for_bit_after_a_sync(colocated, model_dir, tmp_path):
     """Colocated: two ranks gather (ZeRO-3) and copy into their own engines. Split: two trainer
     ranks (a world of their own, ZeRO-3 over both) and one engine rank, the weights broadcast
-    to it by trainer 0."""
-    split = [r["sync"] for r in spawn(dp_workers.split, 3, tmp_path, model_dir, None)]
+    to it by trainer 0; again with rollout.sync_rounding stochastic into a bf16 engine: trainer 0
+    rounds before the broadcast (half the bytes travel) and the engine holds exactly the
+    trainer's weights rounded by the documented seed."""
+    split_ranks = spawn(dp_workers.split, 3, tmp_path, model_dir, None)
+    split, rounded = [r["sync"] for r in split_ranks], [r["sync_stochastic"] for r in split_ranks]
     together = [r["sync"] for r in colocated]
-    for records, engines in ((together, together), (split, split[-1:])):
+    assert rounded[0]["bytes"] * 2 == split[0]["bytes"]
+    for records, engines in ((together, together), (split, split[-1:]), (rounded, rounded[-1:])):
         for rec in engines:
             assert rec["moved"], "the optimizer step must change the weights for the test to mean anything"
             assert rec["differs"] == [] and rec["compared"] > 0
