@@ -64,8 +64,7 @@ def split(rank: int, world: int, port: int, model_dir: str, out: str, _: None) -
 
     join_env(rank, world, port)
     ranks = init_distributed(split_last=1)
-    record = {"sync": weight_sync(ranks, model_dir, split=True),
-              "sync_stochastic": weight_sync(ranks, model_dir, split=True, rounding_seed=7)}
+    record = {"sync": weight_sync(ranks, model_dir, split=True, rounding_seed=7)}
     Path(out, f"rank{rank}.json").write_text(json.dumps(record))
     ranks.everyone.barrier()
     _leave()
@@ -113,8 +112,8 @@ def weight_sync(ranks, model_dir: str, split: bool, tp: int = 1, rounding_seed: 
     """A ZeRO-3 policy on the trainer ranks takes one optimizer step; the weights are pushed
     to the engine ranks (colocated: every rank, or every `tp`-th; split: the last one), each
     engine having slept and woken without its weights; each engine reports where it differs
-    from the trainer's gathered weights. `rounding_seed`: bf16 engines and stochastic sync
-    rounding with that stage seed; the engines compare with the trainer's weights rounded so."""
+    from the trainer's gathered weights. `rounding_seed`: then pushed again into new bf16
+    engines with stochastic sync rounding (`stochastic_sync`)."""
     # this spawned rank never logs to MLflow: skip DeepSpeed's ~4 s import of it, as stage ranks do
     # (stages/common/entry.py)
     sys.modules.setdefault("mlflow", None)
@@ -124,7 +123,6 @@ def weight_sync(ranks, model_dir: str, split: bool, tp: int = 1, rounding_seed: 
     from stages.common.hf_io import load_causal_lm
     from stages.rl.engines import create_engine
     from stages.rl.placement import Placement
-    from stages.rl.stochastic_rounding import SyncRounding, stochastic_round_bf16, tensor_seed
     from stages.rl.weight_sync import make_weight_sync
 
     rank, world = ranks.rank, ranks.world
@@ -139,11 +137,8 @@ def weight_sync(ranks, model_dir: str, split: bool, tp: int = 1, rounding_seed: 
         ds_engine.backward(ds_engine(input_ids=ids, labels=ids).loss)
         ds_engine.step()
         module = ds_engine.module
-    dtype = "auto" if rounding_seed is None else "bfloat16"
-    engine = (create_engine("torch", model_dir, device="cpu", dtype=dtype, max_batch=4, max_len=64)
-              if placement.is_engine else None)
-    rounding = None if rounding_seed is None else SyncRounding(rounding_seed)
-    sync = make_weight_sync(placement, ranks, module, engine, zero3=True, bucket_bytes=64 << 10, rounding=rounding)
+    engine = create_engine("torch", model_dir, device="cpu", max_batch=4, max_len=64) if placement.is_engine else None
+    sync = make_weight_sync(placement, ranks, module, engine, zero3=True, bucket_bytes=64 << 10)
     if engine is not None:
         engine.sleep(weights=True)
         engine.wake()
@@ -154,17 +149,40 @@ def weight_sync(ranks, model_dir: str, split: bool, tp: int = 1, rounding_seed: 
         with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
             trained = {n: p.detach().clone() for n, p in module.named_parameters()}
     trained = ranks.everyone.broadcast_object(trained if rank == 0 else None, 0)
-    if rounding_seed is not None:  # what the engines must hold: the sync of version 1, rounded
-        trained = {n: stochastic_round_bf16(t, torch.Generator().manual_seed(tensor_seed(rounding_seed, 1, n)))
-                   for n, t in trained.items()}
     record = {"seconds": seconds, "bytes": sync.bytes}
     if engine is not None:
         params = dict(engine.model.named_parameters())
         record["differs"] = sorted(n for n, t in trained.items() if not torch.equal(params[n], t))
         record["compared"] = len(trained)
         base = dict(load_causal_lm(model_dir, torch.float32, trust_remote_code=False).named_parameters())
-        record["moved"] = sorted(n for n, t in trained.items() if not torch.equal(base[n].to(t.dtype), t))
+        record["moved"] = sorted(n for n, t in trained.items() if not torch.equal(base[n], t))
         record["buckets"] = len(getattr(sync, "layout", None) or sync.buckets)
+    if rounding_seed is not None:
+        record["stochastic"] = stochastic_sync(ranks, placement, module, model_dir, trained, rounding_seed)
+    return record
+
+
+def stochastic_sync(ranks, placement, module, model_dir: str, trained: dict, seed: int) -> dict:
+    """The trained weights pushed (version 1) into a bf16 engine per engine rank with
+    `rollout.sync_rounding: stochastic` and stage seed `seed`; each engine reports where it
+    differs from the trainer's weights rounded under the documented seed."""
+    from stages.rl.engines import create_engine
+    from stages.rl.stochastic_rounding import SyncRounding, stochastic_round_bf16, tensor_seed
+    from stages.rl.weight_sync import make_weight_sync
+
+    engine = (create_engine("torch", model_dir, device="cpu", dtype="bfloat16", max_batch=4, max_len=64)
+              if placement.is_engine else None)
+    sync = make_weight_sync(placement, ranks, module, engine, zero3=True, bucket_bytes=64 << 10,
+                            rounding=SyncRounding(seed))
+    sync.push(1)
+    record = {"bytes": sync.bytes}
+    if engine is not None:
+        want = {n: stochastic_round_bf16(t, torch.Generator().manual_seed(tensor_seed(seed, 1, n)))
+                for n, t in trained.items()}
+        params = dict(engine.model.named_parameters())
+        record["differs"] = sorted(n for n, t in want.items() if not torch.equal(params[n], t))
+        record["compared"] = len(want)
+        record["not_nearest"] = sorted(n for n, t in trained.items() if not torch.equal(params[n], t.to(torch.bfloat16)))
     return record
 
 
