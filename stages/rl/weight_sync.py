@@ -31,7 +31,7 @@ parameters of one dtype), so ZeRO-3 gathers each parameter once, a bucket per co
 from __future__ import annotations
 
 import time
-from typing import Iterator, Protocol
+from typing import Callable, Iterator, Protocol
 
 import torch
 
@@ -56,14 +56,15 @@ class WeightSync(Protocol):
         ...
 
 
-def buckets(tensors: list[MergedTensor], bucket_bytes: int) -> list[list[MergedTensor]]:
-    """Consecutive tensors of one dtype, at most `bucket_bytes` a bucket (a larger tensor gets a
-    bucket of its own)."""
+def buckets(tensors: list[MergedTensor], bucket_bytes: int,
+            sent_dtype: Callable[[MergedTensor], torch.dtype] = lambda t: t.dtype) -> list[list[MergedTensor]]:
+    """Consecutive tensors of one dtype as sent (`sent_dtype`), at most `bucket_bytes` of the
+    trainer's a bucket (a larger tensor gets a bucket of its own)."""
     out: list[list[MergedTensor]] = []
     size = 0
     for t in tensors:
         nbytes = _numel(t.shape) * t.dtype.itemsize
-        if not out or out[-1][0].dtype != t.dtype or size + nbytes > bucket_bytes:
+        if not out or sent_dtype(out[-1][0]) != sent_dtype(t) or size + nbytes > bucket_bytes:
             out.append([])
             size = 0
         out[-1].append(t)
@@ -126,17 +127,20 @@ class BroadcastToEngines:
         self.engine, self.zero3, self.sync, self.partial, self.rounding = engine, zero3, sync, changed_only, rounding
         if rounding is not None and engine is not None:
             rounding.check_engine(engine)
-        self.buckets = buckets(sync_tensors(module, changed_only), bucket_bytes) if module is not None else []
+        self.buckets = (buckets(sync_tensors(module, changed_only), bucket_bytes, self._sent_dtype)
+                        if module is not None else [])
         layout = self._layout() if is_trainer0 else None
         if sync is not None:
             layout = sync.broadcast_object(layout, 0)
         self.layout = layout or []
         self.bytes = sum(_numel(shape) * dtype.itemsize for b in (layout or self._layout()) for _, shape, dtype in b)
 
+    def _sent_dtype(self, t: MergedTensor) -> torch.dtype:
+        """A rounded tensor travels as bf16 (a frozen fp32 one as fp32: another bucket)."""
+        return t.dtype if self.rounding is None else self.rounding.sent_dtype(t.dtype, t.changed)
+
     def _layout(self) -> Layout:
-        """What travels: a rounded tensor as bf16 (a bucket's tensors share one dtype, rounded alike)."""
-        sent = self.rounding.sent_dtype if self.rounding is not None else (lambda dtype, changed: dtype)
-        return [[(t.name, t.shape, sent(t.dtype, t.changed)) for t in b] for b in self.buckets]
+        return [[(t.name, t.shape, self._sent_dtype(t)) for t in b] for b in self.buckets]
 
     def push(self, version: int) -> float:
         t0 = time.perf_counter()

@@ -162,26 +162,33 @@ def weight_sync(ranks, model_dir: str, split: bool, tp: int = 1, rounding_seed: 
     return record
 
 
+FROZEN = "model.layers.0.post_attention_layernorm.weight"  # between trained fp32 tensors: a bucket of its own
+
+
 def stochastic_sync(ranks, placement, module, model_dir: str, trained: dict, seed: int) -> dict:
     """The trained weights pushed (version 1) into a bf16 engine per engine rank with
-    `rollout.sync_rounding: stochastic` and stage seed `seed`; each engine reports where it
-    differs from the trainer's weights rounded under the documented seed."""
+    `rollout.sync_rounding: stochastic` and stage seed `seed`, one of them frozen (sent as it is,
+    rounded to nearest by the engine); each engine reports where it differs from the trainer's
+    weights rounded under the documented seed."""
     from stages.rl.engines import create_engine
     from stages.rl.stochastic_rounding import SyncRounding, stochastic_round_bf16, tensor_seed
     from stages.rl.weight_sync import make_weight_sync
 
     engine = (create_engine("torch", model_dir, device="cpu", dtype="bfloat16", max_batch=4, max_len=64)
               if placement.is_engine else None)
+    if module is not None:
+        dict(module.named_parameters())[FROZEN].requires_grad_(False)
     sync = make_weight_sync(placement, ranks, module, engine, zero3=True, bucket_bytes=64 << 10,
                             rounding=SyncRounding(seed))
     sync.push(1)
     record = {"bytes": sync.bytes}
     if engine is not None:
-        want = {n: stochastic_round_bf16(t, torch.Generator().manual_seed(tensor_seed(seed, 1, n)))
+        want = {n: t.to(torch.bfloat16) if n == FROZEN else
+                stochastic_round_bf16(t, torch.Generator().manual_seed(tensor_seed(seed, 1, n)))
                 for n, t in trained.items()}
         params = dict(engine.model.named_parameters())
         record["differs"] = sorted(n for n, t in want.items() if not torch.equal(params[n], t))
-        record["compared"] = len(want)
+        record["compared"], record["frozen_numel"] = len(want), trained[FROZEN].numel()
         record["not_nearest"] = sorted(n for n, t in trained.items() if not torch.equal(params[n], t.to(torch.bfloat16)))
     return record
 

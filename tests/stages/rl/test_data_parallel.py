@@ -117,7 +117,8 @@ def test_every_engine_holds_the_trainers_weights_bit_for_bit_after_a_sync(coloca
     # rollout.sync_rounding: stochastic into a bf16 engine rank: trainer 0 rounds before the broadcast
     # (half the bytes travel), the engine holds the trainer's weights rounded under the documented seed
     rounded = [r["stochastic"] for r in split]
-    assert {r["bytes"] for r in rounded} == {split[0]["bytes"] // 2}
+    frozen = 2 * rounded[-1]["frozen_numel"]  # the frozen fp32 tensor travels as it is
+    assert {r["bytes"] for r in rounded} == {split[0]["bytes"] // 2 + frozen}
     assert rounded[-1]["differs"] == [] and rounded[-1]["compared"] == split[-1]["compared"]
     assert rounded[-1]["not_nearest"]  # stochastic, not the engine's own round-to-nearest
 
