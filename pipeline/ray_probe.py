@@ -18,6 +18,7 @@ import sys
 from typing import Any
 
 from pipeline.ray_launch import LaunchError, check_reachable
+from stages.common.hardware import detect
 
 TASK_TIMEOUT_S = 60.0  # a worker's start and its torch import on a cold node take seconds, not minutes
 
@@ -29,8 +30,6 @@ def unknown(note: str) -> dict[str, Any]:
 def gpu_facts() -> dict[str, Any]:
     """Runs on the cluster, in a task holding one GPU: that machine's facts and its Ray node."""
     import ray
-
-    from stages.common.hardware import detect
 
     return {**detect(), "node_id": ray.get_runtime_context().get_node_id()}
 
