@@ -24,7 +24,7 @@ from pipeline import console, interrupt
 from pipeline.artifacts import ArtifactStore
 from pipeline.changes import code_record
 from pipeline.failures import StageFailure
-from pipeline.fingerprints import Fingerprint
+from pipeline.fingerprints import PACKAGE_INPUT, Fingerprint, installed_version
 from pipeline.interrupt import StageInterrupted
 from pipeline.launch import LaunchResult, launch_command, launch_job
 from pipeline.lease import Lease, LeaseHeld, describe_holder, try_acquire
@@ -171,6 +171,14 @@ def _acquire(target: StageTarget, store: ArtifactStore, policy: ExecutionPolicy,
     return lease
 
 
+def planned_packages(target: StageTarget) -> dict[str, str]:
+    """The versions of the distributions the stage hash covers, as installed where the recipe was
+    planned (this process): each rank of the job checks its own against them (StageJob.check_packages)."""
+    names = [key.removeprefix(PACKAGE_INPUT) for key in target.inputs if key.startswith(PACKAGE_INPUT)]
+    versions = {name: installed_version(name) for name in names}
+    return {name: v for name, v in sorted(versions.items()) if v is not None}
+
+
 def _execute_leased(target: StageTarget, store: ArtifactStore, work_root: Path, policy: ExecutionPolicy,
                     tracker: PipelineTracker | None, force: bool, lease: Lease) -> StageRun:
     work = work_root.resolve() / target.recipe / f"{target.name}-{target.hash[:12]}" / lease.owner
@@ -193,7 +201,8 @@ def _execute_leased(target: StageTarget, store: ArtifactStore, work_root: Path, 
                    upstream={d: u for d, (u, _) in target.upstream.items()},
                    output_dir=str(output_dir), work_dir=str(scratch),
                    tracking_uri=tracker.uri if tracker else None, run_id=run_id, seed=target.seed,
-                   store_timeout_s=policy.writes.timeout_s, store_attempts=policy.writes.attempts)
+                   store_timeout_s=policy.writes.timeout_s, store_attempts=policy.writes.attempts,
+                   packages=planned_packages(target))
     job_path = work / "job.json"
     job_env = secrets.job_env(job.write(job_path))  # credentials reach the job through its environment
     show = console.current()

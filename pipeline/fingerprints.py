@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import re
+import time
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -179,20 +180,30 @@ def package_fingerprint(value: str, hash_max_bytes: int) -> Fingerprint:
                        f"(sha256 {f.record_sha256[:12]} per its RECORD)")
 
 
-def distribution_fingerprint(name: str) -> Fingerprint:
-    """An installed distribution a stage's results come from (a generator's library): its version."""
+def installed_version(name: str) -> str | None:
+    """The installed version of distribution `name` in this process's environment, or None."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        installed = version(name)
+        return version(name)
     except PackageNotFoundError:
+        return None
+
+
+def distribution_fingerprint(name: str) -> Fingerprint:
+    """An installed distribution a stage's results come from (a generator's library): its version."""
+    installed = installed_version(name)
+    if installed is None:
         return Fingerprint("missing", _digest(["missing distribution", name]), f"{name} is not installed")
     return Fingerprint("package", _digest(["distribution", name, installed]), f"version {installed}")
 
 
+PACKAGE_INPUT = "installed "  # the input key of a distribution a kind declares: `installed <name>`
+
+
 def package_inputs(names: Iterable[str]) -> dict[str, Fingerprint]:
     """`installed <name>` -> its fingerprint, for the distributions a stage's kind declares."""
-    return {f"installed {n}": distribution_fingerprint(n) for n in sorted(set(names))}
+    return {f"{PACKAGE_INPUT}{n}": distribution_fingerprint(n) for n in sorted(set(names))}
 
 
 # -- which config values are inputs --------------------------------------------------------
@@ -245,16 +256,54 @@ def fingerprint(value: str, storage_options: dict[str, Any], hash_max_bytes: int
     return make(value, storage_options, hash_max_bytes)
 
 
+# A `plan` with the store out of reach (no network, a wrong endpoint) spent the client's retries,
+# ~8 s, on every object-store input of every stage: 79 s for recipes/ring1t.yaml. An endpoint that
+# could not be connected to is not asked again for UNREACHABLE_TTL_S; its other inputs say so at once.
+UNREACHABLE_TTL_S = 60.0
+_unreachable: dict[str, tuple[float, str]] = {}  # endpoint -> (when, what failed)
+_CONNECTION_ERRORS = {"EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError",
+                      "ClientConnectorError", "ServerTimeoutError"}  # botocore's and aiohttp's
+
+
+def _endpoint(url: str, storage_options: dict[str, Any]) -> str | None:
+    """The object-store endpoint an input is read from (None: a local file, package or hub input)."""
+    protocol = url.split("://", 1)[0] if "://" in url else None
+    if protocol in (None, "file", "pkg", "hf"):
+        return None
+    client = storage_options.get("client_kwargs") or {}
+    return f"{protocol} at {client.get('endpoint_url') or storage_options.get('endpoint_url') or 'its default endpoint'}"
+
+
+def _could_not_connect(error: BaseException) -> bool:
+    """Whether a storage error was a failure to reach the endpoint at all (not a refusal of it)."""
+    seen: BaseException | None = error
+    for _ in range(8):  # the cause chain, bounded
+        if seen is None:
+            return False
+        if isinstance(seen, ConnectionError) or type(seen).__name__ in _CONNECTION_ERRORS:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def fingerprint_inputs(result_config: Any, storage_options: dict[str, Any], hash_max_bytes: int,
                        tolerate_errors: bool = False) -> dict[str, Fingerprint]:
     """input -> fingerprint. A store that cannot be listed raises StorageError, unless
-    `tolerate_errors` (a `plan` of a store out of reach): then the input says so."""
+    `tolerate_errors` (a `plan` of a store out of reach): then the input says so, and an endpoint
+    that could not be reached is not asked again for the next inputs (UNREACHABLE_TTL_S)."""
     out = {}
     for v in find_inputs(result_config):
+        endpoint = _endpoint(v, storage_options) if tolerate_errors else None
+        down = _unreachable.get(endpoint) if endpoint else None
+        if down and time.monotonic() - down[0] < UNREACHABLE_TTL_S:
+            out[v] = Fingerprint("unreachable", _digest(["unreachable"]), f"not asked: {down[1]}")
+            continue
         try:
             out[v] = fingerprint(v, storage_options, hash_max_bytes)
         except StorageError as e:
             if not tolerate_errors:
                 raise
             out[v] = Fingerprint("unreachable", _digest(["unreachable"]), str(e))
+            if endpoint and _could_not_connect(e):
+                _unreachable[endpoint] = (time.monotonic(), f"{endpoint} could not be reached for {v}")
     return out

@@ -187,6 +187,9 @@ class StageJob(BaseModel):
     store_timeout_s: float = Field(1800.0, gt=0, description="one store write (a file) that takes longer "
                                    "is abandoned and retried (storage.write_timeout_s)")
     store_attempts: int = Field(3, ge=1, description="tries of a store write (storage.write_attempts)")
+    packages: dict[str, str] = Field({}, description=(
+        "installed distributions the stage hash covers (StageKind.input_packages) -> the version "
+        "planned; every rank checks its own before it starts (`check_packages`)"))
 
     # -- helpers for the stage's own process ------------------------------------
     @staticmethod
@@ -217,6 +220,23 @@ class StageJob(BaseModel):
             raise StageError(str(e.args[0])) from None
         except ValidationError as e:
             raise StageError(f"job file {path}: {validation_problems(e)}") from None
+
+    def check_packages(self) -> None:
+        """A rank whose installed version of a hashed distribution (e.g. reasoning-gym) is not the
+        planned one would publish rows the stage hash does not describe: a StageError naming the
+        package, both versions and the host (a Ray worker or another node set up differently)."""
+        import importlib.metadata as md  # only jobs that declare packages pay for it
+        import socket
+
+        for name, planned in sorted(self.packages.items()):
+            try:
+                here = md.version(name)
+            except md.PackageNotFoundError:
+                here = "not installed"
+            if here != planned:
+                raise StageError(f"{name} {planned} was planned for this stage (its version is part of the "
+                                 f"stage hash), but {name} is {here} on {socket.gethostname()}, where this rank "
+                                 f"runs: install {name}=={planned} there, or plan the recipe where it runs")
 
     def typed_config(self, model: type[ConfigT], source: str | os.PathLike = "job.json") -> ConfigT:
         """`config` as the kind's config model: parsed once, at the job's entry (run_job),

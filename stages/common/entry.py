@@ -54,6 +54,7 @@ def run_job(main: Callable[[StageJob, ConfigT], Any], config_model: type[ConfigT
         sys.modules.setdefault("mlflow", None)
     failed_with: int | None = 1  # the exit status while not known to have succeeded
     try:
+        job.check_packages()
         main(job, job.typed_config(config_model, path))
         group = _process_group()
         if group is not None:

@@ -115,3 +115,40 @@ def test_unreachable_store_names_the_url(tmp_path, unreachable_port):
             "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1}}
     with pytest.raises(StorageError, match="cannot list the input s3://down/prefix"):
         _fp("s3://down/prefix", opts)
+
+
+def test_a_plan_asks_an_unreachable_endpoint_once_not_once_per_input(unreachable_port, monkeypatch):
+    """`plan` with the store out of reach (tolerate_errors) spent the client's retries on every
+    input of every stage (79 s for ring1t.yaml with no network): after one input could not connect,
+    the endpoint's other inputs say so without asking, for a while; `run` (no tolerance) and other
+    endpoints are unaffected."""
+    import pipeline.fingerprints as fps
+    from stages.common.artifact_inputs import StorageError
+
+    monkeypatch.setattr(fps, "_unreachable", {})
+    asked = []
+    real = fps.fingerprint
+    monkeypatch.setattr(fps, "fingerprint", lambda v, *a: asked.append(v) or real(v, *a))
+    opts = {"endpoint_url": f"http://127.0.0.1:{unreachable_port}", "key": "k", "secret": "s",
+            "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1}}
+    config = {"a": "s3://down/one/", "b": "s3://down/two/", "c": "s3://other-bucket/three.jsonl"}
+    out = fps.fingerprint_inputs(config, opts, 1 << 20, tolerate_errors=True)
+    assert asked == ["s3://down/one/"]
+    assert out["s3://down/one/"].kind == "unreachable" and "cannot list the input s3://down/one" in out["s3://down/one/"].summary
+    for v in ("s3://down/two/", "s3://other-bucket/three.jsonl"):
+        assert out[v].kind == "unreachable"
+        assert out[v].summary == (f"not asked: s3 at http://127.0.0.1:{unreachable_port} could not be reached "
+                                  "for s3://down/one/")
+    # the next stage of the same plan: not asked either; after the TTL it is asked again
+    fps.fingerprint_inputs({"d": "s3://down/four/"}, opts, 1 << 20, tolerate_errors=True)
+    assert asked == ["s3://down/one/"]
+    monkeypatch.setattr(fps, "UNREACHABLE_TTL_S", 0.0)
+    fps.fingerprint_inputs({"d": "s3://down/four/"}, opts, 1 << 20, tolerate_errors=True)
+    assert asked == ["s3://down/one/", "s3://down/four/"]
+    # another endpoint is asked; `run` (no tolerance) always asks and fails on the first input
+    other = {**opts, "endpoint_url": f"http://127.0.0.1:{unreachable_port}/elsewhere"}
+    fps.fingerprint_inputs({"e": "s3://down/five/"}, other, 1 << 20, tolerate_errors=True)
+    assert asked[-1] == "s3://down/five/"
+    monkeypatch.setattr(fps, "UNREACHABLE_TTL_S", 60.0)
+    with pytest.raises(StorageError, match="cannot list the input s3://down/six"):
+        fps.fingerprint_inputs({"f": "s3://down/six/"}, opts, 1 << 20)

@@ -63,3 +63,18 @@ def test_a_stage_without_such_a_library_keeps_its_hash(monkeypatch):
     cfg = KIND.config.model_validate(LOCAL)
     assert list(KIND.input_packages(cfg)) == []
     assert input_fingerprints(KIND, cfg, {}, 1 << 20) == fingerprint_inputs(result_config(cfg), {}, 1 << 20) == {}
+
+
+def test_the_job_carries_the_planned_versions_for_every_rank_to_check(monkeypatch):
+    """What each rank checks its own environment against (StageJob.check_packages: a Ray worker or
+    another node with another release refuses to start): the versions the hash was planned with."""
+    from pipeline.execute import StageTarget, planned_packages
+    from stages.common.contract import Resources
+
+    _installed(monkeypatch, {"reasoning-gym": "0.1.25"})
+    h, _, inputs = _planned(RGYM)
+    target = StageTarget("r", "data", KIND, RGYM, h, "file:///store/data", {}, Resources(), "deepspeed", inputs=inputs)
+    assert planned_packages(target) == {"reasoning-gym": "0.1.25"}
+    local = KIND.config.model_validate(LOCAL)
+    assert planned_packages(StageTarget("r", "d", KIND, LOCAL, "h", "file:///s", {}, Resources(), "deepspeed",
+                                        inputs=input_fingerprints(KIND, local, {}, 1 << 20))) == {}

@@ -184,3 +184,25 @@ def test_a_failed_rank_prints_its_cause_then_leaves_even_if_the_group_never_lets
     assert out.returncode == 1 and time.time() - t0 < 60
     cause = out.stderr.index("RuntimeError: shard 3 of the checkpoint is missing")
     assert cause < out.stderr.index("did not finish in 1s")  # the cause first
+
+
+def test_a_rank_whose_hashed_package_differs_from_the_planned_one_refuses_to_start(tmp_path, capsys):
+    """A distribution the stage hash covers (reasoning-gym for its data stages) installed at another
+    version where a rank runs (a Ray worker, another node) would publish rows the hash does not
+    describe: the rank stops before `main`, naming the package, both versions and the fix."""
+    from importlib.metadata import version
+
+    ran = []
+    job = _job(tmp_path)
+    job.packages = {"pydantic": version("pydantic")}  # as planned: runs
+    job.write(tmp_path / "ok.json")
+    assert run_job(lambda job, cfg: ran.append(job.packages), ProbeConfig, ["--job", str(tmp_path / "ok.json")]) == 0
+    assert ran == [{"pydantic": version("pydantic")}]
+    for planned, here in ((("pydantic", "0.0.1"), version("pydantic")), (("no-such-dist-xyz", "1.0"), "not installed")):
+        job.packages = dict([planned])
+        job.write(tmp_path / "job.json")
+        assert run_job(lambda job, cfg: ran.append("ran"), ProbeConfig, ["--job", str(tmp_path / "job.json")]) == 2
+        err = capsys.readouterr().err
+        assert f"{planned[0]} {planned[1]} was planned" in err and f"is {here} on " in err
+        assert f"install {planned[0]}=={planned[1]} there" in err
+    assert ran == [{"pydantic": version("pydantic")}]  # main never ran for the mismatches
