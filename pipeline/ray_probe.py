@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -73,7 +74,7 @@ def probe_cluster(address: str, timeout_s: float) -> dict[str, Any]:
     except ray.exceptions.GetTimeoutError:
         ray.cancel(ref, force=True)
         return unknown(f"the one-GPU probe task on the Ray cluster at {address!r} did not finish within "
-                       f"{timeout_s:.0f}s ({total} GPUs, {free:g} free when it was submitted)")
+                       f"{timeout_s:g}s ({total} GPUs, {free:g} free when it was submitted)")
     except ray.exceptions.RayError as e:
         return unknown(f"the one-GPU probe task on the Ray cluster at {address!r} failed: "
                        f"{type(e).__name__}: {_first_line(e)}")
@@ -86,10 +87,11 @@ def probe_cluster(address: str, timeout_s: float) -> dict[str, Any]:
 
 def probe(address: str, timeout_s: float) -> dict[str, Any]:
     """Connect, probe, disconnect; every failure is a note, never an exception."""
-    try:
-        check_reachable(address)
+    env_address = os.environ.get("RAY_ADDRESS") if address == "auto" else None
+    try:  # Ray's own client waits minutes for a GCS that is not there, $RAY_ADDRESS's too
+        check_reachable(env_address or address)
     except LaunchError as e:
-        return unknown(str(e))
+        return unknown(f"ray.address auto is $RAY_ADDRESS {env_address!r}: {e}" if env_address else str(e))
     import ray
 
     try:

@@ -107,3 +107,27 @@ def test_addresses_that_cannot_name_a_cluster_are_unknown_with_the_reason():
     pipeline_speed.ray_gpus.cache_clear()
     facts = pipeline_speed.ray_gpus("head-without-port")
     assert facts.device == "unknown" and "expected auto, host:port or ray://host:port" in facts.note
+
+
+def test_auto_with_a_dead_ray_address_is_unknown_at_once_not_after_rays_minutes(monkeypatch, unreachable_port):
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{unreachable_port}")
+    pipeline_speed.ray_gpus.cache_clear()
+    try:
+        started = time.monotonic()
+        facts = pipeline_speed.ray_gpus("auto")
+        assert time.monotonic() - started < 30  # ray.init itself waits minutes for an absent GCS
+    finally:
+        pipeline_speed.ray_gpus.cache_clear()  # `auto` means another cluster once $RAY_ADDRESS is restored
+    assert facts.device == "unknown"
+    assert facts.note.startswith(f"ray.address auto is $RAY_ADDRESS '127.0.0.1:{unreachable_port}': cannot connect")
+
+
+def test_a_probe_that_does_not_answer_in_time_is_killed_and_said(monkeypatch):
+    monkeypatch.setattr(pipeline_speed, "PROBE_TIMEOUT_S", 0.01)
+    pipeline_speed.ray_gpus.cache_clear()
+    try:
+        facts = pipeline_speed.ray_gpus("127.0.0.1:1")
+    finally:
+        pipeline_speed.ray_gpus.cache_clear()
+    assert facts.device == "unknown"
+    assert facts.note == "the Ray cluster's GPU probe (127.0.0.1:1) did not answer within 0.01s (killed)"
