@@ -16,28 +16,14 @@ from pipeline import speed as pipeline_speed
 from pipeline.cli import app
 from stages.common.speed_defaults import HardwareFacts, ModelFacts, resolve_speed
 from stages.sft.config import SFTConfig
+from tests.stages.common.test_speed_defaults import QWEN_15B
+from tests.stages.common.test_speed_defaults import RECIPE as SPEED_RECIPE
 
-QWEN_15B = dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-                intermediate_size=8960, vocab_size=151936, tie_word_embeddings=True)
 ON_RAY = HardwareFacts("cuda", "NVIDIA H100 80GB HBM3", (9, 0), 79.1, gpus=8, cpus=96,
                        note="Ray cluster 10.0.0.1:6379: NVIDIA H100 80GB HBM3 x 16 GPUs on 2 node(s) "
                             "(a one-GPU task probed one)")
-RECIPE = """\
-name: onray
-storage: {{url: "file://{root}/store"}}
-defaults:
-  launcher: ray
-  resources: {{nodes: 2, gpus_per_node: 8}}
-  ray: {{address: "auto"}}
-stages:
-  sft:
-    kind: sft
-    model: {model}
-    data: {data}
-    max_seq_len: 4096
-    grad_accum: 8
-    lr: 1.0e-5
-{extra}"""
+RECIPE = SPEED_RECIPE.replace("  resources: {{nodes: 1, gpus_per_node: 1}}\n",
+                              "  launcher: ray\n  resources: {{nodes: 2, gpus_per_node: 8}}\n")
 
 
 @pytest.fixture
