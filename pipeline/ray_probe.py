@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
 
@@ -87,11 +86,10 @@ def probe_cluster(address: str, timeout_s: float) -> dict[str, Any]:
 
 def probe(address: str, timeout_s: float) -> dict[str, Any]:
     """Connect, probe, disconnect; every failure is a note, never an exception."""
-    env_address = os.environ.get("RAY_ADDRESS") if address == "auto" else None
     try:  # Ray's own client waits minutes for a GCS that is not there, $RAY_ADDRESS's too
-        check_reachable(env_address or address)
+        check_reachable(address)
     except LaunchError as e:
-        return unknown(f"ray.address auto is $RAY_ADDRESS {env_address!r}: {e}" if env_address else str(e))
+        return unknown(str(e))
     import ray
 
     try:
