@@ -619,10 +619,10 @@ def sync_worker(spec: dict[str, Any]) -> None:
         build_s = time.time() - t0
         sync = make_weight_sync(placement, ranks, module, engine, True, spec["bucket_mb"] << 20)
         pushes = []
-        for _ in range(spec["repeats"] + 1):  # the first push warms up (allocations, NCCL channels)
+        for version in range(spec["repeats"] + 1):  # the first push warms up (allocations, NCCL channels)
             ranks.everyone.barrier()
             sync_device()
-            pushes.append(sync.push())
+            pushes.append(sync.push(version))
         per_rank = ranks.everyone.all_gather_objects(pushes)
         walls = [max(r[i] for r in per_rank) for i in range(len(pushes))]
         results[name] = {"params": sync.bytes // (2 if dtype == torch.bfloat16 else 4), "bytes": sync.bytes,

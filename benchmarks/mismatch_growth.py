@@ -3,7 +3,8 @@ fp32 model takes k AdamW steps, its weights reach a torch engine through the sta
 sync after every step (`weight_sync.GatherIntoEngines` -> `engine.update_weights`), and every
 `--every` steps the engine's log-probs of its sampled tokens are compared with the trainer's
 (`engines/agreement.measure_agreement`: |log k| quantiles, masked fraction, k3 KL), for
-  synced       the bf16 engine that took every sync
+  synced       the bf16 engine that took every sync (`--sync-rounding stochastic`: rounded as
+               `rollout.sync_rounding: stochastic` rounds it, stages/rl/stochastic_rounding.py)
   fresh        an engine built from the trainer's weights saved at that step (same dtype)
   fp32 fresh   an fp32 engine from the same weights (the code paths without bf16)
 If `fresh` agrees with the trainer and `synced` does not, the sync is the bug; if both drift
@@ -16,7 +17,8 @@ steps. The model: `--model-dir` a HF dir (SmolLM2-135M-Instruct imported from th
 
 `--mode forced` (what ran on CPU for RESULTS.md: the engine arms decode too slowly there) scores
 sampled tokens teacher-forced with model variants (VARIANTS: bf16; bf16 weights in fp32 math;
-weights rounded stochastically; the rotary frequencies rounded; the step-0 weights) against
+weights rounded stochastically by the function `rollout.sync_rounding: stochastic` uses; the
+rotary frequencies rounded; the step-0 weights) against
 the fp32 model, or against it under bf16 autocast (`--reference autocast`: a bf16-mixed trainer).
 
     python benchmarks/mismatch_growth.py --model-dir /tmp/smol_hf --steps 12 --every 4 --out /tmp/mm.json
@@ -32,6 +34,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from stages.rl.stochastic_rounding import SyncRounding, stochastic_round_bf16
 
 STAT_KEYS = ("abs_log_k_mean", "abs_log_k_p50", "abs_log_k_p99", "abs_log_k_max", "masked_fraction", "mismatch_kl")
 
@@ -135,14 +139,6 @@ def sharpen_step(model, opt, eng, requests, sampling, device) -> float:
     return loss_sum / max(count, 1)
 
 
-def stochastic_bf16(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    """`t` rounded to bf16 up or down at random, with the probability that makes it unbiased:
-    E[result] = t (bf16 keeps the top 16 bits of the fp32 pattern; random low bits carry it)."""
-    bits = t.float().contiguous().view(torch.int32)
-    noise = torch.randint(0, 1 << 16, bits.shape, generator=gen, dtype=torch.int32, device=t.device)
-    return ((bits + noise) & -65536).view(torch.float32).to(torch.bfloat16)
-
-
 def _cast(model, cast) -> torch.nn.Module:
     import copy
 
@@ -159,7 +155,8 @@ VARIANTS = {
     "bf16_rope_bf16": lambda m, m0, f: _rope(_cast(m, lambda t: t.to(torch.bfloat16)), f.to(torch.bfloat16)),
     "fp32_rope_bf16": lambda m, m0, f: _rope(_cast(m, lambda t: t), f.to(torch.bfloat16)),
     "bf16_weights_fp32_math": lambda m, m0, f: _cast(m, lambda t: t.to(torch.bfloat16).float()),
-    "bf16_stochastic": lambda m, m0, f: _cast(m, lambda t: stochastic_bf16(t, torch.Generator().manual_seed(0))),
+    "bf16_stochastic": lambda m, m0, f: _cast(m, lambda t: stochastic_round_bf16(  # what rollout.sync_rounding does
+        t.float(), torch.Generator(device=t.device).manual_seed(0))),
     "initial_weights_fp32": lambda m, m0, f: m0,
 }
 
@@ -237,7 +234,8 @@ def run_engines(args, model, model_dir: Path, work: Path, dev: str) -> list[dict
     sampling = SamplingParams(temperature=args.temperature, seed=1234)
     inv_freq = model.model.rotary_emb.inv_freq.detach().clone()
     synced = engine(model_dir, "synced", dev, max_len, inv_freq)
-    sync = GatherIntoEngines(model, synced, zero3=False, bucket_bytes=512 << 20)
+    sync = GatherIntoEngines(model, synced, zero3=False, bucket_bytes=512 << 20,
+                             rounding=SyncRounding.of(args.sync_rounding, seed=0))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     arms, rows = args.arms.split(","), []
     for step in range(args.steps + 1):
@@ -256,7 +254,7 @@ def run_engines(args, model, model_dir: Path, work: Path, dev: str) -> list[dict
         batch = [mk(x, i) for i, x in enumerate(train_prompts[step * args.train_prompts:(step + 1) * args.train_prompts])]
         updates = synced.generate(batch, SamplingParams(temperature=args.temperature))
         loss = ce_step(model, opt, [(r.prompt_ids, u.token_ids) for r, u in zip(batch, updates) if u.token_ids], dev)
-        sync.push()
+        sync.push(step + 1)
         print(f"step {step + 1}: loss {loss:.4f}", flush=True)
     return rows
 
@@ -312,6 +310,8 @@ def main() -> None:
     p.add_argument("--train-prompts", type=int, default=8)
     p.add_argument("--new-tokens", type=int, default=96)
     p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--sync-rounding", default="nearest", choices=["nearest", "stochastic"],
+                   help="--mode engines: the synced arm's rollout.sync_rounding")
     p.add_argument("--arms", default="synced,fresh,fresh_rope_bf16,fresh_fp32", help=f"of {sorted(ARMS)}")
     p.add_argument("--variants", default=",".join(VARIANTS), help="--mode forced: of these")
     p.add_argument("--reference", default="fp32", choices=["fp32", "autocast"],

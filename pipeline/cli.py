@@ -134,12 +134,14 @@ def plan(recipe: Path = RecipeArg, set_: list[str] = SetOpt) -> None:
 
 def _echo_speed(s, storage_options: dict) -> None:
     """The stage's `auto` speed settings as decided for this machine (pipeline/speed.py)."""
-    speed = resolve_stage_speed(s.kind, s.resolved_config(), s.resources, s.launcher, storage_options)
+    speed = resolve_stage_speed(s.kind, s.resolved_config(), s.resources, s.launcher, storage_options, s.ray)
     if speed is None or not speed.choices:
         return
     typer.echo(f"    speed:    {speed.summary()}")
     typer.echo(f"              on {speed.hw.describe()}, {speed.world} training rank(s); rules: "
                f"{', '.join(c.rule for c in speed.choices)}")
+    if s.launcher == "ray" and speed.hw.device == "cuda":  # which cluster's GPUs these are
+        typer.echo(f"              {speed.hw.note}")
     for note in speed.notes:
         typer.echo(f"              {note}")
 

@@ -193,7 +193,8 @@ def _execute_leased(target: StageTarget, store: ArtifactStore, work_root: Path, 
                                  f"{target.kind.name} stage `{target.name}` -> {target.url}") if tracker else None
     run_link = tracker.run_link(run_id) if tracker and run_id else None
     lease.update(run_id=run_id, work_dir=str(work))
-    speed = resolve_stage_speed(target.kind, target.config, target.resources, target.launcher, store.storage_options)
+    speed = resolve_stage_speed(target.kind, target.config, target.resources, target.launcher, store.storage_options,
+                                target.ray)
     job = StageJob(recipe=target.recipe, stage=target.name, kind=target.kind.name, hash=target.hash,
                    config=speed.apply(target.config) if speed else target.config, stage_url=target.url,
                    storage_options=store.storage_options,

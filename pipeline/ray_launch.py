@@ -146,8 +146,15 @@ def rank_env(worker: Worker, workers: list[Worker], layout: Layout, master: tupl
 def check_reachable(address: str, timeout_s: float = 10.0) -> None:
     """A `host:port` or `ray://host:port` address must accept a connection: Ray's own client
     retries an absent GCS for minutes before it gives up."""
-    if address == "auto":
-        return  # Ray finds the local cluster (or $RAY_ADDRESS) and says at once when there is none
+    if address == "auto":  # Ray joins $RAY_ADDRESS when set (waiting as long for it), else the local cluster
+        env_address = os.environ.get("RAY_ADDRESS", "")
+        if not env_address or env_address in ("auto", "local"):
+            return  # the local cluster: Ray says at once when there is none
+        try:
+            check_reachable(env_address, timeout_s)
+        except LaunchError as e:
+            raise LaunchError(f"ray.address auto is $RAY_ADDRESS {env_address!r}: {e}") from None
+        return
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
         raise LaunchError(f"ray.address {address!r}: expected auto, host:port or ray://host:port")

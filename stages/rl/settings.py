@@ -81,6 +81,19 @@ class RolloutSettings(Strict):
     sync_bucket_mb: int = Field(512, ge=1, description="weight sync: MiB of parameters gathered and "
                                                        "sent to the engines at once")
     options: dict[str, Any] = Field({}, description="engine-specific keyword options")
+    sync_rounding: Literal["nearest", "stochastic"] = added_later("nearest", description=(
+        "how the RL weight sync rounds the fp32 trainer's trained weights into a bf16 engine: nearest (the "
+        "engine's copy), or stochastic (unbiased, E[bf16] = fp32, so AdamW's sub-bf16 steps reach the engine on "
+        "average; seeded from seed and the policy version; stages/rl/stochastic_rounding.py). stochastic needs "
+        "precision: fp32 and a bf16 engine (rollout.dtype bf16, or auto on a GPU)"))
+
+    @model_validator(mode="after")
+    def _sync_rounding_applies(self) -> "RolloutSettings":
+        problem = self.sync_rounding == "stochastic" and _stochastic_rounding_problem(self.dtype, self.device)
+        if problem:
+            raise ValueError(f"rollout.sync_rounding: stochastic rounds fp32 weights into a bf16 engine, and {problem}; "
+                             f"set rollout.sync_rounding: nearest")
+        return self
 
     @model_validator(mode="after")
     def _sleep_is_possible(self) -> "RolloutSettings":
@@ -92,6 +105,19 @@ class RolloutSettings(Strict):
                 f"rollout.options {{{option}: true}}: set that, or rollout.sleep: none (the engine keeps "
                 f"its memory while the trainer steps)")
         return self
+
+
+def _stochastic_rounding_problem(dtype: str, device: str) -> str | None:
+    """Why a rollout engine of `dtype` on `device` cannot take stochastically rounded weights."""
+    if dtype in ("fp32", "float32", "float"):
+        return f"rollout.dtype {dtype} holds the trainer's fp32 weights exactly: nothing to round"
+    if dtype == "fp8":
+        return "rollout.dtype fp8 is not supported (the engine quantises its own FP8 copies)"
+    if dtype == "auto" and device == "cpu":
+        return "rollout.dtype auto is fp32 on rollout.device cpu: nothing to round (set rollout.dtype: bf16)"
+    if dtype not in ("auto", "bf16", "bfloat16"):
+        return f"rollout.dtype {dtype} is not bf16, the only dtype it rounds to"
+    return None
 
 
 class VerifierSettings(Strict):
@@ -117,6 +143,13 @@ class GenerationSettings(SamplingSettings):
     `max_len`, which C3PO++ carries over partitions)."""
 
     max_new_tokens: int = Field(1024, ge=1, description="response tokens per row (longer ones are cut)")
+
+    @model_validator(mode="after")
+    def _no_weight_sync(self) -> "GenerationSettings":
+        if self.rollout.sync_rounding != "nearest":
+            raise ValueError(f"rollout.sync_rounding: {self.rollout.sync_rounding} rounds the RL weight sync; this "
+                             f"stage samples a fixed model (no weight sync): remove it")
+        return self
 
 
 class C3POSettings(Strict):
@@ -207,6 +240,11 @@ class RLConfig(StageConfig, optimizer_settings(lr=2e-6, adam_betas=(0.9, 0.999),
             raise ValueError(f"lora.dropout ({self.lora.dropout}): the RL kinds train with every dropout off "
                              "(pi_train(theta_old) must be the policy the engines sample); set lora.dropout: 0")
         self._check_truncated_sampling()
+        if self.rollout.sync_rounding == "stochastic" and self.precision != "fp32":
+            auto = " (bf16 on a GPU)" if self.precision == "auto" else ""
+            raise ValueError(f"rollout.sync_rounding: stochastic rounds an fp32 trainer's weights, and precision is "
+                             f"{self.precision}{auto}: bf16 weights reach the engine as they are. Set precision: fp32, "
+                             f"or rollout.sync_rounding: nearest")
         if self.routing_replay and self.rollout.engine not in ROUTE_RECORDING_ENGINES:
             raise ValueError(f"routing_replay: true needs an engine that records the experts it routed to "
                              f"({', '.join(ROUTE_RECORDING_ENGINES)}); rollout.engine is {self.rollout.engine!r}")

@@ -59,6 +59,7 @@ from stages.rl.policy import build_policy
 from stages.rl.rollouts import DataParallelRollouts
 from stages.rl.settings import RLConfig
 from stages.rl.spec import RLContext, RLSpec
+from stages.rl.stochastic_rounding import SyncRounding
 from stages.rl.weight_sync import make_weight_sync
 
 
@@ -94,7 +95,7 @@ class RLTrainer:
         changed_only = cfg.lora is not None and (placement.split or cfg.rollout.sleep != "weights")
         self.weight_sync = make_weight_sync(placement, ranks, self.policy.module if self.policy else None,
                                             self.rollouts.engine, cfg.zero_stage == 3, cfg.rollout.sync_bucket_mb << 20,
-                                            changed_only)
+                                            changed_only, SyncRounding.of(cfg.rollout.sync_rounding, cfg.seed))
         self.progress = RLProgress()
         self.checkpointer = Checkpointer(job, self.policy.ds_engine if self.policy else None, ranks,
                                          {"progress": self.progress, "hooks": self.hooks},
@@ -107,7 +108,7 @@ class RLTrainer:
         resumed_from = self.checkpointer.resume()
         resumed: dict[str, Any] = {}
         if resumed_from is not None:
-            sync_s = self.weight_sync.push()
+            sync_s = self.weight_sync.push(resumed_from)  # the version the run pushed after that step: replayed
             resumed = self.rollouts.resumed_stats()
             if self.rank == 0:
                 info(f"{name}: resumed from step {resumed_from} with {resumed['resumed_pool_rollouts']} unfinished "
@@ -143,7 +144,7 @@ class RLTrainer:
         t0 = time.perf_counter()
         self.rollouts.wake()
         t_sleep += time.perf_counter() - t0
-        sync_s = self.weight_sync.push()
+        sync_s = self.weight_sync.push(version + 1)
         if self.rank != 0:
             return
         m = {**stats, **train_stats, **batch_metrics(samples), "rollout_phase_seconds": t_rollouts,
@@ -178,7 +179,8 @@ class RLTrainer:
         history = self.progress.history
         p = self.placement
         summary = summarize(history, self.rollouts.totals, {
-            "scheduler": cfg.scheduler, "correction": cfg.correction, "world_size": self.ranks.world,
+            "scheduler": cfg.scheduler, "correction": cfg.correction, "sync_rounding": cfg.rollout.sync_rounding,
+            "world_size": self.ranks.world,
             "placement": p.kind, "engines": len(p.engines), "trainer_ranks": len(p.trainers),
             "weight_sync_bytes": self.weight_sync.bytes,
             "frozen_params": len(self.policy.frozen), "frozen_param_names": self.policy.frozen[:20],

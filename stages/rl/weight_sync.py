@@ -1,11 +1,16 @@
 """How the trained weights reach the rollout engines, after every update and on resume: every
-rank calls `push()` (which returns its wall time); `make_weight_sync` picks the way for the
+rank calls `push(version)` (which returns its wall time); `make_weight_sync` picks the way for the
 placement (placement.py). Nothing goes through files.
 
 What travels is the policy's weights under the base model's names (`sync_tensors`): its
 parameters, or for a LoRA policy each adapted layer merged (W + scale * B @ A, computed here
 from the gathered W, A and B) and, unless a colocated engine drops its weights while asleep,
 only what training changes (the adapted layers and the fully trained modules).
+
+With `rollout.sync_rounding: stochastic` (a `SyncRounding`) each trained fp32 tensor is rounded
+to bf16 stochastically on its way (stages/rl/stochastic_rounding.py), seeded from the stage seed,
+the policy `version` the push carries and the tensor's name: on each engine rank before its
+engine takes it (colocated), on trainer 0 before the broadcast (split: half the bytes travel).
 
 They travel in buckets of about `rollout.sync_bucket_mb` MiB (consecutive
 parameters of one dtype), so ZeRO-3 gathers each parameter once, a bucket per collective.
@@ -26,7 +31,7 @@ parameters of one dtype), so ZeRO-3 gathers each parameter once, a bucket per co
 from __future__ import annotations
 
 import time
-from typing import Iterator, Protocol
+from typing import Callable, Iterator, Protocol
 
 import torch
 
@@ -36,6 +41,7 @@ from stages.common.groups import Group
 from stages.common.lora import MergedTensor, merged_tensors
 from stages.rl.engines.protocol import RolloutEngine
 from stages.rl.placement import Placement
+from stages.rl.stochastic_rounding import SyncRounding
 
 # (name, shape, dtype) of each parameter of a bucket
 Layout = list[list[tuple[str, tuple[int, ...], torch.dtype]]]
@@ -44,20 +50,21 @@ Layout = list[list[tuple[str, tuple[int, ...], torch.dtype]]]
 class WeightSync(Protocol):
     bytes: int  # what one sync carries: the policy's parameters
 
-    def push(self) -> float:
-        """Every rank calls it; the engines hold the policy's current weights when it returns.
-        Returns the wall time (seconds)."""
+    def push(self, version: int) -> float:
+        """Every rank calls it; the engines hold the policy's weights of `version` (the updates
+        applied so far) when it returns. Returns the wall time (seconds)."""
         ...
 
 
-def buckets(tensors: list[MergedTensor], bucket_bytes: int) -> list[list[MergedTensor]]:
-    """Consecutive tensors of one dtype, at most `bucket_bytes` a bucket (a larger tensor gets a
-    bucket of its own)."""
+def buckets(tensors: list[MergedTensor], bucket_bytes: int,
+            sent_dtype: Callable[[MergedTensor], torch.dtype] = lambda t: t.dtype) -> list[list[MergedTensor]]:
+    """Consecutive tensors of one dtype as sent (`sent_dtype`), at most `bucket_bytes` of the
+    trainer's a bucket (a larger tensor gets a bucket of its own)."""
     out: list[list[MergedTensor]] = []
     size = 0
     for t in tensors:
         nbytes = _numel(t.shape) * t.dtype.itemsize
-        if not out or out[-1][0].dtype != t.dtype or size + nbytes > bucket_bytes:
+        if not out or sent_dtype(out[-1][0]) != sent_dtype(t) or size + nbytes > bucket_bytes:
             out.append([])
             size = 0
         out[-1].append(t)
@@ -86,24 +93,27 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 class GatherIntoEngines:
     def __init__(self, module: torch.nn.Module, engine: RolloutEngine | None, zero3: bool, bucket_bytes: int,
-                 changed_only: bool = False):
-        self.engine, self.zero3, self.partial = engine, zero3, changed_only
+                 changed_only: bool = False, rounding: SyncRounding | None = None):
+        self.engine, self.zero3, self.partial, self.rounding = engine, zero3, changed_only, rounding
+        if rounding is not None and engine is not None:
+            rounding.check_engine(engine)
         self.buckets = buckets(sync_tensors(module, changed_only), bucket_bytes)
         self.bytes = sum(_numel(t.shape) * t.dtype.itemsize for b in self.buckets for t in b)
 
-    def _full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def _full_tensors(self, version: int) -> Iterator[tuple[str, torch.Tensor]]:
         for bucket in self.buckets:
             with gathered(_parts(bucket), self.zero3):
                 for t in bucket:
-                    yield t.name, t.value()
+                    yield t.name, _sent(t, self.rounding, version)
 
-    def push(self) -> float:
+    def push(self, version: int) -> float:
         t0 = time.perf_counter()
         if self.engine is not None:
-            self.engine.update_weights(self._full_tensors(), partial=self.partial)
+            self.engine.update_weights(self._full_tensors(version), partial=self.partial)
         else:  # a rank of a tensor-parallel engine's group that runs no engine: it joins the gathers
-            for _ in self._full_tensors():
-                pass
+            for bucket in self.buckets:
+                with gathered(_parts(bucket), self.zero3):
+                    pass
         return time.perf_counter() - t0
 
 
@@ -112,32 +122,40 @@ class BroadcastToEngines:
     group of trainer 0 (member 0) and the engine ranks (None on the other trainers)."""
 
     def __init__(self, module: torch.nn.Module | None, engine: RolloutEngine | None, zero3: bool,
-                 bucket_bytes: int, sync: Group | None, is_trainer0: bool, changed_only: bool = False):
-        self.engine, self.zero3, self.sync, self.partial = engine, zero3, sync, changed_only
-        self.buckets = buckets(sync_tensors(module, changed_only), bucket_bytes) if module is not None else []
+                 bucket_bytes: int, sync: Group | None, is_trainer0: bool, changed_only: bool = False,
+                 rounding: SyncRounding | None = None):
+        self.engine, self.zero3, self.sync, self.partial, self.rounding = engine, zero3, sync, changed_only, rounding
+        if rounding is not None and engine is not None:
+            rounding.check_engine(engine)
+        self.buckets = (buckets(sync_tensors(module, changed_only), bucket_bytes, self._sent_dtype)
+                        if module is not None else [])
         layout = self._layout() if is_trainer0 else None
         if sync is not None:
             layout = sync.broadcast_object(layout, 0)
         self.layout = layout or []
         self.bytes = sum(_numel(shape) * dtype.itemsize for b in (layout or self._layout()) for _, shape, dtype in b)
 
-    def _layout(self) -> Layout:
-        return [[(t.name, t.shape, t.dtype) for t in b] for b in self.buckets]
+    def _sent_dtype(self, t: MergedTensor) -> torch.dtype:
+        """A rounded tensor travels as bf16 (a frozen fp32 one as fp32: another bucket)."""
+        return t.dtype if self.rounding is None else self.rounding.sent_dtype(t.dtype, t.changed)
 
-    def push(self) -> float:
+    def _layout(self) -> Layout:
+        return [[(t.name, t.shape, self._sent_dtype(t)) for t in b] for b in self.buckets]
+
+    def push(self, version: int) -> float:
         t0 = time.perf_counter()
         if self.engine is not None:
             self.engine.update_weights(self._received(), partial=self.partial)
         else:
-            self._send()
+            self._send(version)
         return time.perf_counter() - t0
 
-    def _send(self) -> None:
+    def _send(self, version: int) -> None:
         """Trainers: gather each bucket (ZeRO-3), trainer 0 broadcasts it flat."""
         for bucket in self.buckets:
             with gathered(_parts(bucket), self.zero3):
                 if self.sync is not None:
-                    flat = torch.cat([t.value().reshape(-1) for t in bucket])
+                    flat = torch.cat([_sent(t, self.rounding, version).reshape(-1) for t in bucket])
                     self.sync.broadcast_(flat, 0)
         if self.sync is not None and self.sync.device.type == "cuda":
             torch.cuda.synchronize(self.sync.device)
@@ -156,12 +174,19 @@ class BroadcastToEngines:
 
 def make_weight_sync(placement: Placement, ranks: Ranks, module: torch.nn.Module | None,
                      engine: RolloutEngine | None, zero3: bool, bucket_bytes: int,
-                     changed_only: bool = False) -> WeightSync:
+                     changed_only: bool = False, rounding: SyncRounding | None = None) -> WeightSync:
     """The weight sync of the placement (every rank calls it: the sync group is made here).
-    `changed_only`: send only the trained tensors (`sync_tensors`)."""
+    `changed_only`: send only the trained tensors (`sync_tensors`); `rounding`: stochastic
+    rounding of the trained fp32 tensors (None: the engines round to nearest)."""
     if not placement.split:
-        return GatherIntoEngines(module, engine, zero3, bucket_bytes, changed_only)
+        return GatherIntoEngines(module, engine, zero3, bucket_bytes, changed_only, rounding)
     members = [placement.trainers.start, *placement.engines]
     sync = make_group(ranks, "weight-sync", members)
     return BroadcastToEngines(module, engine, zero3, bucket_bytes, sync, ranks.rank == placement.trainers.start,
-                              changed_only)
+                              changed_only, rounding)
+
+
+def _sent(t: MergedTensor, rounding: SyncRounding | None, version: int) -> torch.Tensor:
+    """What an engine receives of `t` (its gathered parts in hand) in the sync of `version`."""
+    value = t.value()
+    return value if rounding is None else rounding.apply(t.name, value, t.changed, version)

@@ -129,9 +129,12 @@ def test_ring1t_on_ray_is_ring1t_with_another_launcher(no_aws_credentials):
 @pytest.mark.parametrize("address,fragment", [
     ("127.0.0.1:{port}", "nothing answers at 127.0.0.1:{port}"),   # a cluster that is not up: at once, not in minutes
     ("head-without-port", "expected auto, host:port or ray://host:port"),
+    # auto joins $RAY_ADDRESS, whose absent GCS Ray's client would retry for minutes
+    ("auto", "ray.address auto is $RAY_ADDRESS '127.0.0.1:{port}': cannot connect"),
 ])
 def test_an_address_without_a_cluster_fails_at_once_as_the_users_error(tmp_path, address, fragment,
                                                                        unreachable_port):
+    import os
     import subprocess
 
     port = unreachable_port
@@ -139,7 +142,8 @@ def test_an_address_without_a_cluster_fails_at_once_as_the_users_error(tmp_path,
     job.write_text('{"stage": "sft", "kind": "sft", "stage_url": "file:///x", "output_dir": "/o", "work_dir": "/w"}')
     out = subprocess.run([sys.executable, "-m", "pipeline.ray_launch", "--address", address.format(port=port),
                           "--nodes", "2", "--", "-c", "pass", "--job", str(job)],
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "RAY_ADDRESS": f"127.0.0.1:{port}"})
     assert out.returncode == 2
     assert out.stderr.startswith("sft (sft) failed: ") and fragment.format(port=port) in out.stderr, out.stderr
     output = JobOutput("sft", "sft")

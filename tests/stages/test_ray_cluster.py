@@ -3,7 +3,8 @@
 `sft` and `reasoning_rl` through `ring-pipeline run`, each stage's 2 ranks one per Ray node;
 a rank killed -9 after a checkpoint fails the stage fast, naming that worker, and the rerun
 resumes from the checkpoint; reasoning_rl runs split (rank 0 trains on one node, rank 1
-generates on the other, the weights broadcast between them)."""
+generates on the other, the weights broadcast between them); the speed settings' GPU probe runs
+as a one-GPU task there."""
 from __future__ import annotations
 
 import contextlib
@@ -31,8 +32,9 @@ SFT_STEPS, RL_STEPS = 4, 2
 
 @pytest.fixture(scope="module")
 def ray_cluster(tmp_path_factory) -> Iterator[str]:
-    """The GCS address of a two-node local cluster (two CPUs each)."""
-    with local_ray_cluster(tmp_path_factory.mktemp("ray"), [Node(cpus=2), Node(cpus=2)]) as address:
+    """The GCS address of a two-node local cluster (two CPUs each; the second declares one GPU,
+    which only the speed settings' probe asks for: this machine has no CUDA)."""
+    with local_ray_cluster(tmp_path_factory.mktemp("ray"), [Node(cpus=2), Node(cpus=2, gpus=1)]) as address:
         yield address
 
 
@@ -207,3 +209,15 @@ def test_a_cluster_without_room_fails_naming_what_it_asked_for(ray_cluster, tmp_
                            str(_job_file(tmp_path))], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "no room for 3 node(s) of {'CPU': 1.0}" in proc.stderr and "2 node(s)" in proc.stderr, proc.stderr
+
+
+def test_the_speed_probe_runs_on_a_gpu_of_the_cluster_and_says_it_saw_no_cuda(ray_cluster):
+    """The `auto` speed settings' probe (pipeline/ray_probe.py) as a one-GPU task on the cluster:
+    Ray gives it the declared GPU, torch there finds no CUDA device, the facts stay unknown."""
+    from pipeline.speed import ray_gpus
+
+    ray_gpus.cache_clear()
+    facts = ray_gpus(ray_cluster)
+    assert facts.device == "unknown", facts
+    assert facts.note.startswith(f"a one-GPU task on the Ray cluster at '{ray_cluster}' saw no CUDA device "
+                                 "(no CUDA device visible to torch)"), facts.note

@@ -67,6 +67,7 @@ class RolloutEngine(Protocol):
     # True when a token's reported log-prob is that of the untruncated softmax(logits / T),
     # whatever top_p / top_k do to the sampling (what IcePop / TIS need; stages/rl/settings.py)
     reports_untruncated_logprobs: bool
+    dtype: torch.dtype  # of the weights update_weights writes (bf16: what stochastic sync rounding needs)
 
     def generate(self, requests: list[RolloutRequest], sampling: SamplingParams,
                  finished_token_budget: int | None = None) -> list[RolloutUpdate]:

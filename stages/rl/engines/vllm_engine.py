@@ -178,6 +178,15 @@ def _rpc(loop: LoopThread, llm, fn, kwargs: dict) -> list:
     return loop.run(llm.collective_rpc(fn, kwargs=kwargs))
 
 
+def _weights_dtype(dtype: str) -> torch.dtype | None:
+    """The dtype of the model's weights for `rollout.dtype` (auto and fp8's unquantised ones: bf16);
+    None for a name vLLM resolves itself."""
+    if dtype in ("auto", "fp8"):
+        return torch.bfloat16
+    named = getattr(torch, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(dtype, dtype), None)
+    return named if isinstance(named, torch.dtype) else None
+
+
 class VllmEngine(SyncTiming):
     name = "vllm"
     # with logprobs_mode="processed_logprobs" the reported log-prob is that of the distribution
@@ -207,6 +216,7 @@ class VllmEngine(SyncTiming):
             log.warning("vllm engine: quantization=fp8: the weight sync hands bf16 tensors to the FP8 model's "
                         "load_weights, and vLLM versions differ in whether that re-quantises them "
                         "(vllm-project/vllm#28425); watch the mismatch metrics (icepop/) of the first steps")
+        self.dtype = _weights_dtype(dtype)
         kwargs = dict(model=model_dir, dtype="bfloat16" if dtype in ("auto", "fp8") else dtype, seed=seed, **fp8,
                       trust_remote_code=trust_remote_code, max_model_len=max_len, max_num_seqs=max_batch,
                       gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=enable_prefix_caching,

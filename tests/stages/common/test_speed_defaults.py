@@ -78,9 +78,10 @@ def test_cpu_ranks_resolve_to_what_the_stage_ran_before():
                                                  "attn_implementation": "sdpa"}
 
 
-def test_gpus_the_pipeline_cannot_see_keep_the_old_values_and_leave_precision_to_the_job():
+def test_gpus_the_pipeline_cannot_see_keep_the_old_values_and_leave_precision_to_the_job(monkeypatch):
     assert _decided("sft", _sft(), UNKNOWN) == {**LEGACY, "precision": "auto", "attn_implementation": "auto"}
     gpus = Resources(gpus_per_node=8)
+    monkeypatch.setattr(pipeline_speed, "ray_gpus", lambda address: UNKNOWN)  # its cluster's probe: test_ray_speed
     assert pipeline_speed.hardware_for(gpus, "ray").device == "unknown"
     assert pipeline_speed.hardware_for(Resources(nodes=2, gpus_per_node=8, hostfile="h"), "deepspeed").device \
         == "unknown"

@@ -49,7 +49,10 @@ def test_stage_runs_c3po_icepop_resumes_after_kill_and_publishes(tiny_policy, tm
     from stages.common.contract import Resources, StageFailed, StageJob
     from stages.registry import STAGE_KINDS
 
-    config = rl_config(tiny_policy)
+    # an fp32 trainer syncing into a bf16 engine with stochastic rounding (issue 34): the resumed
+    # run pushes the restored weights as the version it resumes from
+    config = rl_config(tiny_policy, precision="fp32", rollout={"engine": "torch", "device": "cpu", "max_batch": 8,
+                                                               "dtype": "bf16", "sync_rounding": "stochastic"})
     storage, resources = str(tmp_path / "store"), Resources(cpu_ranks=1)
     spec = STAGE_KINDS["reasoning_rl"]
     cfg = spec.config.model_validate({"kind": "reasoning_rl", **config})
@@ -100,6 +103,7 @@ def test_stage_runs_c3po_icepop_resumes_after_kill_and_publishes(tiny_policy, tm
     assert s["resumed_pool_tokens"] == sum(len(r["token_ids"]) for r in state["pool"])
     assert s["resumed_waiting_rollouts"] == len(state["waiting"])
     assert s["steps"] == 4 and s["scheduler"] == "c3po" and s["correction"] == "icepop"
+    assert s["sync_rounding"] == "stochastic"
     # a rollout crossed a weight update, was finished by the newer policy and trained
     assert s["carried_over_finished"] >= 1 and s["carried_over_trained"] >= 1
     assert s["rollouts_trained"] > 0 and s["tokens_trained"] > 0

@@ -64,7 +64,7 @@ def split(rank: int, world: int, port: int, model_dir: str, out: str, _: None) -
 
     join_env(rank, world, port)
     ranks = init_distributed(split_last=1)
-    record = {"sync": weight_sync(ranks, model_dir, split=True)}
+    record = {"sync": weight_sync(ranks, model_dir, split=True, rounding_seed=7)}
     Path(out, f"rank{rank}.json").write_text(json.dumps(record))
     ranks.everyone.barrier()
     _leave()
@@ -108,11 +108,12 @@ def scheduler_shards(rank: int, model_dir: str, cfg: dict) -> dict:
     return record
 
 
-def weight_sync(ranks, model_dir: str, split: bool, tp: int = 1) -> dict:
+def weight_sync(ranks, model_dir: str, split: bool, tp: int = 1, rounding_seed: int | None = None) -> dict:
     """A ZeRO-3 policy on the trainer ranks takes one optimizer step; the weights are pushed
     to the engine ranks (colocated: every rank, or every `tp`-th; split: the last one), each
     engine having slept and woken without its weights; each engine reports where it differs
-    from the trainer's gathered weights."""
+    from the trainer's gathered weights. `rounding_seed`: then pushed again into new bf16
+    engines with stochastic sync rounding (`stochastic_sync`)."""
     # this spawned rank never logs to MLflow: skip DeepSpeed's ~4 s import of it, as stage ranks do
     # (stages/common/entry.py)
     sys.modules.setdefault("mlflow", None)
@@ -141,7 +142,7 @@ def weight_sync(ranks, model_dir: str, split: bool, tp: int = 1) -> dict:
     if engine is not None:
         engine.sleep(weights=True)
         engine.wake()
-    seconds = sync.push()
+    seconds = sync.push(1)
 
     trained = None
     if module is not None:
@@ -156,6 +157,39 @@ def weight_sync(ranks, model_dir: str, split: bool, tp: int = 1) -> dict:
         base = dict(load_causal_lm(model_dir, torch.float32, trust_remote_code=False).named_parameters())
         record["moved"] = sorted(n for n, t in trained.items() if not torch.equal(base[n], t))
         record["buckets"] = len(getattr(sync, "layout", None) or sync.buckets)
+    if rounding_seed is not None:
+        record["stochastic"] = stochastic_sync(ranks, placement, module, model_dir, trained, rounding_seed)
+    return record
+
+
+FROZEN = "model.layers.0.post_attention_layernorm.weight"  # between trained fp32 tensors: a bucket of its own
+
+
+def stochastic_sync(ranks, placement, module, model_dir: str, trained: dict, seed: int) -> dict:
+    """The trained weights pushed (version 1) into a bf16 engine per engine rank with
+    `rollout.sync_rounding: stochastic` and stage seed `seed`, one of them frozen (sent as it is,
+    rounded to nearest by the engine); each engine reports where it differs from the trainer's
+    weights rounded under the documented seed."""
+    from stages.rl.engines import create_engine
+    from stages.rl.stochastic_rounding import SyncRounding, stochastic_round_bf16, tensor_seed
+    from stages.rl.weight_sync import make_weight_sync
+
+    engine = (create_engine("torch", model_dir, device="cpu", dtype="bfloat16", max_batch=4, max_len=64)
+              if placement.is_engine else None)
+    if module is not None:
+        dict(module.named_parameters())[FROZEN].requires_grad_(False)
+    sync = make_weight_sync(placement, ranks, module, engine, zero3=True, bucket_bytes=64 << 10,
+                            rounding=SyncRounding(seed))
+    sync.push(1)
+    record = {"bytes": sync.bytes}
+    if engine is not None:
+        want = {n: t.to(torch.bfloat16) if n == FROZEN else
+                stochastic_round_bf16(t, torch.Generator().manual_seed(tensor_seed(seed, 1, n)))
+                for n, t in trained.items()}
+        params = dict(engine.model.named_parameters())
+        record["differs"] = sorted(n for n, t in want.items() if not torch.equal(params[n], t))
+        record["compared"], record["frozen_numel"] = len(want), trained[FROZEN].numel()
+        record["not_nearest"] = sorted(n for n, t in trained.items() if not torch.equal(params[n], t.to(torch.bfloat16)))
     return record
 
 

@@ -105,7 +105,7 @@ def test_sync_deals_the_step_groups_round_robin(shards):
 def test_every_engine_holds_the_trainers_weights_bit_for_bit_after_a_sync(colocated, model_dir, tmp_path):
     """Colocated: two ranks gather (ZeRO-3) and copy into their own engines. Split: two trainer
     ranks (a world of their own, ZeRO-3 over both) and one engine rank, the weights broadcast
-    to it by trainer 0."""
+    to it by trainer 0, then again into a bf16 engine with stochastic rounding."""
     split = [r["sync"] for r in spawn(dp_workers.split, 3, tmp_path, model_dir, None)]
     together = [r["sync"] for r in colocated]
     for records, engines in ((together, together), (split, split[-1:])):
@@ -114,6 +114,13 @@ def test_every_engine_holds_the_trainers_weights_bit_for_bit_after_a_sync(coloca
             assert rec["differs"] == [] and rec["compared"] > 0
             assert rec["buckets"] >= 3  # several buckets of 64 KiB
         assert len({r["bytes"] for r in records}) == 1 and records[0]["bytes"] > 0
+    # rollout.sync_rounding: stochastic into a bf16 engine rank: trainer 0 rounds before the broadcast
+    # (half the bytes travel), the engine holds the trainer's weights rounded under the documented seed
+    rounded = [r["stochastic"] for r in split]
+    frozen = 2 * rounded[-1]["frozen_numel"]  # the frozen fp32 tensor travels as it is
+    assert {r["bytes"] for r in rounded} == {split[0]["bytes"] // 2 + frozen}
+    assert rounded[-1]["differs"] == [] and rounded[-1]["compared"] == split[-1]["compared"]
+    assert rounded[-1]["not_nearest"]  # stochastic, not the engine's own round-to-nearest
 
 
 def test_a_tensor_parallel_engine_gets_the_weights_while_its_other_rank_joins_the_gathers(colocated):

@@ -174,7 +174,7 @@ def test_a_lora_policy_agrees_with_the_engine_after_the_weight_sync(saved):
     full = sum(p.numel() * p.element_size() for p in load_causal_lm(path, torch.float32,
                                                                      trust_remote_code=trust).parameters())
     assert 0 < sync.bytes < full  # only what changed travels
-    sync.push()
+    sync.push(1)
     got = measure_agreement(engine, trainer, requests, sampling, pad_id=PAD, device="cpu")
     # the trainer computes x W^T + s (x A^T) B^T, the engine x (W + s B A)^T: the same function
     # rounded along two paths (fp32), a little further apart than a full model's 2e-5
@@ -231,12 +231,12 @@ def test_an_engine_synced_step_after_step_equals_one_built_from_the_weights(tmp_
     sync = GatherIntoEngines(trainer, synced, zero3=False, bucket_bytes=16 << 10)
     opt = torch.optim.AdamW(trainer.parameters(), lr=3e-3)
     requests, sampling = _requests(5, seed=3), SamplingParams(temperature=0.9, seed=5)
-    for _ in range(4):
+    for version in range(1, 5):
         opt.zero_grad()
         ids = torch.tensor([requests[0].prompt_ids])
         trainer(ids, labels=ids).loss.backward()
         opt.step()
-        sync.push()
+        sync.push(version)
     trainer.save_pretrained(tmp_path / "now")
     fresh = create_engine("torch", str(tmp_path / "now"), **options)
     a, b = synced.generate(requests, sampling), fresh.generate(requests, sampling)
