@@ -225,6 +225,8 @@ class StageJob(BaseModel):
         """A rank whose installed version of a hashed distribution (e.g. reasoning-gym) is not the
         planned one would publish rows the stage hash does not describe: a StageError naming the
         package, both versions and the host (a Ray worker or another node set up differently)."""
+        if not self.packages:
+            return
         import importlib.metadata as md  # only jobs that declare packages pay for it
         import socket
 

@@ -107,15 +107,23 @@ class RolloutSettings(Strict):
         return self
 
 
+# rollout.dtype's names of a weights dtype -> the torch dtype's attribute name: one table for the
+# recipe's checks and the engines (torch_engine, vllm_engine); `auto` and `fp8` are each engine's own
+WEIGHT_DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+                      "float16": "float16", "fp16": "float16"}
+
+
 def _stochastic_rounding_problem(dtype: str, device: str) -> str | None:
     """Why a rollout engine of `dtype` on `device` cannot take stochastically rounded weights."""
-    if dtype in ("fp32", "float32", "float"):
-        return f"rollout.dtype {dtype} holds the trainer's fp32 weights exactly: nothing to round"
     if dtype == "fp8":
         return "rollout.dtype fp8 is not supported (the engine quantises its own FP8 copies)"
-    if dtype == "auto" and device == "cpu":
-        return "rollout.dtype auto is fp32 on rollout.device cpu: nothing to round (set rollout.dtype: bf16)"
-    if dtype not in ("auto", "bf16", "bfloat16"):
+    if dtype == "auto":
+        return ("rollout.dtype auto is fp32 on rollout.device cpu: nothing to round (set rollout.dtype: bf16)"
+                if device == "cpu" else None)
+    weights = WEIGHT_DTYPE_NAMES.get(dtype)
+    if weights == "float32":
+        return f"rollout.dtype {dtype} holds the trainer's fp32 weights exactly: nothing to round"
+    if weights != "bfloat16":
         return f"rollout.dtype {dtype} is not bf16, the only dtype it rounds to"
     return None
 

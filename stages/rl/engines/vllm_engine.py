@@ -72,6 +72,7 @@ from typing import Iterable
 import torch
 
 from stages.common.hf_io import eos_token_ids_of
+from stages.rl.settings import WEIGHT_DTYPE_NAMES
 
 from .protocol import IGNORED_PREFIXES, UNAVAILABLE, RolloutRequest, RolloutUpdate, SamplingParams, SyncTiming, register_engine
 from .vllm_loop import LoopThread
@@ -183,7 +184,7 @@ def _weights_dtype(dtype: str) -> torch.dtype | None:
     None for a name vLLM resolves itself."""
     if dtype in ("auto", "fp8"):
         return torch.bfloat16
-    named = getattr(torch, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(dtype, dtype), None)
+    named = getattr(torch, WEIGHT_DTYPE_NAMES.get(dtype, dtype), None)
     return named if isinstance(named, torch.dtype) else None
 
 

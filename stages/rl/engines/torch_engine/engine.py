@@ -58,6 +58,7 @@ import torch.nn.functional as F
 from stages.common.hf_io import eos_token_ids_of, load_causal_lm, load_config
 from stages.common.packed_attention import sdpa_without_cudnn
 from stages.rl.engines.protocol import RolloutRequest, RolloutUpdate, SamplingParams, SyncTiming
+from stages.rl.settings import WEIGHT_DTYPE_NAMES
 
 from .attention import DecodeAttention, rotate_half
 from .batching import ContinuousBatch
@@ -75,8 +76,7 @@ from .weights import EngineWeights, on_device
 
 log = logging.getLogger(__name__)
 
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+_DTYPES = {name: getattr(torch, attr) for name, attr in WEIGHT_DTYPE_NAMES.items()}
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
