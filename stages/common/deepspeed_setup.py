@@ -4,7 +4,10 @@ warmup + cosine learning-rate factor."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import math
+import sys
+import types
 from typing import Any, Callable, Iterable
 
 import torch
@@ -72,6 +75,7 @@ def initialize(model: torch.nn.Module, params: Iterable, ds_cfg: dict[str, Any],
     """A torch AdamW over `params` (tensors, or groups carrying their own weight_decay; fused on
     the GPU) and the DeepSpeed engine; with `factor`, a LambdaLR built on DeepSpeed's wrapped
     optimizer (ZeRO regroups params). Returns (engine, scheduler or None)."""
+    _muon_loaded_on_first_use()
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
@@ -87,6 +91,45 @@ def initialize(model: torch.nn.Module, params: Iterable, ds_cfg: dict[str, Any],
     engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_cfg,
                                                    lr_scheduler=schedule)
     return engine, scheduler
+
+
+# DeepSpeed's Muon optimizer: every ZeRO engine imports it (an isinstance check when it is built
+# and in each step's gradient reduction), and its `torch.compile` decorators load torch's
+# inductor, ~1.3 CPU-s per rank before the first step. The stages hand DeepSpeed a torch AdamW,
+# never Muon, so until Muon is really used these stand-ins answer for the two modules.
+_MUON = "deepspeed.runtime.zero.muon.muon_optimizer"
+_ORIGINAL_MUON = "deepspeed.runtime.zero.muon.original_muon"
+
+
+class _MuonNotLoaded:
+    """Stands for DeepSpeed's MuonWithAuxAdam: no optimizer is an instance of it, as none is of
+    the real class (the stages' optimizer is a torch AdamW)."""
+
+    def __new__(cls, *args, **kwargs):  # DeepSpeed builds Muon only for a config naming it
+        return _real_muon(_MUON).MuonWithAuxAdam(*args, **kwargs)
+
+
+def _muon_update(*args, **kwargs):
+    """DeepSpeed's Muon update, the real one (only a Muon optimizer's parameters reach it)."""
+    return _real_muon(_ORIGINAL_MUON).muon_update(*args, **kwargs)
+
+
+def _real_muon(name: str) -> types.ModuleType:
+    """The real module `name`, imported now in place of both stand-ins."""
+    for stand_in in (_MUON, _ORIGINAL_MUON):
+        if getattr(sys.modules.get(stand_in), "__stand_in__", False):
+            del sys.modules[stand_in]
+    return importlib.import_module(name)
+
+
+def _muon_loaded_on_first_use() -> None:
+    """Put the stand-ins where DeepSpeed imports its Muon modules from, unless they are loaded."""
+    for name, attr, value in ((_MUON, "MuonWithAuxAdam", _MuonNotLoaded), (_ORIGINAL_MUON, "muon_update", _muon_update)):
+        if name not in sys.modules:
+            module = types.ModuleType(name, "stand-in until DeepSpeed's Muon is used (deepspeed_setup.py)")
+            module.__stand_in__ = True
+            setattr(module, attr, value)
+            sys.modules[name] = module
 
 
 def _all_on_cuda(params: list) -> bool:

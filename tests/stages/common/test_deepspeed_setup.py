@@ -1,6 +1,8 @@
 """The training stages' DeepSpeed set-up (stages/common/deepspeed_setup.py): the learning-rate
-schedule and the weight-decay parameter groups."""
+schedule, the weight-decay parameter groups, and DeepSpeed's Muon modules loaded only when used."""
 from __future__ import annotations
+
+import sys
 
 import pytest
 import torch
@@ -30,3 +32,27 @@ def test_weight_decay_on_matrices_only_also_when_zero3_partitioned():
         p.ds_shape = p.shape
         p.data = torch.empty(0)
     assert [len(g["params"]) for g in param_groups(model, 0.1)] == [2, 3]
+
+
+def test_deepspeed_muon_is_loaded_only_when_used(monkeypatch):
+    """The stand-ins for DeepSpeed's Muon modules (its import loads torch's inductor, ~1.3 s a
+    rank): no optimizer is a Muon, as with the real class, and the first real use (a Muon
+    update) loads the real modules and gives the real result."""
+    from stages.common import deepspeed_setup
+
+    names = (deepspeed_setup._MUON, deepspeed_setup._ORIGINAL_MUON)
+    for name in names:
+        monkeypatch.delitem(sys.modules, name, raising=False)  # restored after the test
+    deepspeed_setup._muon_loaded_on_first_use()
+    from deepspeed.runtime.zero.muon.muon_optimizer import MuonWithAuxAdam
+    from deepspeed.runtime.zero.muon.original_muon import muon_update
+
+    assert all(sys.modules[name].__stand_in__ for name in names)
+    assert not isinstance(torch.optim.AdamW(torch.nn.Linear(2, 2).parameters()), MuonWithAuxAdam)
+    grad, momentum = torch.randn(8, 4, generator=torch.Generator().manual_seed(0)), torch.zeros(8, 4)
+    update = muon_update(grad.clone(), momentum.clone(), 0.95)
+    real = sys.modules[deepspeed_setup._ORIGINAL_MUON]
+    assert not hasattr(real, "__stand_in__") and deepspeed_setup._MUON not in sys.modules  # the next import is real
+    assert torch.equal(update, real.muon_update(grad.clone(), momentum.clone(), 0.95))
+    deepspeed_setup._muon_loaded_on_first_use()  # the real modules stay
+    assert sys.modules[deepspeed_setup._ORIGINAL_MUON] is real
