@@ -360,12 +360,17 @@ class VllmEngine(SyncTiming):
         # vLLM's load_weights takes any subset of the weights: `partial` needs nothing more
         t0 = time.perf_counter()
         self.last_sync = self._weights.send((_strip(n), t) for n, t in named_tensors)
-        if not self._loop.run(self.llm.reset_prefix_cache()):
+        reset_started = time.perf_counter()
+        reset = self._loop.run(self.llm.reset_prefix_cache())
+        self.last_sync.reset_seconds = time.perf_counter() - reset_started
+        if not reset:
             log.warning("vllm engine: vLLM did not reset its prefix cache after the weight sync (requests still "
                         "held blocks): continued rollouts may reuse KV of the old weights (watch icepop/)")
         self._record_sync(t0)
-        log.info("vllm engine: weight sync of %.2f GB in %d bucket(s): %.1f GB/s", self.last_sync.bytes / 1e9,
-                 self.last_sync.buckets, self.last_sync.gb_per_s)
+        r = self.last_sync
+        log.info("vllm engine: weight sync of %.2f GB in %d bucket(s): %.1f GB/s (copies %.3f s, rpc %.3f s: "
+                 "map %.3f s, load_weights %.3f s; prefix-cache reset %.3f s)", r.bytes / 1e9, r.buckets,
+                 r.gb_per_s, r.copy_seconds, r.rpc_seconds, r.map_seconds, r.load_seconds, r.reset_seconds)
 
 
 def make_vllm_engine(model_dir: str, *, device: str = "cuda", dtype: str = "auto",
