@@ -17,11 +17,12 @@ import re
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from data_curation.benchmarks import EvalSuite
 from stages.common import secrets
 from stages.common.artifact_inputs import ArtifactError, fetch_input
+from stages.common.ray_address import check_address
 
 
 class StageFailed(RuntimeError):
@@ -114,6 +115,11 @@ class RaySettings(Strict):
     cpus_per_worker: float = Field(1.0, gt=0, description="CPUs each rank's worker reserves (beside its GPU)")
     placement_timeout_s: float = Field(300.0, gt=0, description="how long to wait for the cluster to have "
                                        "room for all of the stage's workers before failing")
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str) -> str:  # a mistyped address is named at its file:line, not at launch
+        return check_address(v)
 
 
 def launch_problem(resources: Resources, launcher: Launcher) -> str | None:
