@@ -214,6 +214,20 @@ def test_a_dashboard_address_from_the_environment_is_named_at_the_recipe_line(tm
     assert "(got '${env:RAY_ADDRESS}')" in res.output  # the variable, not its value (it could be a secret's)
 
 
+@pytest.fixture
+def ray_home(tmp_path, monkeypatch):
+    """This machine's Ray temp dir (where `ray start` records the head's address) in tmp_path,
+    no $RAY_ADDRESS, and no Ray GCS process running here as far as Ray's `auto` can tell: another
+    test's cluster on this machine would be the one Ray picks, not the recorded address."""
+    import ray._private.services as services
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    monkeypatch.setattr(services, "find_gcs_addresses", lambda: frozenset())
+    (tmp_path / "ray").mkdir()
+    return tmp_path / "ray" / "ray_current_cluster"
+
+
 def _refused(address: str) -> str:
     import time
 
@@ -224,6 +238,58 @@ def _refused(address: str) -> str:
         check_reachable(address)
     assert time.monotonic() - started < 5, "waited on a cluster that is not there"
     return str(e.value)
+
+
+@pytest.mark.parametrize("env_address", [None, "auto"])
+def test_auto_with_the_address_of_a_crashed_head_fails_at_once_naming_the_file(ray_home, monkeypatch,
+                                                                               unreachable_port, env_address):
+    """A head that crashed leaves `ray start`'s address file behind; ray.init("auto") retries its
+    address for minutes ($RAY_ADDRESS=auto is the same to Ray)."""
+    if env_address:
+        monkeypatch.setenv("RAY_ADDRESS", env_address)
+    ray_home.write_text(f"127.0.0.1:{unreachable_port}\n")
+    message = _refused("auto")
+    assert message.startswith(f"ray.address auto is Ray's recorded address ({ray_home}, written by the last "
+                              f"`ray start` on this machine) '127.0.0.1:{unreachable_port}': cannot connect"), message
+    assert f"nothing answers at 127.0.0.1:{unreachable_port}" in message
+    assert "start it again (`ray start --head`), or set ray.address" in message
+
+
+def test_auto_follows_rays_choice_of_a_running_gcs_over_the_recorded_address(ray_home, monkeypatch,
+                                                                             unreachable_port):
+    import socket
+
+    import ray._private.services as services
+
+    from pipeline.ray_launch import check_reachable
+
+    ray_home.write_text(f"127.0.0.1:{unreachable_port}")
+    with socket.create_server(("127.0.0.1", 0)) as gcs:  # one GCS running here: Ray joins it
+        live = f"127.0.0.1:{gcs.getsockname()[1]}"
+        monkeypatch.setattr(services, "find_gcs_addresses", lambda: frozenset({live}))
+        check_reachable("auto")
+    message = _refused("auto")  # ... and once it is gone, its address is not answered either
+    assert message.startswith(f"ray.address auto is the address of the Ray GCS process running on this machine "
+                              f"'{live}': cannot connect"), message
+
+
+def test_auto_without_a_recorded_cluster_is_left_to_ray(ray_home, monkeypatch, unreachable_port):
+    """No cluster here: ray.init says so at once. A Ray without the resolution functions (they
+    are private) is not checked here, as before; a recorded garbage address is named."""
+    import ray._private.services as services
+
+    from pipeline.ray_launch import check_reachable
+
+    check_reachable("auto")
+    monkeypatch.setenv("RAY_ADDRESS", "local")  # Ray starts a cluster of its own
+    ray_home.write_text(f"127.0.0.1:{unreachable_port}")
+    check_reachable("auto")
+    monkeypatch.delenv("RAY_ADDRESS")
+    with monkeypatch.context() as older_ray:
+        older_ray.delattr(services, "get_ray_address_from_environment")
+        check_reachable("auto")
+    ray_home.write_text("http://head:8265")
+    assert "'http://head:8265': this looks like the Ray dashboard" in _refused("auto")
 
 
 @pytest.mark.parametrize("env_address,fragment", [
