@@ -487,6 +487,12 @@ def test_vllm_engine_glue_against_a_fake_vllm(monkeypatch, model_dir):
     unseeded.generate(reqs, SamplingParams(temperature=1.0, seed=1))
     assert [p.seed for p in unseeded.llm.params.values()] == [None, None]
     assert "request_seeds" not in unseeded.llm.kw and unseeded.llm.kw["seed"] == 3
+    with pytest.raises(ValueError, match="request_seeds must be true or false, not 'false'"):
+        open_engine(mod, model_dir, request_seeds="false")  # a quoted YAML string is not false
+    # the recipe's dtype nicknames reach vLLM as the names it accepts (its ModelConfig.dtype)
+    for nickname, name in [("bf16", "bfloat16"), ("fp32", "float32"), ("fp16", "float16"), ("auto", "bfloat16"),
+                           ("bfloat16", "bfloat16")]:
+        assert open_engine(mod, model_dir, dtype=nickname).llm.kw["dtype"] == name, nickname
     fe.params.clear()
     eng.generate(reqs[:1], SamplingParams(temperature=0.0, top_k=5))
     (p,) = fe.params.values()
