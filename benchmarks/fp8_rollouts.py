@@ -71,6 +71,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--agree-requests", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
+    p.add_argument("--compile", action="store_true",
+                   help="every variant with `rollout.compile: true` (the decode step through torch.compile): "
+                        "FP8's activation quantisation (eager: five or six kernels a matmul) can fuse there")
     p.add_argument("--smoke", action="store_true", help="CPU: tiny-moe, fp32 around dequantised FP8 weights")
     p.add_argument("--header", action="store_true")
     a = p.parse_args()
@@ -129,7 +132,7 @@ def measure(a, name: str, model_dir: Path, trust: bool, trainer, device: torch.d
     from stages.rl.engines import SamplingParams, create_engine
     from stages.rl.engines.agreement import measure_agreement
 
-    options = dict(VARIANTS[name])
+    options = {**VARIANTS[name], "compile": a.compile}
     if a.smoke:  # no FP8 tensor cores here: the dequantising reference path, fp32 around it
         options = {**options, "dtype": "float32" if name == "bf16" else "fp8", "fp8_reference": name != "bf16"}
     engine = create_engine("torch", str(model_dir), device=str(device), max_batch=a.batch,
@@ -145,7 +148,7 @@ def measure(a, name: str, model_dir: Path, trust: bool, trainer, device: torch.d
     agree = measure_agreement(engine, trainer, requests(a.agree_requests, a.prompt_len, a.new_tokens, vocab, 1),
                               SamplingParams(temperature=1.0, seed=2), pad_id=0, device=device)
     s = agree.stats
-    return {"variant": name, "tok_per_s": a.batch * a.new_tokens / t_full,
+    return {"variant": name + ("+compile" if a.compile else ""), "tok_per_s": a.batch * a.new_tokens / t_full,
             "decode_tok_per_s": a.batch * (a.new_tokens - 1) / max(t_full - t_one, 1e-9),
             "fp8_matmuls": len(engine.fp8.matmuls) if engine.fp8 else 0,
             "fp8_skipped": engine.fp8.skipped if engine.fp8 else [],
@@ -186,7 +189,7 @@ def main() -> None:
         model = a.model_dir or a.shape
         for name in a.variants:
             results.append(measure(a, name, model_dir, trust, trainer, device))
-            base = next((r for r in results if r["variant"] == "bf16"), None)
+            base = next((r for r in results if r["variant"].startswith("bf16")), None)
             print(row(a, device, model, results[-1], base), flush=True)
             (out / "fp8_rollouts.json").write_text(json.dumps(
                 {"args": vars(a), "device": str(device), "results": results}, indent=2))

@@ -167,10 +167,13 @@ def run_sync(args, case: str, mdir: Path) -> dict:
     nbytes = sum(p.numel() * p.element_size() for _, p in weights)
     eng = _engine(args, "vllm", case, mdir, True, gpu_memory_utilization=min(args.gpu_mem, 0.5),
                   tensor_parallel_size=args.tp, sync_bucket_mb=args.bucket_mb)
-    runs = []
+    runs, parts = [], []
     for _ in range(3):
         eng.update_weights(weights)
         runs.append(eng.last_sync_seconds)
+        r = eng.last_sync  # where the time went (vllm_weights.SyncReport)
+        parts.append({k: round(getattr(r, k), 4) for k in ("copy_seconds", "rpc_seconds", "map_seconds",
+                                                           "load_seconds", "reset_seconds")})
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     bound, _ = _timed(lambda: (dst.copy_(src), 0)[1], 5, True)
@@ -178,7 +181,7 @@ def run_sync(args, case: str, mdir: Path) -> dict:
     return {"bytes": nbytes, "buckets": eng.last_sync.buckets, "bucket_mb": args.bucket_mb, "tp": args.tp,
             "seconds": [round(s, 4) for s in runs], "gb_per_s": round(nbytes / best / 1e9, 1),
             "copy_bound_s": round(bound, 5), "copy_bound_gb_per_s": round(nbytes / bound / 1e9, 1),
-            "x_bound": round(best / bound, 2)}
+            "x_bound": round(best / bound, 2), "parts_of_best": parts[runs.index(best)], "parts": parts}
 
 
 def _repeats(args, new_tokens: int) -> int:

@@ -24,7 +24,7 @@ from pipeline import console, interrupt
 from pipeline.artifacts import ArtifactStore
 from pipeline.changes import code_record
 from pipeline.failures import StageFailure
-from pipeline.fingerprints import PACKAGE_INPUT, Fingerprint, installed_version
+from pipeline.fingerprints import PACKAGE_INPUT, Fingerprint
 from pipeline.interrupt import StageInterrupted
 from pipeline.launch import LaunchResult, launch_command, launch_job
 from pipeline.lease import Lease, LeaseHeld, describe_holder, try_acquire
@@ -35,7 +35,7 @@ from pipeline.stage_metrics import describe, headline
 from pipeline.tracking import InputRef, PipelineTracker, timestamped
 from stages.common import secrets
 from stages.common.artifact_inputs import CHECKPOINTS, ArtifactError, StorageError, read_manifest
-from stages.common.contract import Launcher, RaySettings, Resources, StageJob, launch_problem
+from stages.common.contract import NOT_INSTALLED, Launcher, RaySettings, Resources, StageJob, launch_problem
 from stages.common.store_writes import WritePolicy
 from stages.registry import STAGE_KINDS, StageKind
 
@@ -172,11 +172,12 @@ def _acquire(target: StageTarget, store: ArtifactStore, policy: ExecutionPolicy,
 
 
 def planned_packages(target: StageTarget) -> dict[str, str]:
-    """The versions of the distributions the stage hash covers, as installed where the recipe was
-    planned (this process): each rank of the job checks its own against them (StageJob.check_packages)."""
-    names = [key.removeprefix(PACKAGE_INPUT) for key in target.inputs if key.startswith(PACKAGE_INPUT)]
-    versions = {name: installed_version(name) for name in names}
-    return {name: v for name, v in sorted(versions.items()) if v is not None}
+    """The versions of the distributions the stage hash covers, as fingerprinted when the stage was
+    planned (`target.inputs`, not this process's environment now: a long run may have upgraded one
+    since), NOT_INSTALLED for one that was missing then: each rank of the job checks its own
+    against them (StageJob.check_packages)."""
+    return {key.removeprefix(PACKAGE_INPUT): fp.version or NOT_INSTALLED
+            for key, fp in sorted(target.inputs.items()) if key.startswith(PACKAGE_INPUT)}
 
 
 def _execute_leased(target: StageTarget, store: ArtifactStore, work_root: Path, policy: ExecutionPolicy,

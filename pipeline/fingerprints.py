@@ -19,7 +19,8 @@ the upstream hashes instead) contributes a fingerprint of its content:
   the installing distribution's name and version and the sha256 its RECORD declares for the
   file (nothing is hashed); a file no RECORD lists is fingerprinted as a local file;
 - installed library a kind declares its results depend on (`StageKind.input_packages`, input
-  `installed <distribution>`): the distribution's installed version.
+  `installed <distribution>`): the distribution's installed version (kept on the fingerprint
+  too, `version`: the jobs' ranks check theirs against it, pipeline.execute.planned_packages).
 """
 from __future__ import annotations
 
@@ -46,12 +47,16 @@ _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 class Fingerprint:
     """What an input looked like: `digest` enters the stage hash, `summary` is for people."""
 
-    kind: str  # file | directory | glob | objects | hub | missing
+    kind: str  # file | directory | glob | objects | hub | package | missing
     digest: str
     summary: str
+    # an `installed <dist>` input's version as seen when planning, None where it was not installed:
+    # what every rank checks its own against (pipeline.execute.planned_packages). Not hashed (its
+    # digest covers it), and only set on distribution inputs, so other inputs' records are unchanged
+    version: str | None = None
 
     def as_dict(self) -> dict[str, str]:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if v is not None}
 
 
 def _digest(entries: Any) -> str:
@@ -195,7 +200,8 @@ def distribution_fingerprint(name: str) -> Fingerprint:
     installed = installed_version(name)
     if installed is None:
         return Fingerprint("missing", _digest(["missing distribution", name]), f"{name} is not installed")
-    return Fingerprint("package", _digest(["distribution", name, installed]), f"version {installed}")
+    return Fingerprint("package", _digest(["distribution", name, installed]), f"version {installed}",
+                       version=installed)
 
 
 PACKAGE_INPUT = "installed "  # the input key of a distribution a kind declares: `installed <name>`

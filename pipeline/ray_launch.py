@@ -49,6 +49,7 @@ from pipeline.job_output import JobOutput
 from pipeline.ray_worker import RankWorker
 from pipeline.torchrun_hosts import EXPORTED_ENV
 from stages.common.contract import Resources
+from stages.common.ray_address import split_address
 
 _POLL_S = 0.2
 STOP_GRACE_S = 3.0  # per step of SIGINT -> SIGTERM -> SIGKILL to a worker's job
@@ -144,25 +145,62 @@ def rank_env(worker: Worker, workers: list[Worker], layout: Layout, master: tupl
 
 
 def check_reachable(address: str, timeout_s: float = 10.0) -> None:
-    """A `host:port` or `ray://host:port` address must accept a connection: Ray's own client
-    retries an absent GCS for minutes before it gives up."""
-    if address == "auto":  # Ray joins $RAY_ADDRESS when set (waiting as long for it), else the local cluster
-        env_address = os.environ.get("RAY_ADDRESS", "")
-        if not env_address or env_address in ("auto", "local"):
-            return  # the local cluster: Ray says at once when there is none
-        try:
-            check_reachable(env_address, timeout_s)
-        except LaunchError as e:
-            raise LaunchError(f"ray.address auto is $RAY_ADDRESS {env_address!r}: {e}") from None
+    """The cluster `address` leads to must accept a connection: Ray's own client retries an
+    absent GCS for minutes before it gives up, and says "Name or service not known" for an
+    address it cannot use. `auto` is checked where Ray takes it: $RAY_ADDRESS, else the
+    address the last `ray start` on this machine recorded (a crashed head leaves it behind)."""
+    if address != "auto":
+        _connect(address, "ray.address", timeout_s, "is the cluster up (`ray status`)?")
         return
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    if not host or not port.isdigit():
-        raise LaunchError(f"ray.address {address!r}: expected auto, host:port or ray://host:port")
+    env_address = os.environ.get("RAY_ADDRESS", "")
+    if env_address == "local":
+        return  # Ray starts a cluster of its own in this process
+    if env_address and env_address != "auto":
+        _connect(env_address, "ray.address auto is $RAY_ADDRESS", timeout_s, "is the cluster up (`ray status`)? "
+                 "Else fix or unset the environment variable RAY_ADDRESS, or set ray.address")
+        return
+    found = rays_auto_address()
+    if found is not None:  # None: no cluster recorded or running here, and Ray says so at once
+        _connect(found[0], f"ray.address auto is {found[1]}", timeout_s, "that cluster is down (its head "
+                 "stopped or crashed): start it again (`ray start --head`), or set ray.address (or "
+                 "$RAY_ADDRESS) to a running cluster's address")
+
+
+def rays_auto_address() -> tuple[str, str] | None:
+    """(address, where it comes from) that `ray.init("auto")` connects to without $RAY_ADDRESS:
+    Ray's own resolution (a GCS process running on this machine, else the address file the last
+    `ray start` wrote, under $RAY_TMPDIR or /tmp/ray), or None when Ray finds none (it fails at
+    once then) or this Ray lacks the functions (2.60's private API: then not checked here)."""
     try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+        from ray._common.utils import get_ray_address_file
+        from ray._private.services import get_ray_address_from_environment
+        from ray._private.utils import read_ray_address
+    except ImportError:
+        return None
+    try:
+        address = get_ray_address_from_environment("auto", None)
+        recorded = read_ray_address(None)
+        address_file = get_ray_address_file(None)
+    except (ConnectionError, TypeError):  # "Could not find any running Ray instance" (ray.init says
+        return None  # the same at once), or another Ray's signatures
+    if not address or address == "auto":
+        return None
+    if address == recorded:
+        return address, f"Ray's recorded address ({address_file}, written by the last `ray start` on this machine)"
+    return address, "the address of the Ray GCS process running on this machine"
+
+
+def _connect(address: str, what: str, timeout_s: float, hint: str) -> None:
+    try:
+        host, port = split_address(address)
+    except ValueError as e:
+        raise LaunchError(f"{what} {address!r}: {e}") from None
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
     except OSError as e:
-        raise LaunchError(f"cannot connect to the Ray cluster at {address!r} (ray.address): nothing answers at "
-                          f"{host}:{port} ({e.strerror or e}); is the cluster up (`ray status`)?") from None
+        shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        raise LaunchError(f"{what} {address!r}: cannot connect to the Ray cluster there: nothing answers at "
+                          f"{shown} ({e.strerror or e}); {hint}") from None
 
 
 def node_job(job_path: str, job_text: str, node_rank: int) -> tuple[str, str]:

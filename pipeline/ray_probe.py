@@ -86,7 +86,7 @@ def probe_cluster(address: str, timeout_s: float) -> dict[str, Any]:
 
 def probe(address: str, timeout_s: float) -> dict[str, Any]:
     """Connect, probe, disconnect; every failure is a note, never an exception."""
-    try:  # Ray's own client waits minutes for a GCS that is not there, $RAY_ADDRESS's too
+    try:  # Ray's own client waits minutes for a GCS that is not there: $RAY_ADDRESS's, a crashed head's recorded one
         check_reachable(address)
     except LaunchError as e:
         return unknown(str(e))

@@ -17,11 +17,12 @@ import re
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from data_curation.benchmarks import EvalSuite
 from stages.common import secrets
 from stages.common.artifact_inputs import ArtifactError, fetch_input
+from stages.common.ray_address import check_address
 
 
 class StageFailed(RuntimeError):
@@ -45,6 +46,10 @@ class StageError(RuntimeError):
     job prints its message once, without a traceback, and exits 2. Every stage raises this type
     (or a subclass) for user errors; anything else is a bug and keeps its traceback."""
 
+
+# StageJob.packages' version of a distribution the stage hash covers that was not installed where
+# the stage was planned: a rank that has it would publish rows the hash does not describe
+NOT_INSTALLED = "not installed"
 
 # `${stages.NAME.output}` optionally followed by `/sub/path`
 REFERENCE_RE = re.compile(r"^\$\{stages\.([A-Za-z_][A-Za-z0-9_-]*)\.output\}(/.*)?$")
@@ -114,6 +119,11 @@ class RaySettings(Strict):
     cpus_per_worker: float = Field(1.0, gt=0, description="CPUs each rank's worker reserves (beside its GPU)")
     placement_timeout_s: float = Field(300.0, gt=0, description="how long to wait for the cluster to have "
                                        "room for all of the stage's workers before failing")
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str) -> str:  # a mistyped address is named at its file:line, not at launch
+        return check_address(v)
 
 
 def launch_problem(resources: Resources, launcher: Launcher) -> str | None:
@@ -189,7 +199,8 @@ class StageJob(BaseModel):
     store_attempts: int = Field(3, ge=1, description="tries of a store write (storage.write_attempts)")
     packages: dict[str, str] = Field({}, description=(
         "installed distributions the stage hash covers (StageKind.input_packages) -> the version "
-        "planned; every rank checks its own before it starts (`check_packages`)"))
+        f"the hash was planned with ('{NOT_INSTALLED}' for one missing then); every rank checks its own "
+        "before it starts (`check_packages`)"))
 
     # -- helpers for the stage's own process ------------------------------------
     @staticmethod
@@ -223,8 +234,9 @@ class StageJob(BaseModel):
 
     def check_packages(self) -> None:
         """A rank whose installed version of a hashed distribution (e.g. reasoning-gym) is not the
-        planned one would publish rows the stage hash does not describe: a StageError naming the
-        package, both versions and the host (a Ray worker or another node set up differently)."""
+        planned one (upgraded since `plan`, installed since, or another node set up differently)
+        would publish rows under a stage hash that does not describe them: a StageError naming the
+        package, the planned version, this machine's and what to do."""
         if not self.packages:
             return
         import importlib.metadata as md  # only jobs that declare packages pay for it
@@ -234,11 +246,16 @@ class StageJob(BaseModel):
             try:
                 here = md.version(name)
             except md.PackageNotFoundError:
-                here = "not installed"
+                here = NOT_INSTALLED
             if here != planned:
-                raise StageError(f"{name} {planned} was planned for this stage (its version is part of the "
-                                 f"stage hash), but {name} is {here} on {socket.gethostname()}, where this rank "
-                                 f"runs: install {name}=={planned} there, or plan the recipe where it runs")
+                host = socket.gethostname()
+                match = f"pip uninstall {name}" if planned == NOT_INSTALLED else f"pip install {name}=={planned}"
+                raise StageError(
+                    f"{name} differs from the plan: the stage hash was planned with {name} "
+                    f"{planned}, but this machine ({host}, where this rank runs) has {name} {here}; its results "
+                    f"would be published under a hash that does not describe them. Rerun `ring-pipeline plan`/"
+                    f"`run` where the stage runs, so the stage hash covers the installed version (or `{match}` "
+                    "on this machine to match the plan)")
 
     def typed_config(self, model: type[ConfigT], source: str | os.PathLike = "job.json") -> ConfigT:
         """`config` as the kind's config model: parsed once, at the job's entry (run_job),

@@ -71,10 +71,14 @@ class DataParallelRollouts:
         def start() -> tuple[Any, Any, Any]:
             if not placement.is_engine:
                 return None, None, None
+            # each engine its own seed: the scheduler seeds every call per engine, but a request the
+            # engine samples without one (vLLM's `request_seeds: false`) draws from the engine's
+            # generator, which would give every engine the same noise; engine 0 keeps the stage seed
+            engine_seed = cfg.seed + placement.engines.index(ranks.rank)
             engine = create_engine(cfg.rollout.engine, str(model_dir),
                                    device=resolve_device(cfg.rollout.device, "rollout.device", ranks.device),
                                    dtype=cfg.rollout.dtype, max_batch=cfg.rollout.max_batch,
-                                   max_len=cfg.prompt_max_len + cfg.max_len, seed=cfg.seed,
+                                   max_len=cfg.prompt_max_len + cfg.max_len, seed=engine_seed,
                                    trust_remote_code=cfg.trust_remote_code, **engine_options(cfg))
             reward_fn = build_reward() if ranks.rank == placement.engine0 else None
             sampler = PromptSampler(prompts.groups, prompts.weights, seed=cfg.seed)

@@ -85,11 +85,12 @@ class RolloutSettings(Strict):
         "how the RL weight sync rounds the fp32 trainer's trained weights into a bf16 engine: nearest (the "
         "engine's copy), or stochastic (unbiased, E[bf16] = fp32, so AdamW's sub-bf16 steps reach the engine on "
         "average; seeded from seed and the policy version; stages/rl/stochastic_rounding.py). stochastic needs "
-        "precision: fp32 and a bf16 engine (rollout.dtype bf16, or auto on a GPU)"))
+        "precision: fp32 and a bf16 torch engine (rollout.dtype bf16, or auto on a GPU)"))
 
     @model_validator(mode="after")
     def _sync_rounding_applies(self) -> "RolloutSettings":
-        problem = self.sync_rounding == "stochastic" and _stochastic_rounding_problem(self.dtype, self.device)
+        problem = self.sync_rounding == "stochastic" and _stochastic_rounding_problem(self.engine, self.dtype,
+                                                                                     self.device)
         if problem:
             raise ValueError(f"rollout.sync_rounding: stochastic rounds fp32 weights into a bf16 engine, and {problem}; "
                              f"set rollout.sync_rounding: nearest")
@@ -113,8 +114,13 @@ WEIGHT_DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "bfloat16": "bflo
                       "float16": "float16", "fp16": "float16"}
 
 
-def _stochastic_rounding_problem(dtype: str, device: str) -> str | None:
-    """Why a rollout engine of `dtype` on `device` cannot take stochastically rounded weights."""
+def _stochastic_rounding_problem(engine: str, dtype: str, device: str) -> str | None:
+    """Why a rollout `engine` of `dtype` on `device` cannot take stochastically rounded weights."""
+    if engine != "torch":
+        # the sync rounds by the engine's dtype as a whole, and vLLM keeps some tensors in another
+        # one (its MoE routers' gates in fp32): those would get a rounded value instead of the exact one
+        return (f"rollout.engine {engine} keeps some of a model's tensors in other dtypes than its own (a MoE "
+                "router's gate in fp32, for one), which the sync cannot see; only the torch engine takes it")
     if dtype == "fp8":
         return "rollout.dtype fp8 is not supported (the engine quantises its own FP8 copies)"
     if dtype == "auto":

@@ -98,7 +98,7 @@ class GatherIntoEngines:
         if rounding is not None and engine is not None:
             rounding.check_engine(engine)
         self.buckets = buckets(sync_tensors(module, changed_only), bucket_bytes)
-        self.bytes = sum(_numel(t.shape) * t.dtype.itemsize for b in self.buckets for t in b)
+        self.bytes = sum(_numel(t.shape) * _sent_dtype(t, rounding).itemsize for b in self.buckets for t in b)
 
     def _full_tensors(self, version: int) -> Iterator[tuple[str, torch.Tensor]]:
         for bucket in self.buckets:
@@ -127,20 +127,16 @@ class BroadcastToEngines:
         self.engine, self.zero3, self.sync, self.partial, self.rounding = engine, zero3, sync, changed_only, rounding
         if rounding is not None and engine is not None:
             rounding.check_engine(engine)
-        self.buckets = (buckets(sync_tensors(module, changed_only), bucket_bytes, self._sent_dtype)
-                        if module is not None else [])
+        self.buckets = (buckets(sync_tensors(module, changed_only), bucket_bytes,
+                                lambda t: _sent_dtype(t, rounding)) if module is not None else [])
         layout = self._layout() if is_trainer0 else None
         if sync is not None:
             layout = sync.broadcast_object(layout, 0)
         self.layout = layout or []
         self.bytes = sum(_numel(shape) * dtype.itemsize for b in (layout or self._layout()) for _, shape, dtype in b)
 
-    def _sent_dtype(self, t: MergedTensor) -> torch.dtype:
-        """A rounded tensor travels as bf16 (a frozen fp32 one as fp32: another bucket)."""
-        return t.dtype if self.rounding is None else self.rounding.sent_dtype(t.dtype, t.changed)
-
     def _layout(self) -> Layout:
-        return [[(t.name, t.shape, self._sent_dtype(t)) for t in b] for b in self.buckets]
+        return [[(t.name, t.shape, _sent_dtype(t, self.rounding)) for t in b] for b in self.buckets]
 
     def push(self, version: int) -> float:
         t0 = time.perf_counter()
@@ -184,6 +180,12 @@ def make_weight_sync(placement: Placement, ranks: Ranks, module: torch.nn.Module
     sync = make_group(ranks, "weight-sync", members)
     return BroadcastToEngines(module, engine, zero3, bucket_bytes, sync, ranks.rank == placement.trainers.start,
                               changed_only, rounding)
+
+
+def _sent_dtype(t: MergedTensor, rounding: SyncRounding | None) -> torch.dtype:
+    """The dtype `t` travels in: a rounded tensor as bf16 (a frozen fp32 one as fp32: in a split
+    sync, another bucket). Both placements count their bytes in it."""
+    return t.dtype if rounding is None else rounding.sent_dtype(t.dtype, t.changed)
 
 
 def _sent(t: MergedTensor, rounding: SyncRounding | None, version: int) -> torch.Tensor:

@@ -62,6 +62,36 @@ def test_the_launcher_and_its_cluster_stay_out_of_the_stage_hash(tmp_path):
     (("stages:\n", "defaults:\n  ray: {adress: auto}\nstages:\n"), 4, "defaults.ray.adress: unknown key"),
     (("stages:\n", "defaults:\n  ray: {placement_timeout_s: 0}\nstages:\n"), 4,
      "defaults.ray.placement_timeout_s: Input should be greater than 0"),
+    # addresses Ray cannot join, named where they are written, not at plan or launch time
+    (("stages:\n", "defaults:\n  ray: {address: 'http://head:8265'}\nstages:\n"), 4,
+     "defaults.ray.address: Value error, this looks like the Ray dashboard / job-submission address"),
+    (("stages:\n", "defaults:\n  ray: {address: 'HTTPS://head:8265'}\nstages:\n"), 4,
+     "defaults.ray.address: Value error, this looks like the Ray dashboard / job-submission address (what `ray "
+     "job submit` uses, port 8265), which runs no stage: give the cluster's GCS address host:6379 or its Ray "
+     "Client address ray://host:10001 (got 'HTTPS://head:8265')"),
+    (("    lr: 1.0e-3\n", "    lr: 1.0e-3\n    ray: {address: '::1:6379'}\n"), 17,
+     "stages.sft.ray.address: Value error, an IPv6 host goes in brackets ([::1]:6379)"),
+    (("    lr: 1.0e-3\n", "    lr: 1.0e-3\n    ray: {address: '[fe80::zz]:6379'}\n"), 17,
+     "stages.sft.ray.address: Value error, [fe80::zz] is not an IPv6 address"),
+    (("    lr: 1.0e-3\n", "    lr: 1.0e-3\n    ray: {address: '[::1]'}\n"), 17,
+     "stages.sft.ray.address: Value error, no port after the bracketed IPv6 host"),
+    (("    lr: 1.0e-3\n", "    lr: 1.0e-3\n    ray: {address: 'ray://head'}\n"), 17,
+     "stages.sft.ray.address: Value error, no host:port; expected auto, host:port or ray://host:port"),
+    (("    lr: 1.0e-3\n", "    lr: 1.0e-3\n    ray: {address: 'head:65536'}\n"), 17,
+     "stages.sft.ray.address: Value error, the port '65536' is not a number from 1 to 65535"),
+    (("    lr: 1.0e-3\n", "    lr: 1.0e-3\n    ray: {address: 'head:0'}\n"), 17,
+     "stages.sft.ray.address: Value error, the port '0' is not a number"),
+    (("    lr: 1.0e-3\n", "    lr: 1.0e-3\n    ray: {address: 'ray://head:10001/'}\n"), 17,
+     "stages.sft.ray.address: Value error, the port '10001/' is not a number"),
+    (("    lr: 1.0e-3\n", "    lr: 1.0e-3\n    ray: {address: 'head node:6379'}\n"), 17,
+     "stages.sft.ray.address: Value error, 'head node' is not a host name or IP address"),
+    (("    lr: 1.0e-3\n", "    lr: 1.0e-3\n    ray: {address: 'grpc://head:6379'}\n"), 17,
+     "stages.sft.ray.address: Value error, unknown scheme grpc://"),
+    (("    lr: 1.0e-3\n", "    lr: 1.0e-3\n    ray: {address: ''}\n"), 17,
+     "stages.sft.ray.address: Value error, no host:port"),
+    # `local` would start a cluster of its own inside the launcher: one machine, no stage's nodes
+    (("    lr: 1.0e-3\n", "    lr: 1.0e-3\n    ray: {address: local}\n"), 17,
+     "stages.sft.ray.address: Value error, no host:port"),
 ])
 def test_launch_settings_that_cannot_work_are_located(tmp_path, edit, line, fragment):
     res = CliRunner().invoke(app, ["validate", str(_recipe(tmp_path, GOOD.replace(*edit)))])
@@ -163,3 +193,120 @@ def test_each_node_gets_a_scratch_dir_of_its_own_and_the_same_outputs():
     assert json.loads(node1) == {"stage": "sft", "work_dir": "/w/a/scratch/node1", "output_dir": "/w/a/output"}
     assert with_job(["-m", "stages.sft.job", "--job", "/w/a/job.json", "--x"], path) == \
         ["-m", "stages.sft.job", "--job", "/w/a/job-node1.json", "--x"]
+
+
+@pytest.mark.parametrize("address", ["auto", "head:6379", "10.0.0.1:6379", "ray://head-0.ray.svc:10001",
+                                     "[::1]:6379", "ray://[fd00::1]:10001", "h_1:1", "h:65535"])
+def test_addresses_ray_can_join_load(tmp_path, address):
+    res = CliRunner().invoke(app, ["validate", str(_recipe(tmp_path, GOOD.replace(
+        "stages:\n", f"defaults:\n  ray: {{address: '{address}'}}\nstages:\n")))])
+    assert res.exit_code == 0, res.output
+
+
+def test_a_dashboard_address_from_the_environment_is_named_at_the_recipe_line(tmp_path, monkeypatch):
+    """recipes/ring1t-ray.yaml takes its address from $RAY_ADDRESS, which `ray job submit` users
+    set to the dashboard's http:// address."""
+    monkeypatch.setenv("RAY_ADDRESS", "http://127.0.0.1:8265")
+    text = GOOD.replace("stages:\n", "defaults:\n  ray: {address: '${env:RAY_ADDRESS:-auto}'}\nstages:\n")
+    res = CliRunner().invoke(app, ["validate", str(_recipe(tmp_path, text))])
+    assert res.exit_code == 2, res.output
+    assert "r.yaml:4: defaults.ray.address: Value error, this looks like the Ray dashboard" in res.output, res.output
+    assert "(got '${env:RAY_ADDRESS}')" in res.output  # the variable, not its value (it could be a secret's)
+
+
+@pytest.fixture
+def ray_home(tmp_path, monkeypatch):
+    """This machine's Ray temp dir (where `ray start` records the head's address) in tmp_path,
+    no $RAY_ADDRESS, and no Ray GCS process running here as far as Ray's `auto` can tell: another
+    test's cluster on this machine would be the one Ray picks, not the recorded address."""
+    import ray._private.services as services
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    monkeypatch.setattr(services, "find_gcs_addresses", lambda: frozenset())
+    (tmp_path / "ray").mkdir()
+    return tmp_path / "ray" / "ray_current_cluster"
+
+
+def _refused(address: str) -> str:
+    import time
+
+    from pipeline.ray_launch import LaunchError, check_reachable
+
+    started = time.monotonic()
+    with pytest.raises(LaunchError) as e:
+        check_reachable(address)
+    assert time.monotonic() - started < 5, "waited on a cluster that is not there"
+    return str(e.value)
+
+
+@pytest.mark.parametrize("env_address", [None, "auto"])
+def test_auto_with_the_address_of_a_crashed_head_fails_at_once_naming_the_file(ray_home, monkeypatch,
+                                                                               unreachable_port, env_address):
+    """A head that crashed leaves `ray start`'s address file behind; ray.init("auto") retries its
+    address for minutes ($RAY_ADDRESS=auto is the same to Ray)."""
+    if env_address:
+        monkeypatch.setenv("RAY_ADDRESS", env_address)
+    ray_home.write_text(f"127.0.0.1:{unreachable_port}\n")
+    message = _refused("auto")
+    assert message.startswith(f"ray.address auto is Ray's recorded address ({ray_home}, written by the last "
+                              f"`ray start` on this machine) '127.0.0.1:{unreachable_port}': cannot connect"), message
+    assert f"nothing answers at 127.0.0.1:{unreachable_port}" in message
+    assert "start it again (`ray start --head`), or set ray.address" in message
+
+
+def test_auto_follows_rays_choice_of_a_running_gcs_over_the_recorded_address(ray_home, monkeypatch,
+                                                                             unreachable_port):
+    import socket
+
+    import ray._private.services as services
+
+    from pipeline.ray_launch import check_reachable
+
+    ray_home.write_text(f"127.0.0.1:{unreachable_port}")
+    with socket.create_server(("127.0.0.1", 0)) as gcs:  # one GCS running here: Ray joins it
+        live = f"127.0.0.1:{gcs.getsockname()[1]}"
+        monkeypatch.setattr(services, "find_gcs_addresses", lambda: frozenset({live}))
+        check_reachable("auto")
+    message = _refused("auto")  # ... and once it is gone, its address is not answered either
+    assert message.startswith(f"ray.address auto is the address of the Ray GCS process running on this machine "
+                              f"'{live}': cannot connect"), message
+
+
+def test_auto_without_a_recorded_cluster_is_left_to_ray(ray_home, monkeypatch, unreachable_port):
+    """No cluster here: ray.init says so at once. A Ray without the resolution functions (they
+    are private) is not checked here, as before; a recorded garbage address is named."""
+    import ray._private.services as services
+
+    from pipeline.ray_launch import check_reachable
+
+    check_reachable("auto")
+    monkeypatch.setenv("RAY_ADDRESS", "local")  # Ray starts a cluster of its own
+    ray_home.write_text(f"127.0.0.1:{unreachable_port}")
+    check_reachable("auto")
+    monkeypatch.delenv("RAY_ADDRESS")
+    with monkeypatch.context() as older_ray:
+        older_ray.delattr(services, "get_ray_address_from_environment")
+        check_reachable("auto")
+    ray_home.write_text("http://head:8265")
+    assert "'http://head:8265': this looks like the Ray dashboard" in _refused("auto")
+
+
+@pytest.mark.parametrize("env_address,fragment", [
+    # `ray job submit` users export the dashboard's address
+    ("http://127.0.0.1:8265", "ray.address auto is $RAY_ADDRESS 'http://127.0.0.1:8265': this looks like the Ray "
+     "dashboard / job-submission address"),
+    ("[::1]:{port}", "ray.address auto is $RAY_ADDRESS '[::1]:{port}': cannot connect to the Ray cluster there: "
+     "nothing answers at [::1]:{port} ("),
+    ("ray://[::1]:{port}", "nothing answers at [::1]:{port} ("),
+    ("::1:{port}", "$RAY_ADDRESS '::1:{port}': an IPv6 host goes in brackets ([::1]:{port})"),
+    ("head", "ray.address auto is $RAY_ADDRESS 'head': no host:port"),
+])
+def test_ray_address_in_the_environment_gets_the_recipes_checks_and_is_named(monkeypatch, unreachable_port,
+                                                                            env_address, fragment):
+    monkeypatch.setenv("RAY_ADDRESS", env_address.format(port=unreachable_port))
+    message = _refused("auto")
+    assert fragment.format(port=unreachable_port) in message, message
+    assert "Name or service not known" not in message
+    if "cannot connect" in message:
+        assert message.endswith("Else fix or unset the environment variable RAY_ADDRESS, or set ray.address")

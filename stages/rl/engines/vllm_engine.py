@@ -36,12 +36,13 @@ vLLM nor a GPU and drives this module against a stand-in of the same API
   (vllm/v1/sample/ops/topk_topp_sampler.py:195-202): at batch 256 that loop is the 12-14 ms a
   step vLLM took at the 0.5B and 1.5B shapes alike (RESULTS.md, "Issue 32"). `rollout.options
   {request_seeds: false}` submits requests unseeded (vLLM's batched sampler, the engine's own
-  seed only): faster, and a resumed run no longer replays the same tokens.
+  seed only, which the RL stage makes differ between engines: rollouts.py): faster, and a
+  resumed run no longer replays the same tokens (its engines restart their noise stream).
 - Weights: `engine.collective_rpc(fn, kwargs=...)` runs `fn(worker, ...)` on every worker: CUDA
   IPC handles of a staging buffer, bucketed (`sync_bucket_mb`), loaded by the model's own
   `load_weights` (vllm_weights.py); then `engine.reset_prefix_cache()`, so a continued
   rollout's prefix is re-encoded with the new weights instead of reusing KV of the old ones.
-  `last_sync` holds the latest sync's bytes, seconds and GB/s.
+  `last_sync` holds the latest sync's bytes, seconds and GB/s, and where its time went.
 - Sleep (colocated placement, while the trainer steps): `engine.sleep(level)` /
   `engine.wake_up()` (V1's sleep mode, which needs `enable_sleep_mode=True`: rollout.options).
   Level 1 drops the KV cache and offloads the weights to CPU memory; level 2 (`weights`)
@@ -208,7 +209,9 @@ class VllmEngine(SyncTiming):
         self.gpus = engine_gpus(device, int(engine_kwargs.get("tensor_parallel_size", 1)))
         self.device = torch.device("cuda", torch.device(device).index or 0)
         self.max_len, self.seed = int(max_len), int(seed)
-        self.request_seeds = bool(request_seeds)  # per-request seeds (module docstring: their cost)
+        if not isinstance(request_seeds, bool):
+            raise ValueError(f"vllm engine: rollout.options request_seeds must be true or false, not {request_seeds!r}")
+        self.request_seeds = request_seeds  # per-request seeds (module docstring: their cost)
         self.eos_token_ids = (list(eos_token_ids) if eos_token_ids is not None
                               else eos_token_ids_of(model_dir, trust_remote_code=trust_remote_code))
         # fp8: vLLM's own FP8 rollouts (weights quantised to e4m3 at load, FP8 GEMMs), bf16 around them
@@ -218,7 +221,9 @@ class VllmEngine(SyncTiming):
                         "load_weights, and vLLM versions differ in whether that re-quantises them "
                         "(vllm-project/vllm#28425); watch the mismatch metrics (icepop/) of the first steps")
         self.dtype = _weights_dtype(dtype)
-        kwargs = dict(model=model_dir, dtype="bfloat16" if dtype in ("auto", "fp8") else dtype, seed=seed, **fp8,
+        # vLLM's dtype names (ModelConfig.dtype) lack the recipe's bf16 / fp32 / fp16: the canonical name
+        vllm_dtype = "bfloat16" if dtype in ("auto", "fp8") else WEIGHT_DTYPE_NAMES.get(dtype, dtype)
+        kwargs = dict(model=model_dir, dtype=vllm_dtype, seed=seed, **fp8,
                       trust_remote_code=trust_remote_code, max_model_len=max_len, max_num_seqs=max_batch,
                       gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=enable_prefix_caching,
                       enforce_eager=enforce_eager, logprobs_mode="processed_logprobs", disable_log_stats=True,
@@ -360,12 +365,17 @@ class VllmEngine(SyncTiming):
         # vLLM's load_weights takes any subset of the weights: `partial` needs nothing more
         t0 = time.perf_counter()
         self.last_sync = self._weights.send((_strip(n), t) for n, t in named_tensors)
-        if not self._loop.run(self.llm.reset_prefix_cache()):
+        reset_started = time.perf_counter()
+        reset = self._loop.run(self.llm.reset_prefix_cache())
+        self.last_sync.reset_seconds = time.perf_counter() - reset_started
+        if not reset:
             log.warning("vllm engine: vLLM did not reset its prefix cache after the weight sync (requests still "
                         "held blocks): continued rollouts may reuse KV of the old weights (watch icepop/)")
         self._record_sync(t0)
-        log.info("vllm engine: weight sync of %.2f GB in %d bucket(s): %.1f GB/s", self.last_sync.bytes / 1e9,
-                 self.last_sync.buckets, self.last_sync.gb_per_s)
+        r = self.last_sync
+        log.info("vllm engine: weight sync of %.2f GB in %d bucket(s): %.1f GB/s (copies %.3f s, rpc %.3f s: "
+                 "map %.3f s, load_weights %.3f s; prefix-cache reset %.3f s)", r.bytes / 1e9, r.buckets,
+                 r.gb_per_s, r.copy_seconds, r.rpc_seconds, r.map_seconds, r.load_seconds, r.reset_seconds)
 
 
 def make_vllm_engine(model_dir: str, *, device: str = "cuda", dtype: str = "auto",

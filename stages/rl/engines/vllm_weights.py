@@ -34,9 +34,22 @@ ALIGN = 256  # byte offset of every tensor in the staging buffer: any dtype's vi
 
 @dataclass
 class SyncReport:
+    """One sync's bytes, buckets and wall time, and where the time went (round 13 measured a fixed
+    ~60 ms a sync at 0.5B and 1.5B alike, far above the copy bound; these name the part): the
+    sender's copies into the staging buffer (`copy_seconds`, with the synchronize before each
+    bucket leaves), the `collective_rpc` round trips (`rpc_seconds`), and inside them the workers'
+    mapping of the buffer (`map_seconds`) and vLLM's `load_weights` (`load_seconds`; the slowest
+    worker of each bucket, summed over the buckets), then the engine's prefix-cache reset
+    (`reset_seconds`, set by the engine)."""
+
     bytes: int = 0
     seconds: float = 0.0
     buckets: int = 0
+    copy_seconds: float = 0.0
+    rpc_seconds: float = 0.0
+    map_seconds: float = 0.0
+    load_seconds: float = 0.0
+    reset_seconds: float = 0.0
 
     @property
     def gb_per_s(self) -> float:
@@ -56,9 +69,11 @@ def device_of_uuid(uuid: str) -> int:
                        f"buffer) is not visible to this vLLM worker; its CUDA_VISIBLE_DEVICES must include it")
 
 
-def load_shared_bucket(worker: Any, bucket: dict) -> int:
+def load_shared_bucket(worker: Any, bucket: dict) -> dict:
     """Runs on every vLLM worker (collective_rpc): the bucket's tensors into the worker's model.
-    Returns the bytes loaded. Synchronises before returning: the sender reuses its buffer then."""
+    Returns the bytes loaded and the seconds of mapping the buffer and of `load_weights`.
+    Synchronises before returning: the sender reuses its buffer then."""
+    t0 = time.perf_counter()
     args = list(bucket["ipc"])
     args[6] = device_of_uuid(bucket["gpu"])  # the storage's device, in this process's numbering
     flat = reductions.rebuild_cuda_tensor(*args)
@@ -67,9 +82,11 @@ def load_shared_bucket(worker: Any, bucket: dict) -> int:
         flat = flat.to(torch.device("cuda", here))
     weights = [(name, flat[offset:offset + nbytes].view(getattr(torch, dtype)).view(shape))
                for name, dtype, shape, offset, nbytes in bucket["tensors"]]
+    torch.cuda.synchronize()
+    t1 = time.perf_counter()
     worker.get_model().load_weights(weights)
     torch.cuda.synchronize()
-    return sum(t[4] for t in bucket["tensors"])
+    return {"bytes": sum(t[4] for t in bucket["tensors"]), "map_s": t1 - t0, "load_s": time.perf_counter() - t1}
 
 
 def _aligned(n: int) -> int:
@@ -96,30 +113,38 @@ class IpcWeightSender:
         report = SyncReport()
         layout: list[tuple[str, str, list[int], int, int]] = []
         used = 0
+        copy_started = time.perf_counter()
         for name, tensor in named_tensors:
             nbytes = tensor.numel() * tensor.element_size()
             if layout and _aligned(used) + nbytes > self.bucket_bytes:
-                self._flush(layout, report)
+                self._flush(layout, report, copy_started)
                 layout, used = [], 0
+                copy_started = time.perf_counter()
             buf = self._staging(nbytes if not layout else 0)
             offset = _aligned(used)
             buf[offset:offset + nbytes].view(tensor.dtype).view(tensor.shape).copy_(tensor.detach())
             layout.append((name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape), offset, nbytes))
             used = offset + nbytes
         if layout:
-            self._flush(layout, report)
+            self._flush(layout, report, copy_started)
         torch.cuda.ipc_collect()  # the IPC bookkeeping of buffers the workers have let go
         report.seconds = time.perf_counter() - t0
         return report
 
-    def _flush(self, layout: list, report: SyncReport) -> None:
+    def _flush(self, layout: list, report: SyncReport, copy_started: float) -> None:
         buf = self._staging(0)
         torch.cuda.synchronize(self.device)  # the copies have landed before another process reads them
+        rpc_started = time.perf_counter()
+        report.copy_seconds += rpc_started - copy_started
         _, ipc_args = reductions.reduce_tensor(buf)
         bucket = {"ipc": ipc_args, "gpu": gpu_uuid(self.gpu), "tensors": layout}
         loaded = self.rpc(load_shared_bucket, {"bucket": bucket})
+        report.rpc_seconds += time.perf_counter() - rpc_started
         expected = sum(t[4] for t in layout)
-        if any(n != expected for n in loaded):
-            raise RuntimeError(f"vllm engine weight sync: the workers loaded {loaded} bytes of a {expected}-byte bucket")
+        if any(w["bytes"] != expected for w in loaded):
+            raise RuntimeError(f"vllm engine weight sync: the workers loaded {[w['bytes'] for w in loaded]} bytes "
+                               f"of a {expected}-byte bucket")
+        report.map_seconds += max(w["map_s"] for w in loaded)
+        report.load_seconds += max(w["load_s"] for w in loaded)
         report.bytes += expected
         report.buckets += 1

@@ -188,21 +188,30 @@ def test_a_failed_rank_prints_its_cause_then_leaves_even_if_the_group_never_lets
 
 def test_a_rank_whose_hashed_package_differs_from_the_planned_one_refuses_to_start(tmp_path, capsys):
     """A distribution the stage hash covers (reasoning-gym for its data stages) installed at another
-    version where a rank runs (a Ray worker, another node) would publish rows the hash does not
-    describe: the rank stops before `main`, naming the package, both versions and the fix."""
+    version where a rank runs (upgraded since `plan`, a Ray worker, another node), or installed there
+    while it was missing at plan time, would publish rows the hash does not describe: the rank stops
+    before `main`, naming the package, the planned version, this machine's and what to do."""
     from importlib.metadata import version
+
+    from stages.common.contract import NOT_INSTALLED
 
     ran = []
     job = _job(tmp_path)
-    job.packages = {"pydantic": version("pydantic")}  # as planned: runs
-    job.write(tmp_path / "ok.json")
-    assert run_job(lambda job, cfg: ran.append(job.packages), ProbeConfig, ["--job", str(tmp_path / "ok.json")]) == 0
-    assert ran == [{"pydantic": version("pydantic")}]
-    for planned, here in ((("pydantic", "0.0.1"), version("pydantic")), (("no-such-dist-xyz", "1.0"), "not installed")):
+    for as_planned in ({"pydantic": version("pydantic")}, {"no-such-dist-xyz": NOT_INSTALLED}):  # run
+        job.packages = as_planned
+        job.write(tmp_path / "ok.json")
+        assert run_job(lambda job, cfg: ran.append(job.packages), ProbeConfig,
+                       ["--job", str(tmp_path / "ok.json")]) == 0
+    assert ran == [{"pydantic": version("pydantic")}, {"no-such-dist-xyz": NOT_INSTALLED}]
+    for planned, here, fix in ((("pydantic", "0.0.1"), version("pydantic"), "pip install pydantic==0.0.1"),
+                               (("no-such-dist-xyz", "1.0"), NOT_INSTALLED, "pip install no-such-dist-xyz==1.0"),
+                               (("pydantic", NOT_INSTALLED), version("pydantic"), "pip uninstall pydantic")):
         job.packages = dict([planned])
         job.write(tmp_path / "job.json")
         assert run_job(lambda job, cfg: ran.append("ran"), ProbeConfig, ["--job", str(tmp_path / "job.json")]) == 2
         err = capsys.readouterr().err
-        assert f"{planned[0]} {planned[1]} was planned" in err and f"is {here} on " in err
-        assert f"install {planned[0]}=={planned[1]} there" in err
-    assert ran == [{"pydantic": version("pydantic")}]  # main never ran for the mismatches
+        name = planned[0]
+        assert f"{name} differs from the plan: the stage hash was planned with {name} {planned[1]}, " in err, err
+        assert f"has {name} {here};" in err and "Rerun `ring-pipeline plan`/`run`" in err
+        assert f"`{fix}` on this machine" in err
+    assert len(ran) == 2  # main never ran for the mismatches

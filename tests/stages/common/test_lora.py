@@ -87,6 +87,23 @@ def test_only_adapters_and_fully_trained_modules_train():
     assert sum(".lora_A." in n for n in trainable) == 4  # 2 layers x (q, v)
 
 
+def test_adapters_take_the_base_layers_dtype_so_a_bf16_model_computes_in_bf16():
+    """peft would upcast a bf16 model's adapters to fp32 and copy each adapted layer's input to
+    fp32 for them; the adapters follow the base instead (as DeepSpeed's bf16 mode casts them)."""
+    model = build_model().to(torch.bfloat16)
+    apply_lora(model, LoraSettings(rank=4))
+    adapters = {n: p.dtype for n, p in model.named_parameters() if ".lora_" in n}
+    assert adapters and set(adapters.values()) == {torch.bfloat16}
+    seen = []
+    layer = model.model.layers[0].self_attn.q_proj.lora_A["default"]
+    layer.register_forward_pre_hook(lambda _m, args: seen.append(args[0].dtype))
+    _logits(model, IDS)
+    assert seen == [torch.bfloat16]
+    fp32 = build_model()
+    apply_lora(fp32, LoraSettings(rank=4))
+    assert {p.dtype for n, p in fp32.named_parameters() if ".lora_" in n} == {torch.float32}
+
+
 def test_merged_weights_are_peft_merge_and_give_the_adapted_models_outputs():
     from peft import PeftModel
 

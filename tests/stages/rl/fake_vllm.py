@@ -67,8 +67,13 @@ class FakeParams:
                 raise ValueError(f"{what}: {kw}")
 
 
+VLLM_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")  # vllm/config/model.py ModelConfig.dtype
+
+
 class FakeEngineArgs:
     def __init__(self, **kw):
+        if kw.get("dtype", "auto") not in VLLM_DTYPES:  # vLLM's own validation, at engine start
+            raise ValueError(f"dtype: Input should be {' or '.join(map(repr, VLLM_DTYPES))}: {kw['dtype']!r}")
         self.kw = kw
 
 

@@ -487,6 +487,12 @@ def test_vllm_engine_glue_against_a_fake_vllm(monkeypatch, model_dir):
     unseeded.generate(reqs, SamplingParams(temperature=1.0, seed=1))
     assert [p.seed for p in unseeded.llm.params.values()] == [None, None]
     assert "request_seeds" not in unseeded.llm.kw and unseeded.llm.kw["seed"] == 3
+    with pytest.raises(ValueError, match="request_seeds must be true or false, not 'false'"):
+        open_engine(mod, model_dir, request_seeds="false")  # a quoted YAML string is not false
+    # the recipe's dtype nicknames reach vLLM as the names it accepts (its ModelConfig.dtype)
+    for nickname, name in [("bf16", "bfloat16"), ("fp32", "float32"), ("fp16", "float16"), ("auto", "bfloat16"),
+                           ("bfloat16", "bfloat16")]:
+        assert open_engine(mod, model_dir, dtype=nickname).llm.kw["dtype"] == name, nickname
     fe.params.clear()
     eng.generate(reqs[:1], SamplingParams(temperature=0.0, top_k=5))
     (p,) = fe.params.values()
@@ -551,7 +557,7 @@ def test_vllm_weight_sync_sends_ipc_handles_in_buckets(monkeypatch, model_dir):
     its HF name (DeepSpeed / compile prefixes stripped), bit-exact whatever its dtype and
     offset in the staging buffer; buckets hold at most sync_bucket_mb unless one tensor is
     larger; what crosses to the workers is a handle and a layout (no tensor pickled); the prefix
-    cache is reset and the sync timed."""
+    cache is reset and the sync timed, its parts too."""
     import os
 
     from tests.stages.rl.fake_vllm import install, open_engine
@@ -579,6 +585,9 @@ def test_vllm_weight_sync_sends_ipc_handles_in_buckets(monkeypatch, model_dir):
     assert report.buckets == 3  # embed alone (over 1 MiB); norm + up_proj + idx; lm_head alone
     assert max(eng.llm.rpc_bytes) < 4096  # handles and names, never the tensors
     assert eng.llm.resets == 1 and eng.last_sync_seconds is not None and eng.syncs == 1
+    parts = [report.copy_seconds, report.rpc_seconds, report.reset_seconds]
+    assert all(x > 0 for x in parts) and sum(parts) <= eng.last_sync_seconds
+    assert 0 < report.map_seconds + report.load_seconds <= report.rpc_seconds
     with pytest.raises(ValueError, match="needs visible GPUs 3..4"):
         open_engine(mod, model_dir, device="cuda:3", tensor_parallel_size=2)
     with pytest.raises(ValueError, match="'cuda' or 'cuda:N'"):

@@ -141,6 +141,8 @@ def test_a_bf16_engine_synced_stochastically_holds_the_functions_output_under_th
             p.add_(torch.randn(p.shape) * 1e-3)  # ~ a few bf16 steps at most, most below one
             p.requires_grad_(name != frozen)
     sync = GatherIntoEngines(trainer, engine, zero3=False, bucket_bytes=4 << 10, rounding=SyncRounding(3))
+    # the bytes it reports are those sent, as the split placement counts them: bf16 rounded, fp32 frozen
+    assert sync.bytes == sum(p.numel() * (4 if n == frozen else 2) for n, p in trainer.named_parameters())
     sync.push(2)
     held = {n: p.detach().clone() for n, p in engine.model.named_parameters()}
     for name, p in trainer.named_parameters():
@@ -185,6 +187,7 @@ def _reasoning(**rollout):
     ({"dtype": "fp8"}, "rollout.dtype fp8 is not supported"),
     ({"dtype": "fp16"}, "rollout.dtype fp16 is not bf16"),
     ({"device": "cpu"}, "rollout.dtype auto is fp32 on rollout.device cpu: nothing to round"),
+    ({"engine": "vllm", "dtype": "bf16"}, "rollout.engine vllm keeps some of a model's tensors in other dtypes"),
 ])
 def test_the_recipe_refuses_engines_it_cannot_round_into(rollout, match):
     with pytest.raises(ValidationError, match=rf"rollout.sync_rounding: stochastic.*{match}.*sync_rounding: nearest"):
@@ -205,7 +208,7 @@ def test_the_recipe_refuses_a_trainer_whose_weights_are_bf16_already(precision):
 def test_the_recipe_takes_it_with_an_fp32_trainer_and_a_bf16_engine_and_nearest_keeps_old_hashes():
     from pipeline.plan import result_config
 
-    for rollout in ({}, {"dtype": "bf16", "device": "cpu"}, {"dtype": "bfloat16"}, {"engine": "vllm", "gpus": 1}):
+    for rollout in ({}, {"dtype": "bf16", "device": "cpu"}, {"dtype": "bfloat16"}, {"gpus": 1}):
         assert _reasoning(**rollout).rollout.sync_rounding == "stochastic"
     from stages.reasoning_rl.config import ReasoningRLConfig
 
