@@ -30,7 +30,7 @@ def test_lora_general_rl_publishes_the_adapter_of_its_base(rlhf_data, base_artif
               "lora": {"rank": 2, "target_modules": ["*.o_proj"], "train_fully": ["model.norm"],
                        "publish": "adapter"}}
     run = run_stage("general_rl", config, stage="grllora", storage=stage_env["storage"], recipe="grllora",
-                    work_root=stage_env["work_root"], launcher="torchrun", resources=Resources(),
+                    work_root=stage_env["work_root"], launcher="local", resources=Resources(),
                     upstream={"base": base_artifact.url})
     out = Path(local_path(run.url))
     assert not (out / "model.safetensors").exists() and (out / "adapter_model.safetensors").is_file()

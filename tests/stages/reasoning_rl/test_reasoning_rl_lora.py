@@ -30,7 +30,7 @@ def test_lora_reasoning_rl_reference_sync_and_merged_model(tiny_policy, tmp_path
               "checkpoint_every": 10, "zero_stage": 2, "seed": 0,
               "lora": {"rank": 4, "alpha": 16, "target_modules": [f"*.{m}" for m in TARGETS]}}
     run = run_stage("reasoning_rl", config, stage="rl", storage=str(tmp_path / "store"), resources=Resources(),
-                    launcher="torchrun", work_root=tmp_path / "work")
+                    launcher="local", work_root=tmp_path / "work")
     out = Path(local_path(run.url))
     history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert history[0]["kl_ref"] == 0.0  # B = 0: the adapted policy is its reference, exactly

@@ -25,7 +25,7 @@ def test_lora_reward_model_zero3_trains_the_head_and_publishes_merged(rlhf_data,
     config = {**RM_CONFIG, "data": str(rlhf_data.prefs), "max_steps": 4, "zero_stage": 3, "checkpoint_every": 2,
               "lora": {"rank": 4, "target_modules": ["*.k_proj", "*.up_proj"]}}
     kwargs = dict(stage="rmlora", storage=stage_env["storage"], recipe="rmlora", work_root=stage_env["work_root"],
-                  launcher="torchrun", resources=Resources(), upstream={"base": base_artifact.url})
+                  launcher="local", resources=Resources(), upstream={"base": base_artifact.url})
     run = run_stage("reward_model", config, **kwargs)
     out = Path(local_path(run.url))
     weights = load_file(str(out / "model.safetensors"))

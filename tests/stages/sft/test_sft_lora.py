@@ -24,7 +24,7 @@ LORA_SFT = {"model": "${stages.base.output}", "data": "${stages.data.output}/sft
 
 
 def _run_args(stage_env, recipe, base_artifact, data_artifact) -> dict:
-    return dict(stage="sft", storage=stage_env["storage"], recipe=recipe, launcher="torchrun",
+    return dict(stage="sft", storage=stage_env["storage"], recipe=recipe, launcher="local",
                 upstream={"base": base_artifact.url, "data": data_artifact.url},
                 work_root=str(stage_env["work_root"]))
 

@@ -26,7 +26,7 @@ def test_a_checkpoint_write_that_never_returns_fails_the_stage(stage_env, data_d
     with pytest.raises(StageFailed) as e:
         run_stage("sft", config, stage="sft-stall", storage=f"{bucket_url}/runs", storage_options=options,
                   resources=ONE,
-                  launcher="torchrun", work_root=stage_env["work_root"],
+                  launcher="local", work_root=stage_env["work_root"],
                   writes=WritePolicy(timeout_s=3, attempts=2, backoff_s=0.1))
     assert not e.value.user_error  # retryable: a Prefect retry resumes from the last complete checkpoint
     assert "StorageError: cannot upload checkpoint step 1's" in e.value.reason, e.value.reason
