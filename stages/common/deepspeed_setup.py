@@ -4,6 +4,7 @@ warmup + cosine learning-rate factor."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import math
 import sys
@@ -122,6 +123,14 @@ def _real_muon(name: str) -> types.ModuleType:
     return importlib.import_module(name)
 
 
+def _real_attribute(module: str, attribute: str):
+    """A stand-in's missing `attribute`, from the real `module`; the import system's probes of
+    dunder names (`__path__`, `__spec__`, ...) are answered by the stand-in alone."""
+    if attribute.startswith("__"):
+        raise AttributeError(attribute)
+    return getattr(_real_muon(module), attribute)
+
+
 def _muon_loaded_on_first_use() -> None:
     """Put the stand-ins where DeepSpeed imports its Muon modules from, unless they are loaded."""
     for name, attr, value in ((_MUON, "MuonWithAuxAdam", _MuonNotLoaded), (_ORIGINAL_MUON, "muon_update", _muon_update)):
@@ -129,6 +138,8 @@ def _muon_loaded_on_first_use() -> None:
             module = types.ModuleType(name, "stand-in until DeepSpeed's Muon is used (deepspeed_setup.py)")
             module.__stand_in__ = True
             setattr(module, attr, value)
+            # any other name (a DeepSpeed release that imports more of them): the real module's
+            module.__getattr__ = functools.partial(_real_attribute, name)
             sys.modules[name] = module
 
 

@@ -56,3 +56,11 @@ def test_deepspeed_muon_is_loaded_only_when_used(monkeypatch):
     assert torch.equal(update, real.muon_update(grad.clone(), momentum.clone(), 0.95))
     deepspeed_setup._muon_loaded_on_first_use()  # the real modules stay
     assert sys.modules[deepspeed_setup._ORIGINAL_MUON] is real
+    # a name the stand-in does not define (another DeepSpeed release's import) is the real module's
+    for name in names:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    deepspeed_setup._muon_loaded_on_first_use()
+    from deepspeed.runtime.zero.muon.original_muon import zeropower_via_newtonschulz5
+
+    assert callable(zeropower_via_newtonschulz5) and not hasattr(sys.modules[deepspeed_setup._ORIGINAL_MUON],
+                                                                  "__stand_in__")
