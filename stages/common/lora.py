@@ -76,21 +76,24 @@ def plan_lora(model: torch.nn.Module, settings: LoraSettings, always_train: tupl
     if both:
         raise StageError(f"{what}: {both[0]!r} is both a target module and inside a module trained fully "
                          f"({what}.train_fully); pick one")
-    _refuse_tied(model, train_fully, what)
+    _refuse_tied(model, train_fully, f"{what}.train_fully", "training one copy fully would untie them")
+    # an adapted layer whose weight is tied: the merged model and the weight sync name the shared
+    # tensor once, under the other module's name, and would drop the adapter's change
+    _refuse_tied(model, targets, f"{what}.target_modules", "its adapter's change would be lost when merged")
     return LoraPlan(targets, train_fully)
 
 
-def _refuse_tied(model: torch.nn.Module, train_fully: list[str], what: str) -> None:
-    """A fully trained module whose weight is tied to another (lm_head and the embeddings of a
-    model with tie_word_embeddings) would be untied by training it: refused."""
+def _refuse_tied(model: torch.nn.Module, selected: list[str], key: str, why: str) -> None:
+    """A selected module whose weight is tied to another (lm_head and the embeddings of a model
+    with tie_word_embeddings) is refused, saying `why`."""
     shared: dict[int, list[str]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
         shared.setdefault(id(p), []).append(name)
     for names in shared.values():
-        inside = [n for n in names if any(n.startswith(f"{f}.") for f in train_fully)]
+        inside = [n for n in names if any(n.startswith(f"{f}.") for f in selected)]
         if inside and len(inside) < len(names):
-            raise StageError(f"{what}.train_fully: {inside[0]} is tied to {sorted(set(names) - set(inside))[0]} "
-                             "(tie_word_embeddings): training one copy fully would untie them; leave it out")
+            raise StageError(f"{key}: {inside[0]} is tied to {sorted(set(names) - set(inside))[0]} "
+                             f"(tie_word_embeddings): {why}; leave it out")
 
 
 def peft_config(settings: LoraSettings, plan: LoraPlan, base: str | None = None):

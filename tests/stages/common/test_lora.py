@@ -75,6 +75,10 @@ def test_the_plan_refuses_what_it_cannot_do():
         apply_lora(build_model("llama"), LoraSettings(target_modules=["*.q_proj"], train_fully=["model.layers.0"]))
     with pytest.raises(StageError, match="tied to"):  # qwen2's tiny model ties lm_head to the embeddings
         apply_lora(build_model("qwen2"), LoraSettings(train_fully=["lm_head"]))
+    with pytest.raises(StageError, match=r"target_modules: lm_head.weight is tied to model.embed_tokens.weight.*"
+                                         "adapter's change would be lost"):
+        apply_lora(build_model("qwen2"), LoraSettings(target_modules=["lm_head", "*.q_proj"]))
+    apply_lora(build_model("llama"), LoraSettings(target_modules=["lm_head"]))  # untied: its own weight
     with pytest.raises(StageError, match="always trains fully"):
         apply_lora(build_model("llama"), LoraSettings(), always_train=("score",))
 
