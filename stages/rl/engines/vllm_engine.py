@@ -194,6 +194,9 @@ class VllmEngine(SyncTiming):
     # with logprobs_mode="processed_logprobs" the reported log-prob is that of the distribution
     # after top-k/top-p renormalisation (module docstring)
     reports_untruncated_logprobs = False
+    # vLLM keeps some tensors in another dtype than the model's (its MoE routers' gates in fp32):
+    # a sync that rounds by the engine's dtype would give those a rounded value
+    takes_stochastic_rounding = False
 
     def __init__(self, model_dir: str, *, device: str = "cuda", dtype: str = "auto",
                  max_batch: int = 64, max_len: int = 4096, seed: int = 0,
