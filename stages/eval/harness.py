@@ -36,7 +36,8 @@ def read_task_yaml(path: Path, where: str) -> dict[str, Any]:
     import yaml
 
     require_lm_eval(where)
-    from lm_eval.tasks._yaml_loader import load_yaml  # lm-eval's own: what its TaskManager reads task files with
+    # lm-eval's own loader, what its TaskManager reads task files with (0.4.12+: the floor in pyproject)
+    from lm_eval.tasks._yaml_loader import load_yaml
 
     try:
         return load_yaml(path, resolve_func=True, recursive=True)
