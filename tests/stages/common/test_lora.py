@@ -83,6 +83,17 @@ def test_the_plan_refuses_what_it_cannot_do():
         apply_lora(build_model("llama"), LoraSettings(), always_train=("score",))
 
 
+def test_a_layer_stored_transposed_gets_no_adapter():
+    """GPT-2's Conv1D stores W as [in, out]: the merge (W + scale * B @ A) and the weight sync are
+    for nn.Linear's [out, in], so a Conv1D layer is no target: named, not merged transposed."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64, n_positions=32))
+    with pytest.raises(StageError, match=r"target_modules: '\*\.c_attn' matches no linear layer of the model "
+                                         r"\(some of its linear layers: lm_head\)"):
+        apply_lora(gpt2, LoraSettings(target_modules=["*.c_attn"]))
+
+
 def test_only_adapters_and_fully_trained_modules_train():
     model = build_model("llama")
     apply_lora(model, LoraSettings(rank=4, target_modules=["*.q_proj", "*.v_proj"], train_fully=["lm_head"]))
