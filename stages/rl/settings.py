@@ -30,6 +30,10 @@ from stages.common.training_settings import optimizer_settings, with_defaults
 UNTRUNCATED_LOGPROB_ENGINES = ("torch",)
 # engines that record each token's MoE routes (RolloutUpdate.routes): what routing_replay needs
 ROUTE_RECORDING_ENGINES = ("torch",)
+# engines that take stochastically rounded weights (rollout.sync_rounding: stochastic): each holds
+# every tensor the sync sends in its one `dtype` (each engine class declares
+# `takes_stochastic_rounding`; tests/stages/rl/test_settings.py keeps the two in step)
+STOCHASTIC_ROUNDING_ENGINES = ("torch",)
 # engines that stage the weight sync in buckets of their own, of rollout.sync_bucket_mb (option sync_bucket_mb)
 BUCKETED_SYNC_ENGINES = ("vllm",)
 # engines that can sleep only when built for it, and the option (rollout.options) that builds
@@ -116,11 +120,10 @@ WEIGHT_DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "bfloat16": "bflo
 
 def _stochastic_rounding_problem(engine: str, dtype: str, device: str) -> str | None:
     """Why a rollout `engine` of `dtype` on `device` cannot take stochastically rounded weights."""
-    if engine != "torch":
-        # the sync rounds by the engine's dtype as a whole, and vLLM keeps some tensors in another
-        # one (its MoE routers' gates in fp32): those would get a rounded value instead of the exact one
-        return (f"rollout.engine {engine} keeps some of a model's tensors in other dtypes than its own (a MoE "
-                "router's gate in fp32, for one), which the sync cannot see; only the torch engine takes it")
+    if engine not in STOCHASTIC_ROUNDING_ENGINES:
+        return (f"rollout.engine {engine} does not take it (engines that do: {', '.join(STOCHASTIC_ROUNDING_ENGINES)}): "
+                "the sync rounds by the engine's dtype as a whole, and a tensor the engine keeps in another dtype "
+                "(vLLM's MoE routers' gates in fp32) would get a rounded value instead of the exact one")
     if dtype == "fp8":
         return "rollout.dtype fp8 is not supported (the engine quantises its own FP8 copies)"
     if dtype == "auto":

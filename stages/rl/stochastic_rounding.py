@@ -93,7 +93,12 @@ class SyncRounding:
     @staticmethod
     def check_engine(engine: RolloutEngine) -> None:
         """An engine that holds its weights in another dtype than bf16 has nothing to gain (fp32:
-        it takes the trainer's weights exactly) or would get the wrong values."""
+        it takes the trainer's weights exactly) or would get the wrong values, and so would an
+        engine that keeps some tensors in another dtype than its own (`takes_stochastic_rounding`)."""
+        if not engine.takes_stochastic_rounding:
+            raise StageError(f"rollout.sync_rounding: stochastic rounds the weights by the engine's dtype, and this "
+                             f"rank's {engine.name} engine keeps some tensors in other dtypes: set "
+                             f"rollout.sync_rounding: nearest")
         if engine.dtype != torch.bfloat16:
             raise StageError(f"rollout.sync_rounding: stochastic rounds the weights into a bf16 engine, and this "
                              f"rank's {engine.name} engine holds {engine.dtype} weights (rollout.dtype auto is fp32 "

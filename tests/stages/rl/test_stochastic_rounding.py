@@ -171,6 +171,21 @@ def test_an_engine_that_does_not_hold_bf16_weights_is_refused(tiny_llama):
         GatherIntoEngines(trainer, engine, zero3=False, bucket_bytes=4 << 10, rounding=SyncRounding(0))
 
 
+def test_an_engine_that_keeps_tensors_in_other_dtypes_is_refused(tiny_llama):
+    """An engine whose class says it does not take rounded weights (vLLM: fp32 router gates) is
+    refused by the sync itself, bf16 or not (the recipe refuses it first: its table)."""
+    from stages.common.hf_io import load_causal_lm
+    from stages.rl.engines import create_engine
+    from stages.rl.weight_sync import GatherIntoEngines
+
+    engine = create_engine("torch", str(tiny_llama), device="cpu", dtype="bf16", max_batch=2, max_len=32)
+    engine.takes_stochastic_rounding = False
+    trainer = load_causal_lm(tiny_llama, torch.float32, trust_remote_code=False)
+    with pytest.raises(StageError, match=r"rollout.sync_rounding: stochastic.*torch engine keeps some tensors in "
+                                         r"other dtypes: set rollout.sync_rounding: nearest"):
+        GatherIntoEngines(trainer, engine, zero3=False, bucket_bytes=4 << 10, rounding=SyncRounding(0))
+
+
 # ---------------------------------------------------------------------------- the recipe
 REASONING = {"kind": "reasoning_rl", "model": "m", "data": "d.jsonl", "steps": 1, "precision": "fp32"}
 
@@ -187,7 +202,8 @@ def _reasoning(**rollout):
     ({"dtype": "fp8"}, "rollout.dtype fp8 is not supported"),
     ({"dtype": "fp16"}, "rollout.dtype fp16 is not bf16"),
     ({"device": "cpu"}, "rollout.dtype auto is fp32 on rollout.device cpu: nothing to round"),
-    ({"engine": "vllm", "dtype": "bf16"}, "rollout.engine vllm keeps some of a model's tensors in other dtypes"),
+    ({"engine": "vllm", "dtype": "bf16"}, r"rollout.engine vllm does not take it \(engines that do: torch\)"),
+    ({"engine": "sglang", "dtype": "bf16"}, r"rollout.engine sglang does not take it"),  # one not declared
 ])
 def test_the_recipe_refuses_engines_it_cannot_round_into(rollout, match):
     with pytest.raises(ValidationError, match=rf"rollout.sync_rounding: stochastic.*{match}.*sync_rounding: nearest"):
