@@ -142,12 +142,20 @@ class MergedTensor:
     scale: float | None = None  # alpha / r of an adapted layer
     changed: bool = True  # trained (an adapted layer, a fully trained module) or not
 
-    def value(self) -> torch.Tensor:
+    def value(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The weight in `dtype` (default: the parameter's own); an adapted layer's merge is
+        computed in fp32 and rounded to nearest once, into `dtype`."""
         if self.scale is None:
-            return self.parts[0].data
+            return self.parts[0].data if dtype is None else self.parts[0].data.to(dtype)
         w, a, b = (p.data for p in self.parts)
         delta = (b.float() @ a.float()) * self.scale
-        return (w.float() + delta).to(w.dtype)  # W is [out, in]: only nn.Linear layers get adapters (plan_lora)
+        return (w.float() + delta).to(dtype or w.dtype)  # W is [out, in]: only nn.Linear layers get adapters (plan_lora)
+
+    @property
+    def exact_dtype(self) -> torch.dtype:
+        """The dtype that holds the weight exactly: fp32 for an adapted layer (W + scale * B @ A
+        of a bf16 W is not a bf16 number), the parameter's own otherwise."""
+        return torch.float32 if self.scale is not None else self.dtype
 
     @property
     def shape(self) -> tuple[int, ...]:

@@ -89,7 +89,8 @@ class RolloutSettings(Strict):
         "how the RL weight sync rounds the fp32 trainer's trained weights into a bf16 engine: nearest (the "
         "engine's copy), or stochastic (unbiased, E[bf16] = fp32, so AdamW's sub-bf16 steps reach the engine on "
         "average; seeded from seed and the policy version; stages/rl/stochastic_rounding.py). stochastic needs "
-        "precision: fp32 and a bf16 torch engine (rollout.dtype bf16, or auto on a GPU)"))
+        "precision: fp32 (or a LoRA policy: its merges are computed in fp32) and a bf16 torch engine (rollout.dtype "
+        "bf16, or auto on a GPU)"))
 
     @model_validator(mode="after")
     def _sync_rounding_applies(self) -> "RolloutSettings":
@@ -257,11 +258,13 @@ class RLConfig(StageConfig, optimizer_settings(lr=2e-6, adam_betas=(0.9, 0.999),
             raise ValueError(f"lora.dropout ({self.lora.dropout}): the RL kinds train with every dropout off "
                              "(pi_train(theta_old) must be the policy the engines sample); set lora.dropout: 0")
         self._check_truncated_sampling()
-        if self.rollout.sync_rounding == "stochastic" and self.precision != "fp32":
+        # a LoRA policy's merges are computed in fp32 whatever the precision, so they always have
+        # something to round (stages/rl/stochastic_rounding.py)
+        if self.rollout.sync_rounding == "stochastic" and self.precision != "fp32" and self.lora is None:
             auto = " (bf16 on a GPU)" if self.precision == "auto" else ""
             raise ValueError(f"rollout.sync_rounding: stochastic rounds an fp32 trainer's weights, and precision is "
                              f"{self.precision}{auto}: bf16 weights reach the engine as they are. Set precision: fp32, "
-                             f"or rollout.sync_rounding: nearest")
+                             f"train LoRA adapters (their fp32 merge is rounded), or rollout.sync_rounding: nearest")
         if self.routing_replay and self.rollout.engine not in ROUTE_RECORDING_ENGINES:
             raise ValueError(f"routing_replay: true needs an engine that records the experts it routed to "
                              f"({', '.join(ROUTE_RECORDING_ENGINES)}); rollout.engine is {self.rollout.engine!r}")

@@ -22,6 +22,10 @@ on the tensor's device: CPU and CUDA streams differ (the same seed on the same k
 gives the same bits). Draws are made in chunks of `CHUNK` elements, which bounds the
 temporaries at ~8 bytes per chunk element whatever the tensor's size.
 
+A LoRA policy's adapted layers are merged in fp32 (W + scale * B @ A) and that merge is rounded,
+whatever W's dtype: with a bf16 trainer the adapters' small steps would otherwise vanish in the
+merge's round to nearest exactly as an fp32 trainer's do (weight_sync.py `_rounded`).
+
 Only what training changes is rounded stochastically (`MergedTensor.changed`: a frozen
 parameter, e.g. the MoE router bias, is sent as before and rounded to nearest by the engine,
 the same value it loaded: re-drawing a constant at every sync would only add noise).
@@ -80,9 +84,6 @@ class SyncRounding:
     def rounds(dtype: torch.dtype, changed: bool) -> bool:
         """Whether a tensor of `dtype` is rounded here (else the engine's copy rounds it to nearest)."""
         return changed and dtype == torch.float32
-
-    def sent_dtype(self, dtype: torch.dtype, changed: bool) -> torch.dtype:
-        return torch.bfloat16 if self.rounds(dtype, changed) else dtype
 
     def apply(self, name: str, value: torch.Tensor, changed: bool, version: int) -> torch.Tensor:
         if not self.rounds(value.dtype, changed):
