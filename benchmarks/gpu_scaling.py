@@ -46,6 +46,11 @@ is done; a measurement that would overrun the time budget is skipped, with the r
    killed with SIGKILL after the first checkpoint: the stage must fail within a bound with
    no process left, and the rerun resume from the last checkpoint with the same unfinished
    rollouts (the pools in the checkpoint's per-rank files).
+10. sft-pairs@n (`--only sft-pairs@n`; issue 36 item 2): `--sft-pairs` K pairs of `sft` runs on one
+   GPU and on all n, interleaved (1, n, then n, 1, ...) so a drift of the host hits both sides
+   alike, at the `--sft-shape` (0.5B, or 1.5B: a base of Qwen2-1.5B's body built for it); each
+   pair's scaling efficiency (tokens/s per GPU on n over one) and their min / median / max. Each
+   pair is a step of its own: the time budget drops whole pairs.
 
 `--only` runs a subset (setup always runs); a stage run past `--stage-timeout-s` is killed and
 reported with the tails of its logs (its own and its job's stage.log). GPUs are indices into
@@ -105,6 +110,7 @@ TINY_SHAPES = {
                    intermediate_size=256, vocab_size=512, tie_word_embeddings=False),
 }
 BODY_05B = {k: v for k, v in QWEN2["qwen2-0.5b"].items() if k not in ("vocab_size", "tie_word_embeddings")}
+BODY_15B = {k: v for k, v in QWEN2["qwen2-1.5b"].items() if k not in ("vocab_size", "tie_word_embeddings")}
 SMALL_BODY = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                   intermediate_size=768)
 TINY_BODY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -313,11 +319,15 @@ class Bench:
 
         policy_body, fault_body = (TINY_BODY, TINY_BODY) if a.smoke else (BODY_05B, SMALL_BODY)
         vocab = 512 if a.smoke else 8192
-        runs = self.parallel([base("base", policy_body, vocab), base("small", fault_body, vocab)])
+        bases = [base("base", policy_body, vocab), base("small", fault_body, vocab)]
+        if a.sft_shape == "1.5B":  # the sft runs' own base (smoke: a wider tiny body, the same path)
+            bases.append(base("sft_base", {**TINY_BODY, "hidden_size": 96} if a.smoke else BODY_15B, vocab))
+        runs = self.parallel(bases)
         for run in runs.values():
             if isinstance(run, Exception):
                 raise run
         self.base_url, self.small_url = runs["base"]["url"], runs["small"]["url"]
+        self.sft_base_url = runs["sft_base"]["url"] if "sft_base" in runs else self.base_url
         from transformers import AutoConfig, AutoTokenizer
 
         path = self.base_url.removeprefix("file://")
@@ -357,7 +367,7 @@ class Bench:
 
     def sft_config(self) -> dict[str, Any]:
         a = self.args
-        return {"model": "${stages.base.output}", "data": "${stages.data.output}/sft.jsonl",
+        return {"model": "${stages.sft_base.output}", "data": "${stages.data.output}/sft.jsonl",
                 "max_seq_len": 256 if a.smoke else 2048, "epochs": 4, "max_steps": 3 if a.smoke else 12,
                 "grad_accum": 2 if a.smoke else 8, "lr": 1e-4, "warmup_steps": 1, "checkpoint_every": 1000,
                 **SETTINGS[a.settings]["sft"]}
@@ -373,8 +383,28 @@ class Bench:
         cfg = self.rl_config(scheduler, per_engine_of=gpus if weak else 1)
         return StageSpec(name, "reasoning_rl", cfg, gpus, self.upstream())
 
-    def sft(self, gpus: int) -> StageSpec:
-        return StageSpec(f"sft-{gpus}g", "sft", self.sft_config(), gpus, self.upstream())
+    def sft(self, gpus: int, name: str | None = None) -> StageSpec:
+        return StageSpec(name or f"sft-{gpus}g", "sft", self.sft_config(), gpus,
+                         {"data": self.data_url, "sft_base": self.sft_base_url})
+
+    def sft_pair(self, i: int) -> None:
+        """Pair `i` of sft runs on 1 GPU and on all n, in the order 1, n (even i) or n, 1 (odd i)."""
+        shape, n = self.args.sft_shape, self.n
+        got = {}
+        for gpus in ((1, n) if i % 2 == 0 else (n, 1)):
+            run = self.stage(self.sft(gpus, name=f"sftpair{i}-{gpus}g"))
+            out = Path(run["url"].removeprefix("file://"))
+            got[gpus] = {**sft_metrics(out, gpus), "resolved_speed": resolved_speed(out)}
+            self.report.put(f"sft_pairs/{shape}/pair{i}/{gpus}g", got[gpus])
+        efficiency = got[n]["tokens_per_s_per_gpu"] / got[1]["tokens_per_s_per_gpu"]
+        self.report.put(f"sft_pairs/{shape}/pair{i}/efficiency", efficiency)
+        pairs = self.report.data["sft_pairs"][shape]
+        effs = sorted(v["efficiency"] for k, v in pairs.items() if k.startswith("pair") and "efficiency" in v)
+        ones = sorted(v["1g"]["tokens_per_s"] for k, v in pairs.items() if k.startswith("pair") and "1g" in v)
+        self.report.put(f"sft_pairs/{shape}/summary", {
+            "gpus": n, "pairs": len(effs), "efficiency_min": effs[0], "efficiency_median": statistics.median(effs),
+            "efficiency_max": effs[-1], "tokens_per_s_1g_min": ones[0], "tokens_per_s_1g_max": ones[-1],
+            "goal": 0.9})
 
     def side_by_side(self, specs: list[StageSpec]) -> None:
         """Runs that fit the GPUs together go together (each on GPUs of its own)."""
@@ -508,6 +538,8 @@ class Bench:
             plan += [("rl-c3po@n", 70, lambda: self.record_rl(self.rl("c3po", n))),
                      ("rl-c3po-weak@n", 90, lambda: self.record_rl(self.rl("c3po", n, weak=True))),
                      ("sft@n", 50, lambda: self._record(f"sft-{n}g", self.stage(self.sft(n))))]
+            shape_s = 200 if self.args.sft_shape == "1.5B" else 100
+            plan += [("sft-pairs@n", shape_s, (lambda i=i: self.sft_pair(i))) for i in range(self.args.sft_pairs)]
         plan.append(("sync-colocated", 80, lambda: self.weight_sync("colocated")))
         plan.append(("rl-sync@1", 60, lambda: self.record_rl(self.rl("sync", 1))))
         if n > 1:
@@ -723,13 +755,16 @@ def main() -> None:
                     help="skip what would end past this many seconds (default 480 on GPU, none in --smoke)")
     ap.add_argument("--only", type=lambda v: set(v.split(",")), default=None,
                     help="a comma-separated subset of: rl-c3po@1 (with sft@1), rl-c3po@n, rl-c3po-weak@n, sft@n, "
-                         "sync-colocated, rl-sync@1, rl-sync@n, sync-split, faults (setup always runs)")
+                         "sync-colocated, rl-sync@1, rl-sync@n, sync-split, faults, sft-pairs@n (setup always runs)")
     ap.add_argument("--stage-timeout-s", type=float, default=None,
                     help="a stage run still going after this long is killed and reported with its logs' tails "
                          "(default 300 on GPU, none in --smoke)")
     ap.add_argument("--settings", choices=sorted(SETTINGS), default="defaults",
                     help="the sft / RL stages' speed settings: defaults (none given: the `auto` the stages "
                          "decide, the headline rows) or zero3 (ZeRO-3, as rounds 4-6 measured)")
+    ap.add_argument("--sft-pairs", type=int, default=3, help="sft-pairs@n: pairs of 1-GPU / n-GPU sft runs")
+    ap.add_argument("--sft-shape", choices=["0.5B", "1.5B"], default="0.5B",
+                    help="the sft runs' model shape (1.5B: a base of Qwen2-1.5B's body, built in setup)")
     ap.add_argument("--worker", choices=["stage", "sync"], help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -755,7 +790,8 @@ def main() -> None:
     report.put("machine", {"gpus": args.gpus, "smoke": args.smoke, "torch": torch.__version__,
                            "gpu": "cpu" if args.smoke else _gpu_name(),
                            "started": time.strftime("%Y-%m-%d %H:%M:%S"), "work": args.work,
-                           "budget_s": args.budget_s, "settings": args.settings})
+                           "budget_s": args.budget_s, "settings": args.settings,
+                           "sft_shape": args.sft_shape})
     report.log(f"gpu_scaling: {args.gpus} {'CPU rank(s) (smoke)' if args.smoke else 'GPU(s)'}, work dir {args.work}")
     Bench(args, report).all()
     report.log(f"done in {time.time() - started:.0f}s; results in {report.path}")

@@ -1,13 +1,15 @@
 """Issue 33 item 5: the Ray launcher against the DeepSpeed launcher on the same GPUs, in one run.
 
 A host of 4 GPUs plays a Ray cluster of two nodes (two raylets, GPUs 0,1 and 2,3: each node's
-raylet started with its own CUDA_VISIBLE_DEVICES, benchmarks/_ray_cluster.py). The same stage
-config runs twice, each time through `pipeline.execute.run_stage` as a recipe would run it:
+raylet started with its own CUDA_VISIBLE_DEVICES, benchmarks/_ray_cluster.py); with
+`--gpus-per-node 1` a 2-GPU host plays two nodes of one GPU each (the same runs at half the
+width). The same stage config runs twice, each time through `pipeline.execute.run_stage` as a
+recipe would run it (N = --gpus-per-node, default 2):
 
-  sft-deepspeed   `sft` (ZeRO-3) under DeepSpeed's launcher, 1 node x 4 GPUs
-  sft-ray         the same under `launcher: ray`, 2 Ray nodes x 2 GPUs
-  rl-deepspeed    `reasoning_rl` split (rollout.gpus: 2: ranks 0-1 train under ZeRO-3, ranks 2-3
-                  generate; NCCL weight sync from trainer 0) under DeepSpeed's launcher
+  sft-deepspeed   `sft` (ZeRO-3) under DeepSpeed's launcher, 1 node x 2N GPUs
+  sft-ray         the same under `launcher: ray`, 2 Ray nodes x N GPUs
+  rl-deepspeed    `reasoning_rl` split (rollout.gpus: N: the first N ranks train under ZeRO-3, the
+                  other N generate; NCCL weight sync from trainer 0) under DeepSpeed's launcher
   rl-ray          the same under `launcher: ray`: the trainers on Ray node 0, the engines on node 1
 
 and the table compares SFT tokens/s (the stage's per-step `tokens_per_s`, the first two steps
@@ -61,7 +63,7 @@ def _setup(work: Path, smoke: bool) -> dict[str, str]:
     return {"data": data.url, "base": base.url}
 
 
-def _configs(smoke: bool) -> dict[str, dict[str, Any]]:
+def _configs(smoke: bool, gpus_per_node: int) -> dict[str, dict[str, Any]]:
     sft = {"model": "${stages.base.output}", "data": "${stages.data.output}/sft.jsonl",
            "max_seq_len": 256 if smoke else 2048, "epochs": 4, "max_steps": 4 if smoke else 14,
            "micro_batch_size": 2 if smoke else 8, "lr": 1e-4, "warmup_steps": 1, "zero_stage": 3,
@@ -71,22 +73,23 @@ def _configs(smoke: bool) -> dict[str, dict[str, Any]]:
           "prompts_per_step": 4 if smoke else 16, "rollouts_per_prompt": 4 if smoke else 8,
           "max_len": 24 if smoke else 512, "prompt_max_len": 64 if smoke else 128, "lr": 1e-6,
           "scheduler": "c3po", "c3po": {"pool_capacity": 16 if smoke else 256, "token_budget": 160 if smoke else 16384},
-          "rollout": {"engine": "torch", "device": "auto", "max_batch": 8 if smoke else 128, "gpus": 1 if smoke else 2},
+          "rollout": {"engine": "torch", "device": "auto", "max_batch": 8 if smoke else 128,
+                      "gpus": 1 if smoke else gpus_per_node},
           "zero_stage": 3, "verifier_workers": 0, "checkpoint_every": 1000, "sample_rollouts": 0}
     return {"sft": sft, "reasoning_rl": rl}
 
 
 def _run(kind: str, launcher: str, config: dict[str, Any], work: Path, upstream: dict[str, str], smoke: bool,
-         address: str, repeat: int) -> dict[str, Any]:
-    """One stage run under `launcher` on all 4 GPUs (smoke: 2 CPU ranks); its rates."""
+         address: str, repeat: int, gpus_per_node: int) -> dict[str, Any]:
+    """One stage run under `launcher` on all 2 x `gpus_per_node` GPUs (smoke: 2 CPU ranks); its rates."""
     from pipeline.execute import run_stage
     from stages.common.contract import Resources
 
     if launcher == "ray":
-        resources = Resources(nodes=2, cpu_ranks=1) if smoke else Resources(nodes=2, gpus_per_node=2)
+        resources = Resources(nodes=2, cpu_ranks=1) if smoke else Resources(nodes=2, gpus_per_node=gpus_per_node)
         config = {**config, "ray": {"address": address, "placement_timeout_s": 120}}
     else:
-        resources = Resources(cpu_ranks=2) if smoke else Resources(gpus_per_node=4)
+        resources = Resources(cpu_ranks=2) if smoke else Resources(gpus_per_node=2 * gpus_per_node)
     name = f"{'sft' if kind == 'sft' else 'rl'}-{launcher}-{repeat}"
     t0 = time.time()
     run = run_stage(kind, config, stage=name, storage=f"file://{work}/store", recipe="ray-vs-ds",
@@ -110,24 +113,28 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny shapes: the code paths, no timing claims")
     parser.add_argument("--repeat", type=int, default=1, help="pairs of runs per kind (order alternates)")
     parser.add_argument("--only", choices=["sft", "reasoning_rl"], nargs="*", default=["sft", "reasoning_rl"])
+    parser.add_argument("--gpus-per-node", type=int, choices=[1, 2], default=2,
+                        help="GPUs of each of the two Ray nodes (1: a 2-GPU host)")
     args = parser.parse_args()
+    per_node = args.gpus_per_node
     args.out.mkdir(parents=True, exist_ok=True)
     work = args.out / "work"
     work.mkdir(exist_ok=True)
     results = ResultFile.resume(args.out / "ray_vs_deepspeed.json")
     results.put("versions", result=versions())
+    results.put("layout", result={"ray_nodes": 2, "gpus_per_node": 0 if args.smoke else per_node})
     if args.smoke:
         os.environ.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
         nodes = [Node(cpus=2), Node(cpus=2)]
-    else:  # the GPUs this script was given (gpu_queue pins them), two per Ray node
-        gpus = pinned_gpus() or ["0", "1", "2", "3"]
-        if len(gpus) < 4:
-            raise SystemExit(f"needs 4 GPUs, CUDA_VISIBLE_DEVICES gives {gpus}")
-        nodes = [Node(cpus=8, gpus=2, env={"CUDA_VISIBLE_DEVICES": ",".join(gpus[:2])}),
-                 Node(cpus=8, gpus=2, env={"CUDA_VISIBLE_DEVICES": ",".join(gpus[2:4])})]
+    else:  # the GPUs this script was given (gpu_queue pins them), --gpus-per-node per Ray node
+        gpus = pinned_gpus() or [str(i) for i in range(2 * per_node)]
+        if len(gpus) < 2 * per_node:
+            raise SystemExit(f"needs {2 * per_node} GPUs (--gpus-per-node {per_node}), CUDA_VISIBLE_DEVICES gives {gpus}")
+        nodes = [Node(cpus=8, gpus=per_node, env={"CUDA_VISIBLE_DEVICES": ",".join(gpus[:per_node])}),
+                 Node(cpus=8, gpus=per_node, env={"CUDA_VISIBLE_DEVICES": ",".join(gpus[per_node:2 * per_node])})]
     upstream = _setup(work, args.smoke)
     log(f"setup done: {upstream}")
-    configs = _configs(args.smoke)
+    configs = _configs(args.smoke, per_node)
     with local_ray_cluster(work, nodes) as address:
         log(f"Ray cluster of {len(nodes)} nodes at {address}")
         for kind in args.only:
@@ -136,7 +143,7 @@ def main() -> None:
                 order = ("deepspeed", "ray") if i % 2 == 0 else ("ray", "deepspeed")
                 for launcher in order:
                     log(f"{kind} under {launcher} ({i + 1}/{args.repeat})")
-                    rows.append(_run(kind, launcher, configs[kind], work, upstream, args.smoke, address, i))
+                    rows.append(_run(kind, launcher, configs[kind], work, upstream, args.smoke, address, i, per_node))
                     key = "tokens_per_s" if kind == "sft" else "rollout_tokens_per_s"
                     results.put(kind, result={"runs": rows, "ray_over_deepspeed": _ratio(rows, key),
                                               "step_seconds_ray_over_deepspeed": _ratio(rows, "step_seconds_mean")})

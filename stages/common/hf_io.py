@@ -60,6 +60,19 @@ def check_code_trust(model_dir: str | Path, trust_remote_code: bool, what: str =
             f"config: {', '.join(sorted(code))}): set `trust_remote_code: true` on this stage to run it")
 
 
+def require_model_dir(model_dir: str | Path, where: str) -> Path:
+    """`model_dir` when it is a Hugging Face model directory (config.json); else a StageError
+    that names `where` (the config key and its value) and what the directory is instead: a LoRA
+    adapter alone (a stage with `lora.publish: adapter`) loads nowhere a model is expected."""
+    path = Path(model_dir)
+    if (path / "config.json").is_file():
+        return path
+    if (path / "adapter_config.json").is_file():
+        raise StageError(f"{where} {path} holds a LoRA adapter alone (its stage has lora.publish: adapter), "
+                         "not a model: publish it merged (lora.publish: merged, the default)")
+    raise StageError(f"{where} {path} is not a Hugging Face model dir (no config.json)")
+
+
 def load_config(model_dir: str | Path, *, trust_remote_code: bool, what: str = "model"):
     from transformers import AutoConfig
 

@@ -56,6 +56,7 @@ def plan_lora(model: torch.nn.Module, settings: LoraSettings, always_train: tupl
     """The module names `settings` (and the kind's `always_train`) select in `model`. A pattern
     that matches nothing, or a module both adapted and trained fully, is a StageError."""
     modules = dict(model.named_modules())
+    # nn.Linear only (W stored [out, in]); a layer stored transposed (GPT-2's Conv1D) is no target
     linear = [n for n, m in modules.items() if isinstance(m, torch.nn.Linear)]
     for pattern in settings.target_modules:
         if not any(fnmatchcase(n, pattern) for n in linear):
@@ -113,7 +114,7 @@ def apply_lora(model: torch.nn.Module, settings: LoraSettings, always_train: tup
     from peft import get_peft_model
 
     plan = plan_lora(model, settings, always_train, what)
-    with warnings.catch_warnings():  # peft's notes on fan_in_fan_out / tied layers: checked above
+    with warnings.catch_warnings():  # peft's notes on tied layers: checked above
         warnings.simplefilter("ignore")
         # adapters in the base layer's dtype: peft's default upcasts them to fp32 in a bf16 model,
         # and every adapted layer then copies its input to fp32 (saved for backward): +6 GiB and
@@ -139,15 +140,22 @@ class MergedTensor:
     name: str
     parts: tuple[torch.nn.Parameter, ...]  # (W, A, B) of an adapted layer; (p,) otherwise
     scale: float | None = None  # alpha / r of an adapted layer
-    fan_in_fan_out: bool = False  # W stored transposed (GPT-2's Conv1D)
     changed: bool = True  # trained (an adapted layer, a fully trained module) or not
 
-    def value(self) -> torch.Tensor:
+    def value(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The weight in `dtype` (default: the parameter's own); an adapted layer's merge is
+        computed in fp32 and rounded to nearest once, into `dtype`."""
         if self.scale is None:
-            return self.parts[0].data
+            return self.parts[0].data if dtype is None else self.parts[0].data.to(dtype)
         w, a, b = (p.data for p in self.parts)
         delta = (b.float() @ a.float()) * self.scale
-        return (w.float() + (delta.T if self.fan_in_fan_out else delta)).to(w.dtype)
+        return (w.float() + delta).to(dtype or w.dtype)  # W is [out, in]: only nn.Linear layers get adapters (plan_lora)
+
+    @property
+    def exact_dtype(self) -> torch.dtype:
+        """The dtype that holds the weight exactly: fp32 for an adapted layer (W + scale * B @ A
+        of a bf16 W is not a bf16 number), the parameter's own otherwise."""
+        return torch.float32 if self.scale is not None else self.dtype
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -171,7 +179,7 @@ def merged_tensors(model: torch.nn.Module, changed_only: bool = False) -> list[M
             layer = modules[name.removesuffix(".base_layer.weight")]
             out.append(MergedTensor(name.replace(".base_layer.", "."),
                                     (p, layer.lora_A[ADAPTER].weight, layer.lora_B[ADAPTER].weight),
-                                    layer.scaling[ADAPTER], bool(getattr(layer, "fan_in_fan_out", False))))
+                                    layer.scaling[ADAPTER]))
         elif _TRAINED_COPY in name:
             out.append(MergedTensor(name.replace(_TRAINED_COPY, "."), (p,)))
         else:

@@ -13,7 +13,7 @@ from stages.common.chat import require_chat_template
 from stages.common.contract import StageError, StageJob
 from stages.common.deepspeed_setup import ds_config, hf_zero3_context, initialize, lr_factor, param_groups
 from stages.common.distributed import Ranks, init_distributed, seed_all
-from stages.common.hf_io import load_tokenizer
+from stages.common.hf_io import load_tokenizer, require_model_dir
 from stages.common.packed_attention import choose_attention
 from stages.common.precision import resolve_precision
 from stages.common.stage_log import StageLogger
@@ -62,12 +62,7 @@ def start_training_job(job: StageJob, cfg: TrainingConfig, split_last: int = 0) 
         raise StageError("precision bf16 needs a GPU; use auto, bf16-mixed or fp32 on CPU")
     ranks = init_distributed(world_of_one_without_launcher=True, split_last=split_last)
     seed_all(cfg.seed)
-    model_dir = Path(job.fetch(cfg.model))
-    if not (model_dir / "config.json").is_file() and (model_dir / "adapter_config.json").is_file():
-        raise StageError(f"model {cfg.model}: {model_dir} holds a LoRA adapter alone (its stage has "
-                         "lora.publish: adapter); a stage trains from a model: publish it merged (the default)")
-    if not (model_dir / "config.json").is_file():
-        raise StageError(f"model {cfg.model}: {model_dir} is not a Hugging Face model dir (no config.json)")
+    model_dir = require_model_dir(job.fetch(cfg.model), f"model = {cfg.model}:")
     tokenizer = load_tokenizer(model_dir, trust_remote_code=cfg.trust_remote_code, what=f"model {cfg.model}:")
     require_chat_template(tokenizer, cfg.model)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -12,8 +12,9 @@ Rejection sampling from a teacher, the way Long-CoT cold-start data is built:
    scores with too), and
    `selection.verdicts` keeps the accepted, finished, in-bounds, distinct ones, at most
    `max_per_prompt` per prompt;
-4. after every `checkpoint_every` batches the records of every sample so far go into a
-   checkpoint (`Checkpointer`, the training stages' one: the stage's artifact dir, so a rerun
+4. after every `checkpoint_every` batches the records of the samples since the last checkpoint
+   go into a part of their own (record_parts.py: each written once) and a checkpoint lists the
+   parts (`Checkpointer`, the training stages' one: the stage's artifact dir, so a rerun
    resumes after the last finished batch, whichever attempt wrote it).
 
 Outputs (job.output_dir): `sft.jsonl`, the kept chats (`messages`: system?, user, assistant:
@@ -41,6 +42,7 @@ from stages.common.entry import run_job
 from stages.common.rows import DataError
 from stages.common.stage_log import StageLogger, info
 from stages.distill.config import DistillConfig
+from stages.distill.record_parts import RecordParts
 from stages.distill.selection import describe_rates, report, verdicts
 from stages.reasoning_rl.data import load_rows, require_verifiers
 from stages.rl.prompts import render_prompts
@@ -49,18 +51,29 @@ from stages.rl.verified_sampling import SamplingModel
 
 @dataclass
 class Progress:
-    """What a resume needs: the batches done and the record of every sample they drew. A
+    """What a resume needs: the batches done and the record of every sample they drew. The
+    checkpoint holds the list of record parts (record_parts.py: each record is written once,
+    in the part of the first checkpoint after its batch), not the records: `records` is filled
+    from the parts on resume. A checkpoint written before the parts holds the records
+    themselves; a resume from one takes them, and its next checkpoint writes them in a part. A
     Stateful of its own rather than a `StatefulDataclass`: that mixin's module imports torch,
     and every verifier worker imports this module at its start (verifiers/api.py)."""
 
     batches_done: int = 0
     records: list[dict[str, Any]] = field(default_factory=list)
+    parts: list[dict[str, Any]] = field(default_factory=list)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"batches_done": self.batches_done, "records": self.records}
+        return {"batches_done": self.batches_done, "parts": self.parts}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.batches_done, self.records = state["batches_done"], state["records"]
+        self.batches_done, self.parts = state["batches_done"], state.get("parts", [])
+        self.records = state.get("records", [])
+
+    def save_part(self, parts: RecordParts) -> None:
+        """The records not in a part yet, as the part of the batches since the last one."""
+        start, written = (self.parts[-1]["end"], sum(p["records"] for p in self.parts)) if self.parts else (0, 0)
+        self.parts.append(parts.write(start, self.batches_done, self.records[written:]))
 
 
 def load_prompts(job: StageJob, cfg: DistillConfig) -> list[dict[str, Any]]:
@@ -142,8 +155,10 @@ def run_batches(job: StageJob, cfg: DistillConfig, teacher, rows: list[dict], pr
     ranks = Ranks(0, 1, 0, torch.device("cpu"), torch.cuda.is_available(), SOLO)
     ckpt = Checkpointer(job, None, ranks, {"progress": progress},
                         fingerprint={"prompts": len(rows), "prompts digest": prompts_digest(rows, prompt_ids)})
+    parts = RecordParts(job)
     resumed = ckpt.resume()
     if resumed is not None:
+        progress.records = parts.read(progress.parts) + progress.records
         info(f"distill: resumed after batch {progress.batches_done} of {len(batches)} "
              f"({len(progress.records)} samples drawn)")
     log.progress(progress.batches_done, total=len(batches), unit="batch")
@@ -153,6 +168,7 @@ def run_batches(job: StageJob, cfg: DistillConfig, teacher, rows: list[dict], pr
         progress.batches_done = b + 1
         log.metrics(b + 1, running_metrics(progress.records, records))
         if (b + 1) % cfg.checkpoint_every == 0 or b + 1 == len(batches):
+            progress.save_part(parts)
             ckpt.save(b + 1)
     return progress, resumed
 

@@ -7,12 +7,18 @@ last number-like string), then exact_match with the task's regexes_to_ignore
 (`harness.gsm8k_scorer`). Every row where a filter's score differs from ours is listed with
 both extractions, so each disagreement can be explained.
 
-    python -m stages.eval.gsm8k_agreement GENERATIONS.jsonl [--gold ../shared/benchmarks/gsm8k.jsonl]
-        [--id-field idx] [--set gsm8k] [--out report.json] [--show 20] [--extraction JSON]
+    python -m stages.eval.gsm8k_agreement EVAL_STAGE_DIR --set gsm8k --gold ../shared/benchmarks/gsm8k.jsonl
+        [--model rl] [--decoding greedy] [--out report.json] [--show 20]
+    python -m stages.eval.gsm8k_agreement GENERATIONS.jsonl [--gold ...] [--id-field idx] [--extraction JSON]
 
-GENERATIONS.jsonl: one JSON object per line with `response` and either `answer` (the GSM8K
-solution or the number) or an `id` found in `--gold` under `--id-field` (the eval stage's
-responses.jsonl is such a file: filter it with `--set`).
+EVAL_STAGE_DIR: a published eval stage (its responses.jsonl and manifest.json). Our scoring then
+uses the extraction options the stage's set used (its recipe's `extraction`, the verifier's
+defaults where it set none), so "ours" is the score the eval reported. GENERATIONS.jsonl: one JSON
+object per line with `response` and either `answer` (the GSM8K solution or the number) or an `id`
+found in `--gold` under `--id-field`; our extraction is `--extraction` (default: a GSM8K set's
+`GSM8K_EXTRACTION`). An agreement rate is one model's generations under one decoding: rows of
+several (an eval of two models, or greedy and sampled) are refused until `--model` /
+`--decoding` pick one.
 """
 from __future__ import annotations
 
@@ -54,8 +60,11 @@ def agreement(rows: list[dict[str, Any]], num_workers: int = 0,
     return report
 
 
-def read_generations(path: Path, gold: Path | None, id_field: str, set_name: str | None) -> list[dict[str, Any]]:
-    """The generations with their gold answers; DataError naming file:line for a bad line."""
+def read_generations(path: Path, gold: Path | None, id_field: str, set_name: str | None,
+                     model: str | None = None, decoding: str | None = None) -> list[dict[str, Any]]:
+    """The generations (of `set_name`, `model`, `decoding` where given) with their gold answers;
+    DataError naming file:line for a bad line, or the groups when the rows are of several models
+    or decodings (one agreement figure over both would describe neither)."""
     def rows_of(p: Path, what: str):
         return input_rows(Path, str(p), what)
 
@@ -64,11 +73,13 @@ def read_generations(path: Path, gold: Path | None, id_field: str, set_name: str
         if not isinstance(row.data, dict) or id_field not in row.data or "answer" not in row.data:
             raise DataError(f"GSM8K gold rows {row.where}: needs fields {id_field!r} and 'answer'")
         answers[str(row.data[id_field])] = row.data["answer"]
-    rows = []
+    rows, groups = [], set()
     for row in rows_of(path, "generations"):
         data = row.data if isinstance(row.data, dict) else {}
-        if set_name is not None and data.get("set") != set_name:
+        if ((set_name is not None and data.get("set") != set_name) or (model is not None and data.get("model") != model)
+                or (decoding is not None and data.get("decoding") != decoding)):
             continue
+        groups.add((str(data.get("model", "")), str(data.get("decoding", ""))))
         if not isinstance(data.get("response"), str):
             raise DataError(f"generations {row.where}: field 'response' must be a string")
         answer = data.get("answer", answers.get(str(data.get("id"))))
@@ -77,28 +88,58 @@ def read_generations(path: Path, gold: Path | None, id_field: str, set_name: str
                             f"{gold or '--gold (not given)'}")
         rows.append({"id": data.get("id", row.where), "response": data["response"], "answer": answer})
     if not rows:
-        raise DataError(f"generations {path}: no rows" + (f" of set {set_name!r}" if set_name else ""))
+        picked = ", ".join(f"{k} {v!r}" for k, v in (("set", set_name), ("model", model), ("decoding", decoding)) if v)
+        raise DataError(f"generations {path}: no rows" + (f" of {picked}" if picked else ""))
+    if len(groups) > 1:
+        raise DataError(f"generations {path}: rows of {len(groups)} (model, decoding) pairs {sorted(groups)}; "
+                        "an agreement rate is one model's generations under one decoding: pick one with "
+                        "--model and --decoding")
     return rows
+
+
+def eval_stage_extraction(stage_dir: Path, set_name: str | None) -> dict[str, Any]:
+    """The extraction options eval set `set_name` of a published eval stage was scored with, read
+    from its manifest's config: the verifier's defaults ({}) where the set named none."""
+    manifest_path = stage_dir / "manifest.json"
+    if set_name is None:
+        raise DataError(f"{stage_dir}: an eval stage directory needs --set (the eval set to read)")
+    try:
+        config = json.loads(manifest_path.read_text()).get("config") or {}
+    except (OSError, json.JSONDecodeError) as e:
+        raise DataError(f"{manifest_path}: not a published eval stage's manifest ({e})") from None
+    sets = config.get("sets") or {}
+    if set_name not in sets:
+        raise DataError(f"{manifest_path}: the eval stage has no set {set_name!r} (its sets: {sorted(sets)})")
+    spec = sets[set_name]
+    return dict(spec.get("extraction") or {}) if isinstance(spec, dict) else {}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("generations", type=Path)
+    p.add_argument("generations", type=Path, help="an eval stage's directory, or a JSONL file of generations")
     p.add_argument("--gold", type=Path, help="GSM8K rows (their answer field) to look generation ids up in")
     p.add_argument("--id-field", default="idx", help="the id field of --gold rows")
     p.add_argument("--set", dest="set_name", help="only generations whose `set` is this (eval responses.jsonl)")
+    p.add_argument("--model", help="only generations of this model (an eval stage's model name)")
+    p.add_argument("--decoding", help="only generations under this decoding (an eval stage's decoding name)")
     p.add_argument("--out", type=Path, help="write the full report (JSON) here")
     p.add_argument("--show", type=int, default=20, help="disagreements printed per filter")
     p.add_argument("--extraction", type=json.loads, help="our verifier's extraction options as JSON "
-                   "(default: the GSM8K benchmark set's)")
+                   "(default: an eval stage's, read from its manifest; for a file, the GSM8K benchmark set's)")
     args = p.parse_args(argv)
+    extraction, generations = args.extraction, args.generations
     try:
-        rows = read_generations(args.generations, args.gold, args.id_field, args.set_name)
+        if generations.is_dir():
+            if extraction is None:
+                extraction = eval_stage_extraction(generations, args.set_name)
+            generations = generations / "responses.jsonl"
+        rows = read_generations(generations, args.gold, args.id_field, args.set_name, args.model, args.decoding)
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    report = agreement(rows, num_workers=2, extraction=args.extraction)
-    print(f"{report['rows']} rows; ours accuracy {report['ours_accuracy']:.4f}")
+    report = agreement(rows, num_workers=2, extraction=extraction)
+    report["extraction"] = GSM8K_EXTRACTION if extraction is None else extraction
+    print(f"{report['rows']} rows; ours accuracy {report['ours_accuracy']:.4f} (extraction {report['extraction']})")
     for name, rate in report["agreement"].items():
         dis = report["disagreements"][name]
         print(f"lm-eval {name}: accuracy {report['lm_eval_accuracy'][name]:.4f}, agreement with ours {rate:.4f} "

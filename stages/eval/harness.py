@@ -1,7 +1,8 @@
 """lm-evaluation-harness inside the eval stage (the optional `lm-eval` extra:
 `pip install 'ring-pipeline[lm-eval]'`).
 
-- `run_task`: an `LmEvalSet` (a task YAML or inline task config, optionally over a local data
+- `run_task`: an `LmEvalSet` (a task YAML, read with lm-eval's own loader: its `include:`s and
+  `!function`s resolve beside it; or an inline task config; optionally over a local data
   file) run against a model directory with lm-eval's `hf` backend; returns the task's
   metrics, `<metric>,<filter>` -> value as lm-eval reports them (e.g. `exact_match,strict-match`).
   Only the task given is indexed (no default tasks, nothing downloaded when its data is local).
@@ -11,7 +12,6 @@
 """
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,20 +29,33 @@ def require_lm_eval(what: str):
     return lm_eval
 
 
-def _task_config(spec, name: str, fetch: Callable[[str], Path]) -> dict[str, Any]:
+def read_task_yaml(path: Path, where: str) -> dict[str, Any]:
+    """A task YAML read the way lm-eval reads its own (its loader): `include:` files relative
+    to the YAML merged under it, `!function module.fn` imported from `module.py` beside it (or
+    an importable module). Whatever it cannot read is a StageError naming the set and the file."""
     import yaml
 
+    require_lm_eval(where)
+    # lm-eval's own loader, what its TaskManager reads task files with (0.4.12+: the floor in pyproject)
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    try:
+        return load_yaml(path, resolve_func=True, recursive=True)
+    except yaml.YAMLError as e:
+        raise StageError(f"{where}: {path} is not a readable task YAML: {e}") from None
+    except FileNotFoundError as e:
+        raise StageError(f"{where}: {e.filename}, included by the task YAML {path} (an `include:` is relative to "
+                         "the YAML's directory), does not exist") from None
+    except (ImportError, AttributeError, ValueError, SyntaxError) as e:
+        raise StageError(f"{where}: lm-eval cannot read the task YAML {path} (an `include:` or `!function` of it): "
+                         f"{type(e).__name__}: {e}") from None
+
+
+def _task_config(spec, name: str, fetch: Callable[[str], Path]) -> dict[str, Any]:
     if isinstance(spec.lm_eval, dict):
         config = dict(spec.lm_eval)
     else:
-        path = Path(fetch(spec.lm_eval))
-        try:
-            config = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as e:
-            raise StageError(f"sets.{name}.lm_eval = {spec.lm_eval}: not a readable task YAML: {e}") from None
-        if not isinstance(config, dict):
-            raise StageError(f"sets.{name}.lm_eval = {spec.lm_eval}: a task YAML is a mapping, got "
-                             f"{type(config).__name__}")
+        config = read_task_yaml(Path(fetch(spec.lm_eval)), f"sets.{name}.lm_eval = {spec.lm_eval}")
     config.setdefault("task", name)
     if spec.data is not None:
         config.update(dataset_path="json", dataset_kwargs={"data_files": {spec.split: str(fetch(spec.data))}},
@@ -59,28 +72,25 @@ def _task_config(spec, name: str, fetch: Callable[[str], Path]) -> dict[str, Any
 
 def run_task(spec, name: str, model_dir: Path, fetch: Callable[[str], Path], *, device: str, dtype: str,
              seed: int, trust_remote_code: bool) -> dict[str, float]:
-    """The task's metrics on the model in `model_dir` (`<metric>,<filter>` -> value)."""
-    import yaml
-
+    """The task's metrics on the model in `model_dir` (`<metric>,<filter>` -> value). The task
+    goes to lm-eval as its config (what a task YAML is read into: the functions of its
+    `!function`s included), so nothing but it is indexed."""
     require_lm_eval(f"eval set {name!r} (an lm-eval task)")
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
     config = _task_config(spec, name, fetch)
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / f"{config['task']}.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-        manager = TaskManager(include_path=tmp, include_defaults=False)
-        try:
-            out = simple_evaluate(
-                model="hf", model_args={"pretrained": str(model_dir), "dtype": dtype,
-                                        "trust_remote_code": trust_remote_code},
-                tasks=[config["task"]], task_manager=manager, num_fewshot=spec.num_fewshot,
-                batch_size=spec.batch_size, device=device, limit=spec.limit, log_samples=False,
-                apply_chat_template=spec.apply_chat_template, random_seed=seed, numpy_random_seed=seed,
-                torch_random_seed=seed, fewshot_random_seed=seed)
-        except (KeyError, ValueError, FileNotFoundError, TypeError) as e:
-            raise StageError(f"eval set {name!r}: lm-eval could not run task {config['task']!r}: "
-                             f"{type(e).__name__}: {e}") from None
+    try:
+        out = simple_evaluate(
+            model="hf", model_args={"pretrained": str(model_dir), "dtype": dtype,
+                                    "trust_remote_code": trust_remote_code},
+            tasks=[config], task_manager=TaskManager(include_defaults=False), num_fewshot=spec.num_fewshot,
+            batch_size=spec.batch_size, device=device, limit=spec.limit, log_samples=False,
+            apply_chat_template=spec.apply_chat_template, random_seed=seed, numpy_random_seed=seed,
+            torch_random_seed=seed, fewshot_random_seed=seed)
+    except (KeyError, ValueError, FileNotFoundError, TypeError) as e:
+        raise StageError(f"eval set {name!r}: lm-eval could not run task {config['task']!r}: "
+                         f"{type(e).__name__}: {e}") from None
     metrics = (out or {}).get("results", {}).get(config["task"], {})
     return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 

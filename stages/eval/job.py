@@ -33,6 +33,7 @@ from typing import Any, TextIO
 
 from stages.common.contract import StageError, StageJob
 from stages.common.entry import run_job
+from stages.common.hf_io import require_model_dir
 from stages.common.rows import DataError
 from stages.common.stage_log import StageLogger, info
 from stages.eval.benchmarks import benchmark_rows
@@ -114,8 +115,8 @@ def run_harness(job: StageJob, cfg: EvalConfig, name: str, ref: str, tasks: dict
 
     from stages.common.distributed import resolve_device  # torch: not at the top (module docstring)
 
+    model_dir = require_model_dir(job.fetch(ref), f"models.{name} = {ref}:")
     log = StageLogger.for_job(job)
-    model_dir = Path(job.fetch(ref))
     device = resolve_device(cfg.rollout.device, "rollout.device",
                             torch.device("cuda:0" if torch.cuda.is_available() else "cpu"))
     dtype = cfg.rollout.dtype if cfg.rollout.dtype != "auto" else ("bfloat16" if device.startswith("cuda")

@@ -9,8 +9,9 @@
 3. Load it with transformers' own GGUF support (the tokenizer with the file's vocabulary,
    merges, special tokens and chat template; the model with every tensor dequantized by
    `gguf.dequantize`, llama.cpp's q/k row permutation undone). transformers marks that
-   model as quantized and refuses to save it, so its weights are loaded into a plain model
-   of the same config, which is written in `dtype` through the project's one save
+   model as quantized and refuses to save it, so its weights are handed to a plain model
+   of the same config (built on the meta device and given the loaded tensors themselves:
+   no second float32 copy), which is written in `dtype` through the project's one save
    (`stages.common.hf_io.save_hf_model`), with the tokenizer files.
 4. The written directory is loaded back as every later stage loads it: its tokenizer must
    tokenise like the GGUF one.
@@ -140,13 +141,20 @@ def _load_gguf(path: Path, source: str):
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # what makes the loaded model "not serializable"
-    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    missing, unexpected = plain.load_state_dict(loaded.state_dict(), strict=False)
+    # the plain model is built without storage (meta) and takes the loaded tensors themselves
+    # (assign): one float32 copy of the weights, not a second initialised one they are copied into
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = plain.load_state_dict(loaded.state_dict(), strict=False, assign=True)
     missing = [k for k in missing if k not in _tied_keys(plain)]
     if missing or unexpected:
         raise RuntimeError(f"GGUF model of {path} does not fit its own config: missing {missing}, "
                            f"unexpected {unexpected}")
     plain.tie_weights()
+    for name, buffer in list(plain.named_buffers()):
+        if buffer.is_meta:  # non-persistent buffers (rotary inv_freq) are no part of the state dict
+            module, _, leaf = name.rpartition(".")
+            plain.get_submodule(module).register_buffer(leaf, loaded.get_buffer(name), persistent=False)
     plain.generation_config = loaded.generation_config
     return tokenizer, plain
 

@@ -30,6 +30,10 @@ from stages.common.training_settings import optimizer_settings, with_defaults
 UNTRUNCATED_LOGPROB_ENGINES = ("torch",)
 # engines that record each token's MoE routes (RolloutUpdate.routes): what routing_replay needs
 ROUTE_RECORDING_ENGINES = ("torch",)
+# engines that take stochastically rounded weights (rollout.sync_rounding: stochastic): each holds
+# every tensor the sync sends in its one `dtype` (each engine class declares
+# `takes_stochastic_rounding`; tests/stages/rl/test_settings.py keeps the two in step)
+STOCHASTIC_ROUNDING_ENGINES = ("torch",)
 # engines that stage the weight sync in buckets of their own, of rollout.sync_bucket_mb (option sync_bucket_mb)
 BUCKETED_SYNC_ENGINES = ("vllm",)
 # engines that can sleep only when built for it, and the option (rollout.options) that builds
@@ -85,7 +89,8 @@ class RolloutSettings(Strict):
         "how the RL weight sync rounds the fp32 trainer's trained weights into a bf16 engine: nearest (the "
         "engine's copy), or stochastic (unbiased, E[bf16] = fp32, so AdamW's sub-bf16 steps reach the engine on "
         "average; seeded from seed and the policy version; stages/rl/stochastic_rounding.py). stochastic needs "
-        "precision: fp32 and a bf16 torch engine (rollout.dtype bf16, or auto on a GPU)"))
+        "precision: fp32 (or a LoRA policy: its merges are computed in fp32) and a bf16 torch engine (rollout.dtype "
+        "bf16, or auto on a GPU)"))
 
     @model_validator(mode="after")
     def _sync_rounding_applies(self) -> "RolloutSettings":
@@ -116,11 +121,10 @@ WEIGHT_DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "bfloat16": "bflo
 
 def _stochastic_rounding_problem(engine: str, dtype: str, device: str) -> str | None:
     """Why a rollout `engine` of `dtype` on `device` cannot take stochastically rounded weights."""
-    if engine != "torch":
-        # the sync rounds by the engine's dtype as a whole, and vLLM keeps some tensors in another
-        # one (its MoE routers' gates in fp32): those would get a rounded value instead of the exact one
-        return (f"rollout.engine {engine} keeps some of a model's tensors in other dtypes than its own (a MoE "
-                "router's gate in fp32, for one), which the sync cannot see; only the torch engine takes it")
+    if engine not in STOCHASTIC_ROUNDING_ENGINES:
+        return (f"rollout.engine {engine} does not take it (engines that do: {', '.join(STOCHASTIC_ROUNDING_ENGINES)}): "
+                "the sync rounds by the engine's dtype as a whole, and a tensor the engine keeps in another dtype "
+                "(vLLM's MoE routers' gates in fp32) would get a rounded value instead of the exact one")
     if dtype == "fp8":
         return "rollout.dtype fp8 is not supported (the engine quantises its own FP8 copies)"
     if dtype == "auto":
@@ -254,11 +258,13 @@ class RLConfig(StageConfig, optimizer_settings(lr=2e-6, adam_betas=(0.9, 0.999),
             raise ValueError(f"lora.dropout ({self.lora.dropout}): the RL kinds train with every dropout off "
                              "(pi_train(theta_old) must be the policy the engines sample); set lora.dropout: 0")
         self._check_truncated_sampling()
-        if self.rollout.sync_rounding == "stochastic" and self.precision != "fp32":
+        # a LoRA policy's merges are computed in fp32 whatever the precision, so they always have
+        # something to round (stages/rl/stochastic_rounding.py)
+        if self.rollout.sync_rounding == "stochastic" and self.precision != "fp32" and self.lora is None:
             auto = " (bf16 on a GPU)" if self.precision == "auto" else ""
             raise ValueError(f"rollout.sync_rounding: stochastic rounds an fp32 trainer's weights, and precision is "
                              f"{self.precision}{auto}: bf16 weights reach the engine as they are. Set precision: fp32, "
-                             f"or rollout.sync_rounding: nearest")
+                             f"train LoRA adapters (their fp32 merge is rounded), or rollout.sync_rounding: nearest")
         if self.routing_replay and self.rollout.engine not in ROUTE_RECORDING_ENGINES:
             raise ValueError(f"routing_replay: true needs an engine that records the experts it routed to "
                              f"({', '.join(ROUTE_RECORDING_ENGINES)}); rollout.engine is {self.rollout.engine!r}")

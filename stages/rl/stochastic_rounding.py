@@ -22,6 +22,10 @@ on the tensor's device: CPU and CUDA streams differ (the same seed on the same k
 gives the same bits). Draws are made in chunks of `CHUNK` elements, which bounds the
 temporaries at ~8 bytes per chunk element whatever the tensor's size.
 
+A LoRA policy's adapted layers are merged in fp32 (W + scale * B @ A) and that merge is rounded,
+whatever W's dtype: with a bf16 trainer the adapters' small steps would otherwise vanish in the
+merge's round to nearest exactly as an fp32 trainer's do (weight_sync.py `_rounded`).
+
 Only what training changes is rounded stochastically (`MergedTensor.changed`: a frozen
 parameter, e.g. the MoE router bias, is sent as before and rounded to nearest by the engine,
 the same value it loaded: re-drawing a constant at every sync would only add noise).
@@ -81,9 +85,6 @@ class SyncRounding:
         """Whether a tensor of `dtype` is rounded here (else the engine's copy rounds it to nearest)."""
         return changed and dtype == torch.float32
 
-    def sent_dtype(self, dtype: torch.dtype, changed: bool) -> torch.dtype:
-        return torch.bfloat16 if self.rounds(dtype, changed) else dtype
-
     def apply(self, name: str, value: torch.Tensor, changed: bool, version: int) -> torch.Tensor:
         if not self.rounds(value.dtype, changed):
             return value
@@ -93,7 +94,12 @@ class SyncRounding:
     @staticmethod
     def check_engine(engine: RolloutEngine) -> None:
         """An engine that holds its weights in another dtype than bf16 has nothing to gain (fp32:
-        it takes the trainer's weights exactly) or would get the wrong values."""
+        it takes the trainer's weights exactly) or would get the wrong values, and so would an
+        engine that keeps some tensors in another dtype than its own (`takes_stochastic_rounding`)."""
+        if not engine.takes_stochastic_rounding:
+            raise StageError(f"rollout.sync_rounding: stochastic rounds the weights by the engine's dtype, and this "
+                             f"rank's {engine.name} engine keeps some tensors in other dtypes: set "
+                             f"rollout.sync_rounding: nearest")
         if engine.dtype != torch.bfloat16:
             raise StageError(f"rollout.sync_rounding: stochastic rounds the weights into a bf16 engine, and this "
                              f"rank's {engine.name} engine holds {engine.dtype} weights (rollout.dtype auto is fp32 "

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import gc
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from stages.common.chat import require_chat_template
 from stages.common.contract import StageError, StageJob
-from stages.common.hf_io import eos_token_ids_of, load_tokenizer
+from stages.common.hf_io import eos_token_ids_of, load_tokenizer, require_model_dir
 from stages.rl.decoding import make_decoder
 from stages.rl.settings import GenerationSettings, VerifierSettings
 from verifiers import verify_batch
@@ -66,9 +65,7 @@ class SamplingModel:
         from stages.rl.engines import create_engine  # torch (module docstring)
 
         where = f"{key or f'models.{name}'} = {ref}:"
-        model_dir = Path(job.fetch(ref))
-        if not (model_dir / "config.json").is_file():
-            raise StageError(f"{where} {model_dir} is not a Hugging Face model dir (no config.json)")
+        model_dir = require_model_dir(job.fetch(ref), where)
         hf_logging.disable_progress_bar()
         trust = cfg.trust_remote_code
         self.tokenizer = load_tokenizer(model_dir, trust_remote_code=trust, what=where)

@@ -182,13 +182,20 @@ def make_weight_sync(placement: Placement, ranks: Ranks, module: torch.nn.Module
                               changed_only, rounding)
 
 
+def _rounded(t: MergedTensor, rounding: SyncRounding | None) -> bool:
+    """Whether the sync rounds `t` stochastically: a trained tensor held exactly in fp32 (an fp32
+    parameter, or any adapted layer's merge, computed in fp32 from a bf16 or fp32 W)."""
+    return rounding is not None and rounding.rounds(t.exact_dtype, t.changed)
+
+
 def _sent_dtype(t: MergedTensor, rounding: SyncRounding | None) -> torch.dtype:
     """The dtype `t` travels in: a rounded tensor as bf16 (a frozen fp32 one as fp32: in a split
     sync, another bucket). Both placements count their bytes in it."""
-    return t.dtype if rounding is None else rounding.sent_dtype(t.dtype, t.changed)
+    return torch.bfloat16 if _rounded(t, rounding) else t.dtype
 
 
 def _sent(t: MergedTensor, rounding: SyncRounding | None, version: int) -> torch.Tensor:
     """What an engine receives of `t` (its gathered parts in hand) in the sync of `version`."""
-    value = t.value()
-    return value if rounding is None else rounding.apply(t.name, value, t.changed, version)
+    if not _rounded(t, rounding):
+        return t.value()
+    return rounding.apply(t.name, t.value(torch.float32), t.changed, version)

@@ -67,6 +67,9 @@ class RolloutEngine(Protocol):
     # True when a token's reported log-prob is that of the untruncated softmax(logits / T),
     # whatever top_p / top_k do to the sampling (what IcePop / TIS need; stages/rl/settings.py)
     reports_untruncated_logprobs: bool
+    # True when the engine holds every tensor the weight sync sends in its one `dtype`: what
+    # stochastic sync rounding needs (stages/rl/stochastic_rounding.py; stages/rl/settings.py)
+    takes_stochastic_rounding: bool
     dtype: torch.dtype  # of the weights update_weights writes (bf16: what stochastic sync rounding needs)
 
     def generate(self, requests: list[RolloutRequest], sampling: SamplingParams,

@@ -180,13 +180,15 @@ def _rpc(loop: LoopThread, llm, fn, kwargs: dict) -> list:
     return loop.run(llm.collective_rpc(fn, kwargs=kwargs))
 
 
-def _weights_dtype(dtype: str) -> torch.dtype | None:
-    """The dtype of the model's weights for `rollout.dtype` (auto and fp8's unquantised ones: bf16);
-    None for a name vLLM resolves itself."""
-    if dtype in ("auto", "fp8"):
-        return torch.bfloat16
-    named = getattr(torch, WEIGHT_DTYPE_NAMES.get(dtype, dtype), None)
-    return named if isinstance(named, torch.dtype) else None
+def weights_dtype_name(dtype: str) -> str:
+    """`rollout.dtype` as the canonical name of the model's weights' dtype (auto and fp8's
+    unquantised weights: bfloat16), resolved once: the engine's `dtype` is torch's dtype of that
+    name and vLLM is given the name (its ModelConfig.dtype lacks the recipe's bf16 / fp32 / fp16).
+    The names the torch engine takes; another is refused before vLLM starts."""
+    name = "bfloat16" if dtype in ("auto", "fp8") else WEIGHT_DTYPE_NAMES.get(dtype)
+    if name is None:
+        raise ValueError(f"vllm engine: unknown dtype {dtype!r}; use auto, fp8, {', '.join(WEIGHT_DTYPE_NAMES)}")
+    return name
 
 
 class VllmEngine(SyncTiming):
@@ -194,6 +196,9 @@ class VllmEngine(SyncTiming):
     # with logprobs_mode="processed_logprobs" the reported log-prob is that of the distribution
     # after top-k/top-p renormalisation (module docstring)
     reports_untruncated_logprobs = False
+    # vLLM keeps some tensors in another dtype than the model's (its MoE routers' gates in fp32):
+    # a sync that rounds by the engine's dtype would give those a rounded value
+    takes_stochastic_rounding = False
 
     def __init__(self, model_dir: str, *, device: str = "cuda", dtype: str = "auto",
                  max_batch: int = 64, max_len: int = 4096, seed: int = 0,
@@ -220,10 +225,9 @@ class VllmEngine(SyncTiming):
             log.warning("vllm engine: quantization=fp8: the weight sync hands bf16 tensors to the FP8 model's "
                         "load_weights, and vLLM versions differ in whether that re-quantises them "
                         "(vllm-project/vllm#28425); watch the mismatch metrics (icepop/) of the first steps")
-        self.dtype = _weights_dtype(dtype)
-        # vLLM's dtype names (ModelConfig.dtype) lack the recipe's bf16 / fp32 / fp16: the canonical name
-        vllm_dtype = "bfloat16" if dtype in ("auto", "fp8") else WEIGHT_DTYPE_NAMES.get(dtype, dtype)
-        kwargs = dict(model=model_dir, dtype=vllm_dtype, seed=seed, **fp8,
+        weights_dtype = weights_dtype_name(dtype)
+        self.dtype = getattr(torch, weights_dtype)
+        kwargs = dict(model=model_dir, dtype=weights_dtype, seed=seed, **fp8,
                       trust_remote_code=trust_remote_code, max_model_len=max_len, max_num_seqs=max_batch,
                       gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=enable_prefix_caching,
                       enforce_eager=enforce_eager, logprobs_mode="processed_logprobs", disable_log_stats=True,

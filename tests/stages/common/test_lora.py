@@ -83,6 +83,17 @@ def test_the_plan_refuses_what_it_cannot_do():
         apply_lora(build_model("llama"), LoraSettings(), always_train=("score",))
 
 
+def test_a_layer_stored_transposed_gets_no_adapter():
+    """GPT-2's Conv1D stores W as [in, out]: the merge (W + scale * B @ A) and the weight sync are
+    for nn.Linear's [out, in], so a Conv1D layer is no target: named, not merged transposed."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64, n_positions=32))
+    with pytest.raises(StageError, match=r"target_modules: '\*\.c_attn' matches no linear layer of the model "
+                                         r"\(some of its linear layers: lm_head\)"):
+        apply_lora(gpt2, LoraSettings(target_modules=["*.c_attn"]))
+
+
 def test_only_adapters_and_fully_trained_modules_train():
     model = build_model("llama")
     apply_lora(model, LoraSettings(rank=4, target_modules=["*.q_proj", "*.v_proj"], train_fully=["lm_head"]))
@@ -169,3 +180,42 @@ def test_the_weight_syncs_tensors_are_the_base_names_merged():
         torch.testing.assert_close(t.value(), merged[t.name])
     everything = merged_tensors(model)
     assert [t.name for t in everything] == [n for n, _ in build_model("llama").named_parameters()]
+
+
+def _adapter_artifact(tmp_path):
+    model = build_model("llama")
+    settings = LoraSettings(rank=2, target_modules=["*.k_proj"], publish="adapter")
+    plan = apply_lora(model, settings)
+    out = tmp_path / "adapter"
+    write_adapter(lora_state_dict(model, "adapter", zero3=False, rank=0), settings, plan, out, "file:///b", None)
+    return out
+
+
+def _distill_teacher(job):
+    from stages.rl.verified_sampling import SamplingModel
+    SamplingModel(job, None, "teacher", "${stages.sft.output}", key="teacher")
+
+
+def _eval_model(job):
+    from stages.rl.verified_sampling import SamplingModel
+    SamplingModel(job, None, "policy", "${stages.sft.output}")
+
+
+def _eval_lm_eval_set(job):
+    from stages.eval.job import run_harness
+    run_harness(job, None, "policy", "${stages.sft.output}", {}, [])
+
+
+@pytest.mark.parametrize("load, key", [(_distill_teacher, "teacher"), (_eval_model, "models.policy"),
+                                       (_eval_lm_eval_set, "models.policy")])
+def test_an_adapter_only_artifact_is_named_where_a_model_is_loaded(tmp_path, load, key):
+    """distill's teacher, eval's models and its lm-eval sets load a model dir: an adapter alone
+    (`lora.publish: adapter`) is named as one, with the key, and how to publish what they load."""
+    from types import SimpleNamespace
+
+    adapter = _adapter_artifact(tmp_path)
+    with pytest.raises(StageError, match=rf"^{key} = \$\{{stages.sft.output\}}: {adapter} holds a LoRA adapter "
+                                         r"alone \(.*lora.publish: adapter\).*publish it merged"):
+        load(SimpleNamespace(fetch=lambda ref: str(adapter)))
+    with pytest.raises(StageError, match=rf"^{key} = .*: {tmp_path} is not a Hugging Face model dir \(no config.json\)"):
+        load(SimpleNamespace(fetch=lambda ref: str(tmp_path)))

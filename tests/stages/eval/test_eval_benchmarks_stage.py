@@ -68,6 +68,7 @@ def test_lm_eval_missing_is_a_clear_error(monkeypatch):
 
 
 def test_task_without_its_required_keys_is_named(tmp_path):
+    pytest.importorskip("lm_eval")
     from stages.eval.config import LmEvalSet
     from stages.eval.harness import _task_config
 
@@ -76,7 +77,8 @@ def test_task_without_its_required_keys_is_named(tmp_path):
         _task_config(spec, "h", lambda p: Path(p))
     bad = tmp_path / "task.yaml"
     bad.write_text("- just\n- a list\n")
-    with pytest.raises(StageError, match=rf"sets.h.lm_eval = {bad}: a task YAML is a mapping"):
+    with pytest.raises(StageError, match=rf"sets.h.lm_eval = {bad}: lm-eval cannot read the task YAML .*"
+                                         r"Expected YAML dict"):
         _task_config(LmEvalSet(lm_eval=str(bad)), "h", lambda p: Path(p))
     ok = _task_config(LmEvalSet(lm_eval=TASK, data=str(tmp_path / "d.jsonl"), split="dev", max_new_tokens=5), "h",
                       lambda p: Path(p))
@@ -93,13 +95,59 @@ def test_shipped_gsm8k_task_is_lm_evals_own_scoring_over_local_data():
     from stages.eval.config import LmEvalSet
     from stages.eval.harness import _task_config, gsm8k_scorer
 
+    pytest.importorskip("lm_eval")
     repo = Path(__file__).resolve().parents[3]
     ours = _task_config(LmEvalSet(lm_eval=str(repo / "recipes/lm_eval/gsm8k_local.yaml"),
                                   data=str(BENCH / "gsm8k.jsonl")), "g", lambda p: Path(p))
-    pytest.importorskip("lm_eval")
     _, theirs = gsm8k_scorer()
     for key in ("filter_list", "metric_list", "doc_to_text", "doc_to_target", "output_type"):
         assert ours[key] == theirs[key], key
     assert ours["generation_kwargs"]["until"] == theirs["generation_kwargs"]["until"]
     assert ours["num_fewshot"] == 0 and "fewshot_split" not in ours and "training_split" not in ours
-    assert yaml.safe_load(yaml.safe_dump(ours)) == ours  # what the stage writes for lm-eval reads back
+    assert yaml.safe_load((repo / "recipes/lm_eval/gsm8k_local.yaml").read_text())["task"] == "gsm8k_local"
+
+
+def _task_dir(tmp_path: Path) -> Path:
+    """A task the way lm-eval's own are written: a shared base (`include:`, relative) and the
+    prompt from a function of a module beside the YAML (`!function`)."""
+    d = tmp_path / "tasks"
+    (d / "common").mkdir(parents=True)
+    (d / "common" / "base.yaml").write_text(yaml_dump({k: v for k, v in TASK.items() if k != "doc_to_text"}))
+    (d / "prompts.py").write_text("def question(doc):\n    return 'Question: ' + doc['question'].upper() + '?'\n")
+    (d / "task.yaml").write_text("include: common/base.yaml\ntask: local_sums_fn\n"
+                                 "doc_to_text: !function prompts.question\n")
+    return d
+
+
+def yaml_dump(obj) -> str:
+    import yaml
+    return yaml.safe_dump(obj, sort_keys=False)
+
+
+def test_a_task_yaml_with_includes_and_functions_reads_as_lm_eval_reads_it(tmp_path):
+    """`include:` relative to the YAML and `!function` of a module beside it, as lm-eval's own
+    tasks use them: the task lm-eval builds from the config prompts with the function and keeps
+    the included filters and metric; a missing include or module names the set and the file."""
+    pytest.importorskip("lm_eval")
+    from lm_eval.tasks import TaskManager
+
+    from stages.eval.config import LmEvalSet
+    from stages.eval.harness import _task_config
+
+    d = _task_dir(tmp_path)
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{i} + 1", "target": str(i + 1)}) + "\n" for i in range(3)))
+    config = _task_config(LmEvalSet(lm_eval=str(d / "task.yaml"), data=str(data)), "h", lambda p: Path(p))
+    assert config["task"] == "local_sums_fn" and config["filter_list"] == TASK["filter_list"]
+    (task,) = TaskManager(include_defaults=False).load([config])["tasks"].values()
+    doc = next(iter(task.test_docs()))
+    assert task.doc_to_text(doc) == "Question: 0 + 1?" and task.doc_to_target(doc) == "1"
+
+    (d / "task.yaml").write_text("include: common/missing.yaml\ntask: t\n")
+    with pytest.raises(StageError, match=rf"sets.h.lm_eval = {d}/task.yaml: {d}/common/missing.yaml, included by "
+                                         rf"the task YAML {d}/task.yaml .*does not exist"):
+        _task_config(LmEvalSet(lm_eval=str(d / "task.yaml")), "h", lambda p: Path(p))
+    (d / "task.yaml").write_text("include: common/base.yaml\ntask: t\ndoc_to_text: !function nowhere_module.fn\n")
+    with pytest.raises(StageError, match=rf"sets.h.lm_eval = {d}/task.yaml: lm-eval cannot read the task YAML "
+                                         r".*ImportError: .*nowhere_module"):
+        _task_config(LmEvalSet(lm_eval=str(d / "task.yaml")), "h", lambda p: Path(p))

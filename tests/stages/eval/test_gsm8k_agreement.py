@@ -106,3 +106,53 @@ def test_cli_reads_eval_responses_and_a_gold_file(tmp_path, capsys):
     gens.write_text('{"set": "gsm8k", "id": 7, "response": "x"}\n{"broken\n')
     assert main([str(gens), "--gold", str(gold)]) == 2
     assert f"{gens}:1: no 'answer' field and id 7 is not in {gold}" in capsys.readouterr().err
+
+
+def _eval_stage_dir(tmp_path, extraction):
+    """A published eval stage as the pipeline writes it: responses.jsonl (two models, greedy) and
+    manifest.json whose config holds the set's extraction options."""
+    stage = tmp_path / "eval_rl-0123456789ab"
+    stage.mkdir()
+    # "#### 18" after many numbers: GSM8K's hashes strategy reads it; the verifier's defaults refuse
+    # a last number among more than four without a marker
+    many = "9 eggs, 2 each, 3 days, 5 cats, 7 dogs: #### 18"
+    rows = [{"model": m, "set": "gsm8k", "decoding": "greedy", "id": i, "response": r}
+            for m in ("sft", "rl") for i, r in enumerate(["#### 18", many])]
+    rows.append({"model": "rl", "set": "heldout", "decoding": "greedy", "id": 0, "response": "x"})
+    (stage / "responses.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    gsm8k = {"path": "../shared/benchmarks/gsm8k.jsonl", "question_field": "question", "answer_field": "answer",
+             "answer_extractor": "gsm8k", **({"extraction": extraction} if extraction is not None else {})}
+    (stage / "manifest.json").write_text(json.dumps({"kind": "eval", "config": {"sets": {"gsm8k": gsm8k}}}))
+    (stage / "_SUCCESS").write_text("")
+    gold = tmp_path / "gsm8k.jsonl"
+    gold.write_text("".join(json.dumps({"question": "q", "answer": GOLD, "idx": i}) + "\n" for i in range(2)))
+    return stage, gold
+
+
+@pytest.mark.parametrize("extraction, ours", [(None, 0.5), ({"strategies": ["hashes", "last_number"]}, 1.0)])
+def test_an_eval_stage_dir_is_scored_with_its_sets_own_extraction(tmp_path, extraction, ours):
+    """'ours' is the score the eval reported: the set's extraction from the stage's manifest, the
+    verifier's defaults where the recipe set none (not GSM8K_EXTRACTION, which reads both rows)."""
+    stage, gold = _eval_stage_dir(tmp_path, extraction)
+    out = tmp_path / "report.json"
+    assert main([str(stage), "--set", "gsm8k", "--gold", str(gold), "--model", "rl", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["rows"] == 2 and report["ours_accuracy"] == ours
+    assert report["extraction"] == (extraction or {})
+    # an explicit --extraction still wins
+    assert main([str(stage), "--set", "gsm8k", "--gold", str(gold), "--model", "rl", "--out", str(out),
+                 "--extraction", '{"strategies": ["hashes"]}']) == 0
+    assert json.loads(out.read_text())["ours_accuracy"] == 1.0
+
+
+def test_rows_of_several_models_or_a_stage_dir_without_its_set_are_refused(tmp_path, capsys):
+    stage, gold = _eval_stage_dir(tmp_path, None)
+    assert main([str(stage), "--set", "gsm8k", "--gold", str(gold)]) == 2
+    err = capsys.readouterr().err
+    assert "2 (model, decoding) pairs" in err and "('rl', 'greedy')" in err and "--model" in err
+    assert main([str(stage), "--gold", str(gold), "--model", "rl"]) == 2
+    assert "needs --set" in capsys.readouterr().err
+    assert main([str(stage), "--set", "math500", "--gold", str(gold), "--model", "rl"]) == 2
+    assert "no set 'math500' (its sets: ['gsm8k'])" in capsys.readouterr().err
+    assert main([str(stage), "--set", "gsm8k", "--gold", str(gold), "--model", "base"]) == 2
+    assert "no rows of set 'gsm8k', model 'base'" in capsys.readouterr().err

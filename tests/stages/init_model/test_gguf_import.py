@@ -209,6 +209,34 @@ def test_fp32_import_holds_the_dequantized_tensors_exactly(tmp_path, tiny_gguf):
         assert weights[name].dtype == torch.float32 and torch.equal(weights[name], torch.from_numpy(want)), name
 
 
+def test_the_plain_model_takes_the_dequantized_tensors_without_a_copy(tiny_gguf, monkeypatch):
+    """Peak memory: the plain model that is written holds the very tensors transformers
+    dequantized (no second float32 model they are copied into), none left on the meta device,
+    and computes what the loaded model computes."""
+    from transformers import AutoModelForCausalLM
+
+    from stages.init_model.gguf_import import _load_gguf
+
+    path, _ = tiny_gguf
+    loaded = []
+    real = AutoModelForCausalLM.from_pretrained.__func__
+
+    def keep(cls, *args, **kwargs):
+        loaded.append(real(cls, *args, **kwargs))
+        return loaded[-1]
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", classmethod(keep))
+    _, plain = _load_gguf(path, str(path))
+    (original,) = loaded
+    storage = {t.untyped_storage().data_ptr() for t in original.state_dict().values()}
+    assert all(t.untyped_storage().data_ptr() in storage for t in plain.state_dict().values())
+    assert not any(t.is_meta for t in [*plain.parameters(), *plain.buffers()])
+    assert plain.lm_head.weight is plain.model.embed_tokens.weight
+    ids = torch.tensor([[1, 5, 9, 2]])
+    with torch.no_grad():
+        torch.testing.assert_close(plain(input_ids=ids).logits, original(input_ids=ids).logits, rtol=0, atol=0)
+
+
 def _install_package(site: Path, gguf_file: Path, version: str = "1.0") -> Path:
     """A distribution `tiny-gguf-pkg` installed in `site`: package tiny_gguf_pkg holding the
     file, with a RECORD (an __init__ that fails proves the package is never imported)."""

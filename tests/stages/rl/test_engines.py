@@ -489,10 +489,15 @@ def test_vllm_engine_glue_against_a_fake_vllm(monkeypatch, model_dir):
     assert "request_seeds" not in unseeded.llm.kw and unseeded.llm.kw["seed"] == 3
     with pytest.raises(ValueError, match="request_seeds must be true or false, not 'false'"):
         open_engine(mod, model_dir, request_seeds="false")  # a quoted YAML string is not false
-    # the recipe's dtype nicknames reach vLLM as the names it accepts (its ModelConfig.dtype)
+    # the recipe's dtype nicknames reach vLLM as the names it accepts (its ModelConfig.dtype), and
+    # the engine's dtype (what the weight sync sends) is the same one; an unknown name is refused
+    # before vLLM starts
     for nickname, name in [("bf16", "bfloat16"), ("fp32", "float32"), ("fp16", "float16"), ("auto", "bfloat16"),
-                           ("bfloat16", "bfloat16")]:
-        assert open_engine(mod, model_dir, dtype=nickname).llm.kw["dtype"] == name, nickname
+                           ("bfloat16", "bfloat16"), ("fp8", "bfloat16")]:
+        named = open_engine(mod, model_dir, dtype=nickname)
+        assert named.llm.kw["dtype"] == name and named.dtype == getattr(torch, name), nickname
+    with pytest.raises(ValueError, match=r"vllm engine: unknown dtype 'bf61'; use auto, fp8, float32, fp32"):
+        open_engine(mod, model_dir, dtype="bf61")
     fe.params.clear()
     eng.generate(reqs[:1], SamplingParams(temperature=0.0, top_k=5))
     (p,) = fe.params.values()

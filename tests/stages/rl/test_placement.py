@@ -1,7 +1,8 @@
 """Which ranks train and which generate (stages/rl/placement.py), with tensor-parallel engines:
 the generating ranks form groups of `tensor_parallel_size`, the first rank of each runs the
 engine; a size that does not divide them is the user's error, named by its key; the engine
-options carry the weight sync's bucket size to an engine that buckets the sync itself."""
+options carry the weight sync's bucket size to an engine that buckets the sync itself; each engine
+rank's engine gets a seed of its own."""
 from __future__ import annotations
 
 import pytest
@@ -71,3 +72,38 @@ def test_a_rank_of_a_tensor_parallel_group_without_an_engine_joins_every_gather(
     sync = ws.GatherIntoEngines(module, None, zero3=True, bucket_bytes=64 * 64 * 4)
     assert sync.push(1) >= 0
     assert len(joined) == len(sync.buckets) == 2 and sum(joined) == 4
+
+
+@pytest.mark.parametrize("rollout, world, seeds", [
+    ({}, 3, {0: 11, 1: 12, 2: 13}),                 # colocated: every rank an engine
+    ({"gpus": 2}, 4, {0: None, 1: None, 2: 11, 3: 12}),  # split: the last two generate; engine 0 keeps the seed
+])
+def test_each_engine_gets_its_own_seed(monkeypatch, rollout, world, seeds):
+    """The stage seed plus the engine's index among the engines: a request an engine samples
+    without a seed of its own (vLLM's request_seeds: false) draws other noise on each engine."""
+    import torch
+
+    import stages.rl.engines.protocol as protocol
+    from stages.common.distributed import Ranks
+    from stages.common.groups import SOLO
+    from stages.rl import rollouts
+    from stages.rl.prompts import PromptSet
+
+    made = {}
+    monkeypatch.setattr(rollouts, "make_scheduler", lambda *args, **kwargs: None)  # its shards: test_data_parallel
+
+    def recording(model_dir, **kwargs):
+        made[kwargs.pop("rank")] = kwargs["seed"]
+        return object()
+
+    cfg = ReasoningRLConfig.model_validate({**BASE, "seed": 11, "rollout": {"engine": "recording", **rollout}})
+    prompts = PromptSet(rows=[{"id": "a"}], prompt_ids=[[1, 2]], groups={"all": [0]}, weights=None, summary={},
+                        description="")
+    for rank in range(world):
+        monkeypatch.setitem(protocol.ENGINES, "recording",
+                            lambda model_dir, rank=rank, **kw: recording(model_dir, rank=rank, **kw))
+        placement = Placement.of(cfg, rank, world)
+        ranks = Ranks(rank, world, rank, torch.device("cpu"), False, SOLO)
+        rollouts.DataParallelRollouts.start(cfg, placement, ranks, "model", prompts, build_reward=lambda: None,
+                                            decode=str, step_metrics=lambda reward: {})
+    assert made == {r: s for r, s in seeds.items() if s is not None}

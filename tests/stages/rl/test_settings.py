@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from stages.general_rl.config import GeneralRLConfig
 from stages.reasoning_rl.config import ReasoningRLConfig
-from stages.rl.settings import UNTRUNCATED_LOGPROB_ENGINES
+from stages.rl.settings import STOCHASTIC_ROUNDING_ENGINES, UNTRUNCATED_LOGPROB_ENGINES
 
 REASONING = {"kind": "reasoning_rl", "model": "m", "data": "d.jsonl", "steps": 1}
 VLLM = {"engine": "vllm", "options": {"enable_sleep_mode": True}}
@@ -38,6 +38,9 @@ def test_the_engines_declare_what_the_settings_assume():
     declared = {c.name: c.reports_untruncated_logprobs for c in (TorchEngine, VllmEngine)}
     assert declared == {"torch": True, "vllm": False}
     assert set(UNTRUNCATED_LOGPROB_ENGINES) == {n for n, untruncated in declared.items() if untruncated}
+    rounding = {c.name: c.takes_stochastic_rounding for c in (TorchEngine, VllmEngine)}
+    assert rounding == {"torch": True, "vllm": False}
+    assert set(STOCHASTIC_ROUNDING_ENGINES) == {n for n, takes in rounding.items() if takes}
 
 
 @pytest.mark.parametrize("config_cls,base", [(ReasoningRLConfig, REASONING), (GeneralRLConfig, GENERAL)])

@@ -159,6 +159,44 @@ def test_a_bf16_engine_synced_stochastically_holds_the_functions_output_under_th
     assert torch.equal(held[frozen], again[frozen])
 
 
+def test_a_bf16_lora_trainers_merge_is_rounded_from_fp32_where_nearest_loses_the_adapter(tiny_llama):
+    """A bf16 trainer with LoRA adapters: an adapted layer's W + scale * B @ A is computed in fp32
+    and rounded stochastically into the engine (under the documented seed), where round to
+    nearest gives back W, the adapter's sub-bf16 change lost; the frozen bf16 rest is sent as is."""
+    from stages.common.hf_io import load_causal_lm
+    from stages.common.lora import apply_lora
+    from stages.common.training_settings import LoraSettings
+    from stages.rl.engines import create_engine
+    from stages.rl.weight_sync import GatherIntoEngines
+
+    trainer = load_causal_lm(tiny_llama, torch.bfloat16, trust_remote_code=False)
+    apply_lora(trainer, LoraSettings(rank=2, alpha=2.0, target_modules=["*.q_proj"]))
+    name = "model.layers.0.self_attn.q_proj.weight"
+    layer = trainer.get_submodule("model.layers.0.self_attn.q_proj")
+    delta = 2 ** -15  # B @ A (rank 2, scale 1): below half of bf16's spacing (2^-13) at every |W| >= 2^-6
+    with torch.no_grad():
+        layer.lora_A["default"].weight.fill_(2 ** -8)
+        layer.lora_B["default"].weight.fill_(2 ** -8)
+    w = layer.base_layer.weight.detach()
+    big = w.float().abs() >= 2 ** -6
+    assert w.dtype == torch.bfloat16 and int(big.sum()) > 200
+    exact = w.float() + delta
+    pushes = {}
+    for rounding in (None, SyncRounding(3)):
+        engine = create_engine("torch", str(tiny_llama), device="cpu", dtype="bf16", max_batch=2, max_len=32)
+        sync = GatherIntoEngines(trainer, engine, zero3=False, bucket_bytes=4 << 10, changed_only=True,
+                                 rounding=rounding)
+        sync.push(2)
+        pushes[rounding is None] = dict(engine.model.named_parameters())[name].detach().clone()
+    assert torch.equal(pushes[True][big], w[big])  # nearest: the merge rounds back to W
+    want = stochastic_round_bf16(exact, torch.Generator().manual_seed(tensor_seed(3, 2, name)))
+    assert torch.equal(pushes[False].view(torch.int16), want.view(torch.int16))
+    assert not torch.equal(pushes[False][big], w[big])
+    # unbiased: over the layer's elements the mean change is the adapter's, not 0
+    moved = (pushes[False].float() - w.float())[big]
+    assert abs(float(moved.mean()) - delta) < 0.25 * delta
+
+
 def test_an_engine_that_does_not_hold_bf16_weights_is_refused(tiny_llama):
     from stages.common.hf_io import load_causal_lm
     from stages.rl.engines import create_engine
@@ -168,6 +206,21 @@ def test_an_engine_that_does_not_hold_bf16_weights_is_refused(tiny_llama):
     trainer = load_causal_lm(tiny_llama, torch.float32, trust_remote_code=False)
     with pytest.raises(StageError, match=r"rollout.sync_rounding: stochastic.*torch engine holds torch.float32.*"
                                          r"rollout.dtype: bf16"):
+        GatherIntoEngines(trainer, engine, zero3=False, bucket_bytes=4 << 10, rounding=SyncRounding(0))
+
+
+def test_an_engine_that_keeps_tensors_in_other_dtypes_is_refused(tiny_llama):
+    """An engine whose class says it does not take rounded weights (vLLM: fp32 router gates) is
+    refused by the sync itself, bf16 or not (the recipe refuses it first: its table)."""
+    from stages.common.hf_io import load_causal_lm
+    from stages.rl.engines import create_engine
+    from stages.rl.weight_sync import GatherIntoEngines
+
+    engine = create_engine("torch", str(tiny_llama), device="cpu", dtype="bf16", max_batch=2, max_len=32)
+    engine.takes_stochastic_rounding = False
+    trainer = load_causal_lm(tiny_llama, torch.float32, trust_remote_code=False)
+    with pytest.raises(StageError, match=r"rollout.sync_rounding: stochastic.*torch engine keeps some tensors in "
+                                         r"other dtypes: set rollout.sync_rounding: nearest"):
         GatherIntoEngines(trainer, engine, zero3=False, bucket_bytes=4 << 10, rounding=SyncRounding(0))
 
 
@@ -187,7 +240,8 @@ def _reasoning(**rollout):
     ({"dtype": "fp8"}, "rollout.dtype fp8 is not supported"),
     ({"dtype": "fp16"}, "rollout.dtype fp16 is not bf16"),
     ({"device": "cpu"}, "rollout.dtype auto is fp32 on rollout.device cpu: nothing to round"),
-    ({"engine": "vllm", "dtype": "bf16"}, "rollout.engine vllm keeps some of a model's tensors in other dtypes"),
+    ({"engine": "vllm", "dtype": "bf16"}, r"rollout.engine vllm does not take it \(engines that do: torch\)"),
+    ({"engine": "sglang", "dtype": "bf16"}, r"rollout.engine sglang does not take it"),  # one not declared
 ])
 def test_the_recipe_refuses_engines_it_cannot_round_into(rollout, match):
     with pytest.raises(ValidationError, match=rf"rollout.sync_rounding: stochastic.*{match}.*sync_rounding: nearest"):
@@ -203,6 +257,17 @@ def test_the_recipe_refuses_a_trainer_whose_weights_are_bf16_already(precision):
     with pytest.raises(ValidationError, match=rf"stochastic rounds an fp32 trainer's weights, and precision is "
                                               rf"{precision}.*Set precision: fp32"):
         GeneralRLConfig.model_validate(general)
+
+
+@pytest.mark.parametrize("precision", ["auto", "bf16"])
+def test_the_recipe_takes_it_with_a_bf16_lora_trainer(precision):
+    """A LoRA policy's merge is computed in fp32 whatever the precision: something to round."""
+    from stages.general_rl.config import GeneralRLConfig
+
+    general = {"kind": "general_rl", "model": "m", "data": {"chat": {"path": "p"}}, "steps": 1, "reward_model": "rm",
+               "reasoning_eval": None, "precision": precision, "rollout": {"sync_rounding": "stochastic"},
+               "lora": {"rank": 4}}
+    assert GeneralRLConfig.model_validate(general).rollout.sync_rounding == "stochastic"
 
 
 def test_the_recipe_takes_it_with_an_fp32_trainer_and_a_bf16_engine_and_nearest_keeps_old_hashes():

@@ -93,6 +93,7 @@ class TorchEngine(EngineWeights, SyncTiming):
 
     name = "torch"
     reports_untruncated_logprobs = True
+    takes_stochastic_rounding = True  # every weight in `dtype` (fp8: refused by the recipe)
 
     def __init__(self, model_dir: str, *, device: str = "cpu", dtype: str = "auto",
                  max_batch: int = 64, max_len: int = 4096, seed: int = 0,
