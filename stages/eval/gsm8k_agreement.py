@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from stages.common.artifact_inputs import ArtifactError, read_manifest
 from stages.common.rows import DataError, input_rows
 from stages.eval.benchmarks import GSM8K_EXTRACTION, gsm8k_gold
 from stages.eval.harness import gsm8k_scorer
@@ -100,16 +101,15 @@ def read_generations(path: Path, gold: Path | None, id_field: str, set_name: str
 def eval_stage_extraction(stage_dir: Path, set_name: str | None) -> dict[str, Any]:
     """The extraction options eval set `set_name` of a published eval stage was scored with, read
     from its manifest's config: the verifier's defaults ({}) where the set named none."""
-    manifest_path = stage_dir / "manifest.json"
     if set_name is None:
         raise DataError(f"{stage_dir}: an eval stage directory needs --set (the eval set to read)")
     try:
-        config = json.loads(manifest_path.read_text()).get("config") or {}
-    except (OSError, json.JSONDecodeError) as e:
-        raise DataError(f"{manifest_path}: not a published eval stage's manifest ({e})") from None
+        config = read_manifest(str(stage_dir)).get("config") or {}
+    except ArtifactError as e:
+        raise DataError(f"{stage_dir}: not a published eval stage ({e})") from None
     sets = config.get("sets") or {}
     if set_name not in sets:
-        raise DataError(f"{manifest_path}: the eval stage has no set {set_name!r} (its sets: {sorted(sets)})")
+        raise DataError(f"{stage_dir}: the eval stage has no set {set_name!r} (its sets: {sorted(sets)})")
     spec = sets[set_name]
     return dict(spec.get("extraction") or {}) if isinstance(spec, dict) else {}
 

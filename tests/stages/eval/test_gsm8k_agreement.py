@@ -122,7 +122,8 @@ def _eval_stage_dir(tmp_path, extraction):
     (stage / "responses.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     gsm8k = {"path": "../shared/benchmarks/gsm8k.jsonl", "question_field": "question", "answer_field": "answer",
              "answer_extractor": "gsm8k", **({"extraction": extraction} if extraction is not None else {})}
-    (stage / "manifest.json").write_text(json.dumps({"kind": "eval", "config": {"sets": {"gsm8k": gsm8k}}}))
+    (stage / "manifest.json").write_text(json.dumps({"kind": "eval", "config": {"sets": {"gsm8k": gsm8k}},
+                                                     "files": [{"path": "responses.jsonl"}]}))
     (stage / "_SUCCESS").write_text("")
     gold = tmp_path / "gsm8k.jsonl"
     gold.write_text("".join(json.dumps({"question": "q", "answer": GOLD, "idx": i}) + "\n" for i in range(2)))
@@ -156,3 +157,6 @@ def test_rows_of_several_models_or_a_stage_dir_without_its_set_are_refused(tmp_p
     assert "no set 'math500' (its sets: ['gsm8k'])" in capsys.readouterr().err
     assert main([str(stage), "--set", "gsm8k", "--gold", str(gold), "--model", "base"]) == 2
     assert "no rows of set 'gsm8k', model 'base'" in capsys.readouterr().err
+    (stage / "_SUCCESS").unlink()  # a stage that has not finished: its manifest is not read as final
+    assert main([str(stage), "--set", "gsm8k", "--gold", str(gold), "--model", "rl"]) == 2
+    assert "not a published eval stage" in capsys.readouterr().err
