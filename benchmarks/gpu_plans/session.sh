@@ -8,7 +8,8 @@
 #   bash benchmarks/gpu_plans/session.sh vllm              # after the last part: unpack + install into /tmp/site_vllm, then /tmp/vllm_ready
 #   bash benchmarks/gpu_plans/session.sh late              # this call's tree -> /tmp/repo_late, then /tmp/late_ready (jobs that need later code)
 #   bash benchmarks/gpu_plans/session.sh asset DIR         # carry [DIR]: split parts of a data wheel (NAME.whl.00, .01, ...) -> /tmp/assets
-#   bash benchmarks/gpu_plans/session.sh assets            # after the last part: join the parts, install the wheels into /tmp/site, then /tmp/assets_ready
+#   bash benchmarks/gpu_plans/session.sh assets [NAME]     # after the last part: join the parts, install the wheels not installed yet into /tmp/site,
+#                                                          # then /tmp/NAME_ready (default assets: a second batch, e.g. ray's, gets a name of its own)
 #   bash benchmarks/gpu_plans/session.sh collect [SECONDS] # wait up to SECONDS for the queue to finish, then $OUT/results.tgz + a summary
 #
 # NVLink multicast stays off in every process (also set by gpu_queue.py for each job).
@@ -70,11 +71,18 @@ case "${1:?start|part|vllm|collect}" in
     ls -la /tmp/assets
     ;;
   assets)
+    # a second batch may come while jobs of the first already run from /tmp/site: join only the
+    # parts not joined yet and install only the wheels not installed yet
     cd /tmp/assets
-    for first in *.whl.00; do cat "${first%.00}".[0-9][0-9] >"${first%.00}"; done
-    sha256sum ./*.whl
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site ./*.whl
-    touch /tmp/assets_ready
+    for first in *.whl.00; do [ -e "$first" ] && [ ! -e "${first%.00}" ] && cat "${first%.00}".[0-9][0-9] >"${first%.00}"; done
+    touch .installed
+    new_wheels=$(for w in *.whl; do grep -qxF "$w" .installed || echo "$w"; done)
+    if [ -n "$new_wheels" ]; then
+      sha256sum $new_wheels
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $new_wheels
+      printf '%s\n' $new_wheels >>.installed
+    fi
+    touch "/tmp/${2:-assets}_ready"
     summary
     ;;
   late)
