@@ -10,7 +10,7 @@
 #   bash benchmarks/gpu_plans/session.sh asset DIR         # carry [DIR]: split parts of a data wheel (NAME.whl.00, .01, ...) -> /tmp/assets
 #   bash benchmarks/gpu_plans/session.sh assets [NAME]     # after the last part: join the parts, install the wheels not installed yet into /tmp/site,
 #                                                          # then /tmp/NAME_ready (default assets: a second batch, e.g. ray's, gets a name of its own)
-#   bash benchmarks/gpu_plans/session.sh collect [SECONDS] # wait up to SECONDS for the queue to finish, then $OUT/results.tgz + a summary
+#   bash benchmarks/gpu_plans/session.sh collect [SECONDS [JOB ...]] # wait up to SECONDS for the queue (or those jobs) to finish, then $OUT/results.tgz + a summary
 #
 # NVLink multicast stays off in every process (also set by gpu_queue.py for each job).
 set -euo pipefail
@@ -101,14 +101,18 @@ case "${1:?start|part|vllm|collect}" in
       echo "no queue on this machine: it is a fresh one, the earlier machine and its results are gone" >&2
       exit 3
     fi
+    shift 2 || true
+    wanted="$*"  # job names to wait for (default: all)
     end=$((SECONDS + wait_s))
     while (( SECONDS < end )) && ! python3 -c "
-import json, sys; q = json.load(open('$RESULTS/queue.json'))
-sys.exit(0 if all(j['state'] not in ('waiting', 'running') for j in q['jobs']) else 1)" 2>/dev/null; do
+import json, sys; q = json.load(open('$RESULTS/queue.json')); wanted = '$wanted'.split()
+sys.exit(0 if all(j['state'] not in ('waiting', 'running') for j in q['jobs']
+                  if not wanted or j['name'] in wanted) else 1)" 2>/dev/null; do
       sleep 10
     done
     mkdir -p "$OUT"
-    tar -czf "$OUT/results.tgz" -C /tmp results
+    # a job's work folder (stores, checkpoints) stays behind: it passed a call's size limit
+    tar -czf "$OUT/results.tgz" --exclude='results/*/work' --exclude='*.safetensors' --exclude='*.pt' -C /tmp results
     ls -la "$OUT"
     summary
     ;;
