@@ -101,7 +101,7 @@ case "${1:?start|part|vllm|collect}" in
       echo "no queue on this machine: it is a fresh one, the earlier machine and its results are gone" >&2
       exit 3
     fi
-    shift 2 || true
+    shift $(( $# < 2 ? $# : 2 ))  # past `collect [SECONDS]`
     wanted="$*"  # job names to wait for (default: all)
     end=$((SECONDS + wait_s))
     while (( SECONDS < end )) && ! python3 -c "
