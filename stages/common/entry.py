@@ -20,12 +20,13 @@ peers.
 
 A failed job then ends its process at once (`_end_failed_process`): Python's own exit waits for
 every non-daemon thread, joins every multiprocessing child and runs every finaliser, and what
-failed may have left those behind, never to end. vLLM's engine did when it failed to start on
-a GPU (round 17: its engine core process, its threads), and the stage sat in its collectives
-until it was killed from outside. The process's children are stopped first (an engine's
-processes hold GPU memory), its output flushed, then `os._exit` with the job's status. Only
-when run_job is the process's entry (`argv` None: the job's own command line); a caller that
-passes `argv` (a test) gets the status back.
+failed may have left those behind, never to end: a rollout engine that fails to start can
+(vLLM's engine core is a non-daemon child process). Every rank of an RL stage whose engines all
+failed so sat in its exit until the progress deadline (tests/stages/reasoning_rl/
+test_engine_start_failure.py; round 17's split TP=2 run on GPUs hung after vLLM's failed start).
+The process's children are stopped first (an engine's processes hold GPU memory), its output
+flushed, then `os._exit` with the job's status. Only when run_job is the process's entry
+(`argv` None: the job's own command line); a caller that passes `argv` (a test) gets the status back.
 """
 from __future__ import annotations
 
