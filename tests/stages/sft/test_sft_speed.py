@@ -210,3 +210,21 @@ def test_the_speed_options_at_their_default_leave_the_stage_hash_alone():
         {**base, "async_micro_batches": False, "lean_optimizer_step": False})) == before
     assert "async_micro_batches" not in before and "lean_optimizer_step" not in before
     assert result_config(SFTConfig.model_validate({**base, "lean_optimizer_step": True}))["lean_optimizer_step"]
+
+
+def test_flex_attention_under_the_document_block_mask_equals_dense_masked_attention():
+    """The BlockMask's block sparsity (128-token blocks; samples that cross block edges) loses
+    nothing: FlexAttention under it equals SDPA under the element-wise mask (CPU: FlexAttention's
+    eager forward; its backward and compiled kernel run on the GPU only)."""
+    from torch.nn.attention.flex_attention import create_mask, flex_attention
+
+    first = torch.cat([torch.arange(100), torch.arange(90), torch.arange(66)])
+    pos = torch.stack([first, torch.arange(256)])
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 256, 16, generator=g) for _ in range(3))
+    with torch.no_grad():
+        got = flex_attention(q, k, v, block_mask=document_block_mask(pos))
+    dense = create_mask(document_causal_mask_mod(pos), 2, 1, 256, 256, device="cpu")
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=dense)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert not dense[0, 0, 150, 99] and dense[0, 0, 150, 100]  # the second sample starts at 100
