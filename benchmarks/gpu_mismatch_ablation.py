@@ -36,7 +36,7 @@ stale tokens on top of the FP8 mismatch); write down each one tried.
 
     # GPU machine, wheels in /tmp/site (scripts/gpu_wheels.sh); the plans' command:
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-    python3 benchmarks/gpu_mismatch_ablation.py --out $OUT --set stages.reasoning_rl.steps=140
+    python3 benchmarks/gpu_mismatch_ablation.py --out $OUT --set stages.reasoning_rl.steps=130   # one GPU (the recipe: 280, four)
     # here (CPU): configs validated and the placement shown; the plot on made-up curves; the
     # whole orchestration on a tiny MoE (benchmarks/learning/cpu-moe-mismatch.yaml, no FP8 on CPU)
     python benchmarks/gpu_mismatch_ablation.py --dry-run --gpus 4 --out /tmp/abl
@@ -232,7 +232,10 @@ def run_arms(args: argparse.Namespace) -> None:
     # GPU i = the i-th GPU this process sees: a CUDA_VISIBLE_DEVICES of its own (a queue job's) is honoured
     visible = pinned_gpus() or [str(i) for i in range(gpus)]
     at_once = len(runs) if args.arms_per_gpu == 0 else min(len(runs), gpus * args.arms_per_gpu)
-    run.results.update(gpus=gpus, at_once=at_once, placement=where)
+    # the runs' CPU threads share the host's cores (ten runs x torch's default of one thread per core
+    # would oversubscribe them; each run's CPU work is one launch-bound main thread)
+    threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // at_once))
+    run.results.update(gpus=gpus, at_once=at_once, placement=where, omp_threads_per_run=threads)
     board = Board(run, ablation_recipe(recipe), runs)
     board.publish()
     log(f"{len(runs)} runs on {gpus} {'CPU slot' if args.smoke else 'GPU(s)'}, {at_once} at once")
@@ -245,7 +248,7 @@ def run_arms(args: argparse.Namespace) -> None:
                str(run.root), "--out", str(run.out)] + (["--smoke"] if args.smoke else [])
         cmd += [x for o in args.set for x in ("--set", o)]
         board.started(name, device or "cpu")
-        rc, res = arm_process(run, name, cmd, {"CUDA_VISIBLE_DEVICES": device})
+        rc, res = arm_process(run, name, cmd, {"CUDA_VISIBLE_DEVICES": device, "OMP_NUM_THREADS": threads})
         board.ended(name, rc, res)
         if res is not None:
             log(f"run {name}: {res['rl_seconds']:.0f}s of RL; held-out accuracy {board.state[name]['accuracy']}")
