@@ -288,18 +288,24 @@ def table_row(metrics: list[dict[str, float]], accuracy: float | None) -> dict[s
 
 
 def orderings(table: dict[str, dict[str, Any]], runs: dict[str, tuple[str, int]]) -> dict[str, Any]:
-    """Per ORDER_KEYS value: each seed's arms from best to worst, and whether every seed ranks
-    the same arms in the same order (None until two seeds have a value for the same arms)."""
+    """Per ORDER_KEYS value: each seed's arms from best to worst ([arm, value] pairs), and whether
+    the seeds order them alike: every pair of arms compares the same way (better, worse or tied) on
+    every seed; None until two seeds have a value for the same arms."""
     out: dict[str, Any] = {}
     for key in ORDER_KEYS:
-        by_seed: dict[str, list[str]] = {}
-        for seed in sorted({s for _, s in runs.values()}):
-            vals = {a: table[n][key] for n, (a, s) in runs.items()
-                    if s == seed and n in table and table[n][key] is not None}
-            by_seed[str(seed)] = sorted(vals, key=lambda a: -vals[a])
-        comparable = len(by_seed) > 1 and all(by_seed.values()) and len({frozenset(v) for v in by_seed.values()}) == 1
-        out[key] = {"by_seed": by_seed, "same_order": len({tuple(v) for v in by_seed.values()}) == 1 if comparable
-                    else None}
+        vals: dict[int, dict[str, float]] = {}
+        for n, (a, s) in runs.items():
+            if n in table and table[n][key] is not None:
+                vals.setdefault(s, {})[a] = table[n][key]
+        seeds = sorted({s for _, s in runs.values()})
+        arms = [set(vals.get(s, {})) for s in seeds]
+        same = None
+        if len(seeds) > 1 and arms[0] and all(a == arms[0] for a in arms):
+            pairs = [(x, y) for x in sorted(arms[0]) for y in sorted(arms[0]) if x < y]
+            signs = {tuple((v[x] > v[y]) - (v[x] < v[y]) for x, y in pairs) for v in vals.values()}
+            same = len(signs) == 1
+        out[key] = {"by_seed": {str(s): sorted(vals.get(s, {}).items(), key=lambda av: -av[1]) for s in seeds},
+                    "same_order": same}
     return out
 
 

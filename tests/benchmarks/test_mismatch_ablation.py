@@ -96,8 +96,12 @@ def test_the_seeds_orderings_of_the_arms_are_compared():
         return {n: {"heldout_accuracy": acc.get(n), "reward_last_quarter": 0.5} for n in runs}
 
     same = abl.orderings(table({"none_s0": 0.3, "icepop_s0": 0.6, "none_s1": 0.2, "icepop_s1": 0.4}), runs)
-    assert same["heldout_accuracy"] == {"by_seed": {"0": ["icepop", "none"], "1": ["icepop", "none"]},
-                                        "same_order": True}
+    assert same["heldout_accuracy"] == {"by_seed": {"0": [("icepop", 0.6), ("none", 0.3)],
+                                                    "1": [("icepop", 0.4), ("none", 0.2)]}, "same_order": True}
+    # a tie on one seed only is not the same ordering, whichever way a sort would break it
+    tied = abl.orderings(table({"none_s0": 0.3, "icepop_s0": 0.6, "none_s1": 0.4, "icepop_s1": 0.4}), runs)
+    assert tied["heldout_accuracy"]["same_order"] is False
+    assert same["reward_last_quarter"]["same_order"] is True  # tied on both seeds: alike
     flipped = abl.orderings(table({"none_s0": 0.3, "icepop_s0": 0.6, "none_s1": 0.5, "icepop_s1": 0.4}), runs)
     assert flipped["heldout_accuracy"]["same_order"] is False
     # seed 1's icepop not evaluated yet: not comparable, not a disagreement
