@@ -82,17 +82,23 @@ class Killer(threading.Thread):
             time.sleep(0.1)
 
 
+def _run_stage(work: Path, config: dict[str, Any], resources: Any, upstream: dict[str, str], force: bool) -> Any:
+    """The fault stage on the Ray cluster, as a recipe's stage task runs it (StageFailed if it fails)."""
+    from pipeline.execute import run_stage
+
+    return run_stage("sft", config, stage=STAGE, storage=f"file://{work}/store", recipe=RECIPE, work_root=work / "runs",
+                     upstream=upstream, resources=resources, launcher="ray", force=force)
+
+
 def _first_run(work: Path, config: dict[str, Any], resources: Any, upstream: dict[str, str], rank: int) -> dict[str, Any]:
     """The stage started afresh with a Killer beside it: what the Killer did and how it ended."""
-    from pipeline.execute import run_stage
     from stages.common.contract import StageFailed
 
     killer = Killer(work, rank)
     killer.start()
     record: dict[str, Any] = {}
     try:
-        run_stage("sft", config, stage=STAGE, storage=f"file://{work}/store", recipe=RECIPE, work_root=work / "runs",
-                  upstream=upstream, resources=resources, launcher="ray", force=True)
+        _run_stage(work, config, resources, upstream, force=True)  # fresh: no earlier run's checkpoints
         record["failure"] = None  # finished: the kill came too late (or never)
     except StageFailed as e:
         failed_at = time.time()
@@ -108,11 +114,8 @@ def _first_run(work: Path, config: dict[str, Any], resources: Any, upstream: dic
 
 
 def _rerun(work: Path, config: dict[str, Any], resources: Any, upstream: dict[str, str]) -> dict[str, Any]:
-    from pipeline.execute import run_stage
-
     t0 = time.time()
-    run = run_stage("sft", config, stage=STAGE, storage=f"file://{work}/store", recipe=RECIPE, work_root=work / "runs",
-                    upstream=upstream, resources=resources, launcher="ray")
+    run = _run_stage(work, config, resources, upstream, force=False)  # resumes from the published checkpoint
     summary = run.summary or {}
     return {"status": run.status, "wall_s": time.time() - t0, "resumed_from_step": summary.get("resumed_from_step"),
             "steps": summary.get("steps"), "world_size": summary.get("world_size"), "url": run.url}
