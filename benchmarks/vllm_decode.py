@@ -16,6 +16,7 @@ Cases: `0.5B` and `1.5B` (Qwen2 shapes, batch 256, prompt 128, 512 new tokens) a
   (`native_unseeded`, not run by default: the same without per-request seeds, what they cost.)
 - `ours`: `create_engine("vllm", ...)` and its `generate` (stages/rl/engines/vllm_engine.py).
   (`ours_unseeded`, not run by default: with rollout.options request_seeds: false.)
+  (`native_nologprobs`, not run by default: `LLM.generate` asked for no log-probs, what they cost.)
 - `torch`: `create_engine("torch", ..., compile=True)`, the torch engine's fastest step.
 - `sync`: `update_weights` of the model's own weights (bf16, from the HF model on this GPU)
   into our engine, best of 3: seconds and GB/s, next to one device-to-device copy of the same
@@ -54,6 +55,9 @@ CASES = {  # name: (shape, vocab, batch, prompt, new tokens)
     "0.5B": (QWEN2_05B, 151936, 256, 128, 512),
     "1.5B": (QWEN2_15B, 151936, 256, 128, 512),
     "0.5B-8k": (QWEN2_05B, 151936, 64, 128, 8192),
+    # a quarter of the batch: vLLM's step took 12-14 ms at 0.5B and 1.5B alike (rounds 13, 17); a step
+    # time that falls with the batch while the GPU's work hardly does points at per-request CPU work
+    "0.5B-b64": (QWEN2_05B, 151936, 64, 128, 512),
     "smoke": (TINY, 256, 8, 8, 16),
 }
 RUNNERS = ("native", "ours", "torch", "sync")
@@ -73,7 +77,10 @@ def model_dir(work: Path, case: str) -> Path:
     cfg = AutoConfig.for_model("qwen2", vocab_size=vocab, max_position_embeddings=16384,
                                tie_word_embeddings=True, **shape)
     torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).save_pretrained(out)
+    # initialised on the GPU where there is one: on the CPU the 1.5B init took 98 s of a GPU job (round 17)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.save_pretrained(out)
     return out
 
 
@@ -104,7 +111,7 @@ def _timed(fn, repeats: int, cuda: bool) -> tuple[float, int]:
 
 
 # -- the runners (each in its own process) ----------------------------------------------------
-def run_native(args, case: str, mdir: Path, seeded: bool = True) -> dict:
+def run_native(args, case: str, mdir: Path, seeded: bool = True, logprobs: int | None = 0) -> dict:
     from vllm import LLM, SamplingParams, TokensPrompt
 
     from stages.rl.engines.vllm_engine import _request_seed
@@ -116,10 +123,10 @@ def run_native(args, case: str, mdir: Path, seeded: bool = True) -> dict:
     def call(ps: list[list[int]], tokens: int = new) -> int:
         params = [SamplingParams(n=1, temperature=1.0, top_p=1.0, top_k=-1,
                                  seed=_request_seed(SEED, f"r{i}", 0) if seeded else None, max_tokens=tokens,
-                                 logprobs=0, stop_token_ids=[], ignore_eos=True, detokenize=False)
+                                 logprobs=logprobs, stop_token_ids=[], ignore_eos=True, detokenize=False)
                   for i in range(len(ps))]
         outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in ps], params, use_tqdm=False)
-        assert all(len(o.outputs[0].logprobs) == len(o.outputs[0].token_ids) for o in outs)
+        assert logprobs is None or all(len(o.outputs[0].logprobs) == len(o.outputs[0].token_ids) for o in outs)
         return sum(len(o.outputs[0].token_ids) for o in outs)
 
     t0 = time.perf_counter()
@@ -197,6 +204,8 @@ def child(args) -> dict:
     case, runner = args.child.split(":")
     mdir = model_dir(args.work, case)
     fn = {"native": lambda: run_native(args, case, mdir), "native_unseeded": lambda: run_native(args, case, mdir, False),
+          # no log-probs asked for: what vLLM's per-token log-prob output costs (RL needs it; round 17)
+          "native_nologprobs": lambda: run_native(args, case, mdir, logprobs=None),
           "ours": lambda: run_engine(args, case, mdir, "vllm"),
           "ours_unseeded": lambda: run_engine(args, case, mdir, "vllm", request_seeds=False),
           "torch": lambda: run_engine(args, case, mdir, "torch"), "sync": lambda: run_sync(args, case, mdir)}[runner]

@@ -33,11 +33,12 @@ vLLM nor a GPU and drives this module against a stand-in of the same API
 - Seeds: each request carries a seed derived from (seed, uid, offset), so a rollout's tokens do
   not depend on the batch it ran in (as on the torch engine). vLLM 0.26 samples seeded requests
   on its native path, one `exponential_` kernel per seeded request per decode step
-  (vllm/v1/sample/ops/topk_topp_sampler.py:195-202): at batch 256 that loop is the 12-14 ms a
-  step vLLM took at the 0.5B and 1.5B shapes alike (RESULTS.md, "Issue 32"). `rollout.options
-  {request_seeds: false}` submits requests unseeded (vLLM's batched sampler, the engine's own
-  seed only, which the RL stage makes differ between engines: rollouts.py): faster, and a
-  resumed run no longer replays the same tokens (its engines restart their noise stream).
+  (vllm/v1/sample/ops/topk_topp_sampler.py:195-202); that is not what makes its step slow here:
+  `LLM.generate` without seeds took the same ~12.5 ms a step at batch 256 (round 17, RESULTS.md
+  "Issue 32"). `rollout.options {request_seeds: false}` submits requests unseeded (vLLM's batched
+  sampler, the engine's own seed only, which the RL stage makes differ between engines:
+  rollouts.py), and a resumed run no longer replays the same tokens (its engines restart their
+  noise stream).
 - Weights: `engine.collective_rpc(fn, kwargs=...)` runs `fn(worker, ...)` on every worker: CUDA
   IPC handles of a staging buffer, bucketed (`sync_bucket_mb`), loaded by the model's own
   `load_weights` (vllm_weights.py); then `engine.reset_prefix_cache()`, so a continued
@@ -175,6 +176,20 @@ def _set_environ(values: dict[str, str | None]) -> None:
             os.environ[key] = value
 
 
+def _multicast_off_defaults(engine_kwargs: dict) -> dict:
+    """Engine options a tensor-parallel engine needs on a host whose NVLink multicast is turned off
+    (NCCL_NVLS_ENABLE=0 or TORCH_SYMM_MEM_DISABLE_MULTICAST=1): vLLM 0.26 fuses each all-reduce with
+    the RMSNorm after it through FlashInfer's MNNVL all-reduce, which uses multicast memory, and
+    its TP=2 engine died in its first forward with an illegal memory access there (round 17). The
+    fusion is turned off unless the user gives a compilation_config of their own."""
+    multicast_off = (os.environ.get("NCCL_NVLS_ENABLE") == "0"
+                     or os.environ.get("TORCH_SYMM_MEM_DISABLE_MULTICAST") == "1")
+    if int(engine_kwargs.get("tensor_parallel_size", 1)) > 1 and multicast_off \
+            and "compilation_config" not in engine_kwargs:
+        return {"compilation_config": {"pass_config": {"fuse_allreduce_rms": False}}}
+    return {}
+
+
 def _rpc(loop: LoopThread, llm, fn, kwargs: dict) -> list:
     """`fn(worker, **kwargs)` on every vLLM worker, their results."""
     return loop.run(llm.collective_rpc(fn, kwargs=kwargs))
@@ -227,6 +242,7 @@ class VllmEngine(SyncTiming):
                         "(vllm-project/vllm#28425); watch the mismatch metrics (icepop/) of the first steps")
         weights_dtype = weights_dtype_name(dtype)
         self.dtype = getattr(torch, weights_dtype)
+        engine_kwargs = {**_multicast_off_defaults(engine_kwargs), **engine_kwargs}
         kwargs = dict(model=model_dir, dtype=weights_dtype, seed=seed, **fp8,
                       trust_remote_code=trust_remote_code, max_model_len=max_len, max_num_seqs=max_batch,
                       gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=enable_prefix_caching,
@@ -235,6 +251,11 @@ class VllmEngine(SyncTiming):
         AsyncLLM, EngineArgs, self._SamplingParams, self._TokensPrompt, self._OutputKind = _import_vllm()
         # the weight sync's worker function travels to vLLM's processes by reference (vllm_weights.py)
         os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+        # The engine's processes are started fresh, never forked: this process's CUDA is often up
+        # (the trainer's, a test's), and a forked engine core cannot use it. vLLM switches to spawn
+        # by itself when it notices, but did not in two processes of round 17, whose engine cores
+        # died ("Cannot re-initialize CUDA in forked subprocess"). A user's own setting stays.
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         self._loop = LoopThread()
 
         async def start():  # on the loop: AsyncLLM's output handler becomes a task of it

@@ -111,7 +111,7 @@ class FakeAsyncLLM:
     def __init__(self, args: FakeEngineArgs):
         self.kw = args.kw
         self.env = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "VLLM_ALLOW_INSECURE_SERIALIZATION",
-                                                    "LOCAL_RANK")}
+                                                    "LOCAL_RANK", "VLLM_WORKER_MULTIPROC_METHOD")}
         self.live: dict[str, dict] = {}
         self.prompts: dict[str, list[int]] = {}
         self.params: dict[str, FakeParams] = {}
@@ -235,6 +235,9 @@ def install(monkeypatch, version: str = "0.26.0", gpus: int = 4, sender_gpu: int
     monkeypatch.setitem(sys.modules, "vllm.sampling_params", fake.sampling_params)
     monkeypatch.setattr(base, "ENGINES", {})
     monkeypatch.setattr(base, "UNAVAILABLE", {})
+    # what the engine puts in this process's environment goes when the test ends
+    for var in ("VLLM_WORKER_MULTIPROC_METHOD", "VLLM_ALLOW_INSECURE_SERIALIZATION"):
+        monkeypatch.delenv(var, raising=False)
     for name, value in {"is_available": lambda: True, "synchronize": lambda *a, **k: None,
                         "device_count": lambda: gpus, "current_device": lambda: 0,
                         "ipc_collect": lambda: None}.items():

@@ -463,7 +463,8 @@ def test_vllm_engine_glue_against_a_fake_vllm(monkeypatch, model_dir):
     monkeypatch.setenv("LOCAL_RANK", "3")  # the stage launcher's: not for vLLM's processes
     eng = open_engine(mod, model_dir, max_batch=4, max_len=64, seed=3)
     assert eng.llm.kw["logprobs_mode"] == "processed_logprobs" and eng.llm.kw["max_num_seqs"] == 4
-    assert eng.llm.env == {"CUDA_VISIBLE_DEVICES": "0", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1", "LOCAL_RANK": None}
+    assert eng.llm.env == {"CUDA_VISIBLE_DEVICES": "0", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1", "LOCAL_RANK": None,
+                           "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
     assert "CUDA_VISIBLE_DEVICES" not in os.environ and os.environ["LOCAL_RANK"] == "3"  # only the engine's got it
     assert eng.eos_token_ids == [EOS]
     reqs = [RolloutRequest("a", [5, 6], 3), RolloutRequest("b", [9], 6, generated_ids=[10, 11]),
@@ -599,6 +600,34 @@ def test_vllm_weight_sync_sends_ipc_handles_in_buckets(monkeypatch, model_dir):
         open_engine(mod, model_dir, device="cpu")
     with pytest.raises(ValueError, match="in_process is gone"):
         open_engine(mod, model_dir, in_process=True)
+
+
+def test_vllm_engine_starts_its_processes_fresh_and_fits_a_host_without_multicast(monkeypatch, model_dir):
+    """vLLM's processes are spawned, not forked (this process's CUDA is up: a forked engine core
+    died on the GPU, round 17), unless the user chose; a tensor-parallel engine on a host with
+    NVLink multicast off gets vLLM's all-reduce + RMSNorm fusion turned off (its MNNVL all-reduce
+    needs multicast), unless the user gives a compilation_config; one GPU, or multicast on, keeps
+    vLLM's defaults."""
+    from tests.stages.rl.fake_vllm import install, open_engine
+
+    mod, _, _ = install(monkeypatch)
+    monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
+    for var in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST"):
+        monkeypatch.delenv(var, raising=False)
+    eng = open_engine(mod, model_dir, tensor_parallel_size=2)
+    assert eng.llm.env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+    assert "compilation_config" not in eng.llm.kw  # multicast on: vLLM decides
+    off = {"pass_config": {"fuse_allreduce_rms": False}}
+    for var, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")):
+        with monkeypatch.context() as m:
+            m.setenv(var, value)
+            assert open_engine(mod, model_dir, tensor_parallel_size=2).llm.kw["compilation_config"] == off
+            assert "compilation_config" not in open_engine(mod, model_dir).llm.kw  # no all-reduce at TP=1
+            mine = {"mode": 0}
+            assert open_engine(mod, model_dir, tensor_parallel_size=2,
+                               compilation_config=mine).llm.kw["compilation_config"] == mine
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")
+    assert open_engine(mod, model_dir).llm.env["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
 
 
 def test_the_vllm_engine_registers_without_importing_vllm(monkeypatch):
