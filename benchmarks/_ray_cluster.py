@@ -1,8 +1,10 @@
 """A Ray cluster of several nodes on this one machine: one raylet per node, `ray start --head` then
 `ray start --address` for the others, each `--block`ed in a process group of its own, torn down by
 signalling those groups (never `ray stop`, which stops every Ray process of the user on the host).
-Used by the Ray launcher's tests (two CPU nodes) and by benchmarks/ray_vs_deepspeed.py (a 4-GPU
-host as two nodes of two GPUs: each node's raylet started with its own CUDA_VISIBLE_DEVICES).
+Used by the Ray launcher's tests (two CPU nodes) and by benchmarks/ray_vs_deepspeed.py and
+benchmarks/ray_fault.py (`host_nodes`: a 4-GPU host as two nodes of two GPUs, each node's raylet
+started with its own CUDA_VISIBLE_DEVICES). `rank_process` finds a stage rank's process on such a
+cluster, for the kill-one-worker runs.
 
     with local_ray_cluster(tmp, [Node(cpus=2), Node(cpus=2)]) as address:   # "127.0.0.1:PORT"
         ...
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+from pipeline.launch import pinned_gpus
 from stages.common.ports import reserved_port
 
 
@@ -29,6 +32,38 @@ class Node:
     cpus: int
     gpus: int = 0
     env: dict[str, str] = field(default_factory=dict)  # e.g. CUDA_VISIBLE_DEVICES of its GPUs
+
+
+def host_nodes(smoke: bool, gpus_per_node: int) -> list[Node]:
+    """The two Ray nodes a benchmark plays on this host: with `smoke`, two CPU nodes (and this
+    process and its children see no GPU, one thread each); else the GPUs this process was given
+    (gpu_queue pins them, else 0..2N-1), `gpus_per_node` to each node."""
+    if smoke:
+        os.environ.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+        return [Node(cpus=2), Node(cpus=2)]
+    gpus = pinned_gpus() or [str(i) for i in range(2 * gpus_per_node)]
+    if len(gpus) < 2 * gpus_per_node:
+        raise SystemExit(f"needs {2 * gpus_per_node} GPUs (--gpus-per-node {gpus_per_node}), "
+                         f"CUDA_VISIBLE_DEVICES gives {gpus}")
+    return [Node(cpus=8, gpus=gpus_per_node,
+                 env={"CUDA_VISIBLE_DEVICES": ",".join(gpus[i * gpus_per_node:(i + 1) * gpus_per_node])})
+            for i in range(2)]
+
+
+def rank_process(rank: int, entry: str, under: Path):
+    """The process (psutil) of stage entry `entry` (e.g. "stages.sft.job") with $RANK = rank whose
+    job file is under `under` (the caller's own: other runs on this machine may have ranks of the
+    same entry); None if there is none. On a Ray cluster it is the rank's worker actor's child
+    (pipeline/ray_worker.py), so its parent's pid is the one the launcher names."""
+    import psutil
+
+    for p in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            cmd = p.info["cmdline"] or []
+            if entry in cmd and "pipeline.job_guard" not in cmd and str(under) in " ".join(cmd) \
+                    and p.environ().get("RANK") == str(rank):
+                return p
+    return None
 
 
 def _start(node: Node, args: list[str], log: Path, timeout_s: float, port: Callable[[], int]) -> subprocess.Popen:

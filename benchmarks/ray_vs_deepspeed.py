@@ -25,7 +25,7 @@ ray, ray, deepspeed with --repeat 2) so a drift of the host does not favour one 
     python benchmarks/ray_vs_deepspeed.py --smoke --out /tmp/ray_vs_ds_smoke
 
 NOT RUN YET on GPUs (written without one, issue 33): no number of it is in RESULTS.md.
-Results: OUT/ray_vs_deepspeed.json (rewritten after every run), the stage logs under OUT/work.
+Results: OUT/ray_vs_deepspeed.json (rewritten after every run), the stage logs under OUT/work (or --work).
 """
 from __future__ import annotations
 
@@ -39,31 +39,34 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from anywhere
 
-from benchmarks._ray_cluster import Node, local_ray_cluster  # noqa: E402 - needs ROOT on sys.path
+from benchmarks._ray_cluster import host_nodes, local_ray_cluster  # noqa: E402 - needs ROOT on sys.path
 from benchmarks._record import SAFE_ENV, ResultFile, log, versions  # noqa: E402
 from benchmarks.gpu_scaling import BODY_05B, TINY_BODY, rl_metrics, sft_metrics  # noqa: E402
-from pipeline.launch import pinned_gpus  # noqa: E402
 
 os.environ.update(SAFE_ENV)  # this process and every one it starts
 
 
-def _setup(work: Path, smoke: bool) -> dict[str, str]:
-    """Synthetic data and a 0.5B-shape base (tiny for the smoke), published in a file:// store."""
+RECIPE = "ray-vs-ds"  # the store's recipe dir of every stage these runs publish (benchmarks/ray_fault.py's too)
+
+
+def setup_inputs(work: Path, smoke: bool) -> dict[str, str]:
+    """Synthetic data and a 0.5B-shape base (tiny for the smoke), published in a file:// store
+    under `work` (skipped where an earlier job with the same `work` published them)."""
     from pipeline.execute import run_stage
 
     store = f"file://{work}/store"
     data = run_stage("synthetic_data", {"files": {
         "sft.jsonl": {"generator": "arithmetic_cot", "n": 600 if smoke else 6000, "params": {"max_digits": 3}},
         "rl.jsonl": {"generator": "arithmetic_rl", "n": 64 if smoke else 2048, "seed": 1}}},
-        stage="data", storage=store, recipe="ray-vs-ds", work_root=work / "runs")
+        stage="data", storage=store, recipe=RECIPE, work_root=work / "runs")
     base = run_stage("init_model", {
         "architecture": {"model_type": "qwen2", "max_position_embeddings": 4096, **(TINY_BODY if smoke else BODY_05B)},
         "tokenizer": {"corpus": ["${stages.data.output}/sft.jsonl"], "vocab_size": 512 if smoke else 8192}},
-        stage="base", storage=store, recipe="ray-vs-ds", work_root=work / "runs", upstream={"data": data.url})
+        stage="base", storage=store, recipe=RECIPE, work_root=work / "runs", upstream={"data": data.url})
     return {"data": data.url, "base": base.url}
 
 
-def _configs(smoke: bool, gpus_per_node: int) -> dict[str, dict[str, Any]]:
+def stage_configs(smoke: bool, gpus_per_node: int) -> dict[str, dict[str, Any]]:
     sft = {"model": "${stages.base.output}", "data": "${stages.data.output}/sft.jsonl",
            "max_seq_len": 256 if smoke else 2048, "epochs": 4, "max_steps": 4 if smoke else 14,
            "micro_batch_size": 2 if smoke else 8, "lr": 1e-4, "warmup_steps": 1, "zero_stage": 3,
@@ -79,6 +82,15 @@ def _configs(smoke: bool, gpus_per_node: int) -> dict[str, dict[str, Any]]:
     return {"sft": sft, "reasoning_rl": rl}
 
 
+def on_ray(config: dict[str, Any], address: str, smoke: bool, gpus_per_node: int) -> tuple[dict[str, Any], Any]:
+    """(config, resources) of a stage run on the two Ray nodes: `gpus_per_node` GPU ranks each
+    (smoke: 1 CPU rank each)."""
+    from stages.common.contract import Resources
+
+    resources = Resources(nodes=2, cpu_ranks=1) if smoke else Resources(nodes=2, gpus_per_node=gpus_per_node)
+    return {**config, "ray": {"address": address, "placement_timeout_s": 120}}, resources
+
+
 def _run(kind: str, launcher: str, config: dict[str, Any], work: Path, upstream: dict[str, str], smoke: bool,
          address: str, repeat: int, gpus_per_node: int) -> dict[str, Any]:
     """One stage run under `launcher` on all 2 x `gpus_per_node` GPUs (smoke: 2 CPU ranks); its rates."""
@@ -86,15 +98,14 @@ def _run(kind: str, launcher: str, config: dict[str, Any], work: Path, upstream:
     from stages.common.contract import Resources
 
     if launcher == "ray":
-        resources = Resources(nodes=2, cpu_ranks=1) if smoke else Resources(nodes=2, gpus_per_node=gpus_per_node)
-        config = {**config, "ray": {"address": address, "placement_timeout_s": 120}}
+        config, resources = on_ray(config, address, smoke, gpus_per_node)
     else:
         resources = Resources(cpu_ranks=2) if smoke else Resources(gpus_per_node=2 * gpus_per_node)
     name = f"{'sft' if kind == 'sft' else 'rl'}-{launcher}-{repeat}"
     t0 = time.time()
-    run = run_stage(kind, config, stage=name, storage=f"file://{work}/store", recipe="ray-vs-ds",
+    run = run_stage(kind, config, stage=name, storage=f"file://{work}/store", recipe=RECIPE,
                     work_root=work / "runs", upstream={k: upstream[k] for k in ("data", "base")},
-                    resources=resources, launcher=launcher)
+                    resources=resources, launcher=launcher, force=True)  # a shared --work's earlier run: not a result
     out = Path(run.url.removeprefix("file://"))
     rates = sft_metrics(out, resources.world_size) if kind == "sft" else rl_metrics(out, run.as_dict())
     return {"launcher": launcher, "wall_s": time.time() - t0, **rates}
@@ -115,26 +126,20 @@ def main() -> None:
     parser.add_argument("--only", choices=["sft", "reasoning_rl"], nargs="*", default=["sft", "reasoning_rl"])
     parser.add_argument("--gpus-per-node", type=int, choices=[1, 2], default=2,
                         help="GPUs of each of the two Ray nodes (1: a 2-GPU host)")
+    parser.add_argument("--work", type=Path, help="the store and stage runs (default OUT/work); jobs of one "
+                        "session that share it make the data and base once")
     args = parser.parse_args()
     per_node = args.gpus_per_node
     args.out.mkdir(parents=True, exist_ok=True)
-    work = args.out / "work"
-    work.mkdir(exist_ok=True)
+    work = args.work or args.out / "work"
+    work.mkdir(parents=True, exist_ok=True)
     results = ResultFile.resume(args.out / "ray_vs_deepspeed.json")
     results.put("versions", result=versions())
     results.put("layout", result={"ray_nodes": 2, "gpus_per_node": 0 if args.smoke else per_node})
-    if args.smoke:
-        os.environ.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
-        nodes = [Node(cpus=2), Node(cpus=2)]
-    else:  # the GPUs this script was given (gpu_queue pins them), --gpus-per-node per Ray node
-        gpus = pinned_gpus() or [str(i) for i in range(2 * per_node)]
-        if len(gpus) < 2 * per_node:
-            raise SystemExit(f"needs {2 * per_node} GPUs (--gpus-per-node {per_node}), CUDA_VISIBLE_DEVICES gives {gpus}")
-        nodes = [Node(cpus=8, gpus=per_node, env={"CUDA_VISIBLE_DEVICES": ",".join(gpus[:per_node])}),
-                 Node(cpus=8, gpus=per_node, env={"CUDA_VISIBLE_DEVICES": ",".join(gpus[per_node:2 * per_node])})]
-    upstream = _setup(work, args.smoke)
+    nodes = host_nodes(args.smoke, per_node)
+    upstream = setup_inputs(work, args.smoke)
     log(f"setup done: {upstream}")
-    configs = _configs(args.smoke, per_node)
+    configs = stage_configs(args.smoke, per_node)
     with local_ray_cluster(work, nodes) as address:
         log(f"Ray cluster of {len(nodes)} nodes at {address}")
         for kind in args.only:

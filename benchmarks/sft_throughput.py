@@ -44,6 +44,23 @@ Variants of an SFT case (`<tokens>` tokens per micro batch, micro batch 1, ZeRO-
   stage_mixed_compiled_mb2  the same with 2 packs per micro batch, half the micro batches per step
   *_eager_loss  the variant with the loss's chunk math eager (RING_COMPILE_LOSS=off; compiled on
                 CUDA by default since round 10, stages/common/fused_loss.py)
+Issue 36 item 4 (>= 50% MFU at 1.5B@4096 on one GPU; not measured yet): candidates on top of the
+defaults, each the same training as stage_defaults (MFU50_VARIANTS lists them with plain and
+stage_defaults, the order they run in):
+  stage_async   `async_micro_batches`: no device sync between a step's micro batches (DeepSpeed's
+                throughput timer, pageable batch copies and transformers' packed-sequence check
+                each synchronized once per micro batch or more)
+  stage_lean_step  `lean_optimizer_step`: foreach gradient clipping, no one-rank all-reduce, one host
+                sync a step (zero_stage 0 pinned: auto's choice on one GPU, and the smoke's path)
+  stage_mb4     4 packs per micro batch (auto takes 2), loss_chunk_tokens 16,384: one head chunk
+  stage_mfu     the three together
+  Each stage variant's result has `same_training`: the largest relative difference of its per-step
+  losses and gradient norms from stage_defaults' (same packs per step); the smoke fails above 1e-4
+  (CPU, fp32, lr 1e-3 so that the updates move the losses):
+    python benchmarks/sft_throughput.py --smoke --only tiny@256 --grad-accum 8 \
+        --variants stage_defaults stage_mfu stage_async stage_lean_step stage_mb4
+    timeout 550 python3 benchmarks/sft_throughput.py --out "$OUT" --only 1.5B@4096 --grad-accum 8 \
+        --rows 6000 --variants plain stage_defaults stage_mfu stage_async stage_lean_step stage_mb4
 With `--profile`, two more steps after the timed ones run under torch.profiler (the stage's
 `profile` setting; the plain loop the same way; they are not in the rates): OUT/profile_<case>_
 <variant>.txt is the operator table (key_averages by device time, top 40), the first place to
@@ -157,7 +174,21 @@ VARIANTS = {  # the sft stage's config per variant
                                  "loss_chunk_tokens": 16384},
     "stage_mixed_compiled_mb2_eager_loss": {"precision": "bf16-mixed", "compile_layers": True, "micro_batch_size": 2,
                                             "_env": {"RING_COMPILE_LOSS": "off"}},
+    # issue 36 item 4 (>= 50% MFU at 1.5B@4096 on one GPU): candidates on top of the defaults, each the
+    # same training as stage_defaults (its per-step losses are compared: `same_training`)
+    # no device sync between micro batches (DeepSpeed's throughput timer synchronizes at every forward
+    # and engine step, pageable copies and transformers' packed-sequence check wait for the GPU)
+    "stage_async": {"_defaults": True, "async_micro_batches": True},
+    # the optimizer step without DeepSpeed's per-parameter clip and one-rank all-reduce, one host sync
+    # a step; zero_stage 0 pinned: what auto picks on one GPU, and the CPU smoke then takes this path too
+    "stage_lean_step": {"_defaults": True, "zero_stage": 0, "lean_optimizer_step": True},
+    # 4 packs per micro batch (an H200's memory; auto takes 2), the loss over them in one head chunk:
+    # half the micro batches, so half the per-micro-batch weight casts, gradient casts and launches
+    "stage_mb4": {"_defaults": True, "micro_batch_size": 4, "loss_chunk_tokens": 16384},
+    "stage_mfu": {"_defaults": True, "zero_stage": 0, "micro_batch_size": 4, "loss_chunk_tokens": 16384,
+                  "async_micro_batches": True, "lean_optimizer_step": True},  # the three together
 }
+MFU50_VARIANTS = ["plain", "stage_defaults", "stage_mfu", "stage_async", "stage_lean_step", "stage_mb4"]
 # LoRA twins (issue 35): every stage variant as `<variant>_lora`, training rank-16 adapters on
 # every projection (the `lora:` block's defaults) instead of every weight; `--lora` adds the twin
 # of each variant it runs, the learner's too
@@ -303,7 +334,9 @@ def run_stage_variant(variant: str, path: Path, rows_file: Path, shape: str, tok
         "precision": "bf16" if gpu else "fp32"}
     config = {"model": str(path), "data": str(rows_file), "max_seq_len": tokens,
               "grad_accum": max(1, args.grad_accum // packs_per_micro), "max_steps": args.total_steps,
-              "warmup_steps": 1, "lr": 1e-5, "checkpoint_every": 10 ** 6, "log_every": 1, **pinned, **overrides}
+              # the smoke's larger lr: updates that move its losses, so the same-training check sees them
+              "warmup_steps": 1, "lr": 1e-3 if args.smoke else 1e-5, "checkpoint_every": 10 ** 6, "log_every": 1,
+              **pinned, **overrides}
     if args.profile:
         config["profile"] = profile_settings(args).model_dump()
     res = Resources(gpus_per_node=1) if gpu else Resources(cpu_ranks=1)
@@ -335,12 +368,46 @@ def run_stage_variant(variant: str, path: Path, rows_file: Path, shape: str, tok
     if args.profile:
         keep_profile(out_dir / "logs" / "profile", args, f"{shape}@{tokens}", variant)
     shutil.rmtree(out_dir, ignore_errors=True)  # the trained model: GBs of disk not needed
-    return {"tokens_per_s": rate, "tokens_per_s_by_step": [round(m["tokens_per_s"]) for m in steps],
+    settled = {**config, **(speed.get("config_updates") or {})}
+    micro = settled.get("micro_batch_size", 1)
+    return {"loss_by_step": [m["loss"] for m in steps], "grad_norm_by_step": [m["grad_norm"] for m in steps],
+            "packs_per_step": (micro if isinstance(micro, int) else 1) * settled["grad_accum"],
+            "tokens_per_s": rate, "tokens_per_s_by_step": [round(m["tokens_per_s"]) for m in steps],
             "params": n, "config": config, "resolved_speed": speed.get("config_updates"),
             "gradient_checkpointing": {**config, **(speed.get("config_updates") or {})}["gradient_checkpointing"],
             "attn_implementation": run.summary.get("attn_implementation") if run.summary else None,
             "flops_per_token": flops_per_token, "mfu": mfu(flops_per_token * rate, peak),
             "peak_memory_gib": max(peaks) if peaks else None, "stage_seconds": run.seconds}
+
+
+SAME_TRAINING_BASE = "stage_defaults"
+SMOKE_LOSS_RTOL = 1e-4  # fp32 on CPU: rounding only (clip order, ZeRO-2's flat buffers vs ZeRO-0)
+
+
+def same_training(case: dict) -> dict[str, dict]:
+    """Per stage variant that ran beside stage_defaults with the same packs per optimizer step (so
+    the same data in each step), the largest relative difference of its per-step losses and gradient
+    norms from stage_defaults': a speed option must train the same model (to float rounding; on a
+    GPU bf16 and nondeterministic kernels add their own)."""
+    base = case.get(SAME_TRAINING_BASE) or {}
+    out = {}
+    for variant, r in case.items():
+        if variant in ("plain", SAME_TRAINING_BASE) or "loss_by_step" not in r or "loss_by_step" not in base:
+            continue
+        if r["packs_per_step"] != base["packs_per_step"]:
+            out[variant] = {"vs": SAME_TRAINING_BASE, "comparable": False,
+                            "why": f"{r['packs_per_step']} packs per step vs {base['packs_per_step']}"}
+            continue
+        out[variant] = {"vs": SAME_TRAINING_BASE, "comparable": True, "steps": len(r["loss_by_step"]),
+                        **{f"max_rel_{key}_diff": _max_rel_diff(r[f"{key}_by_step"], base[f"{key}_by_step"])
+                           for key in ("loss", "grad_norm")}}
+    return out
+
+
+def _max_rel_diff(got: list[float], want: list[float]) -> float:
+    if len(got) != len(want):
+        return math.inf
+    return max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(got, want))
 
 
 def profile_settings(args):
@@ -567,6 +634,7 @@ def main(argv=None) -> int:
     results.write()
     cases = args.only or (SMOKE_CASES if args.smoke else CASES)
     log(f"device {name}, peak {peak}, cases {cases}, out {args.out}")
+    failed: list[str] = []  # the smoke's same-training checks that failed
     with tempfile.TemporaryDirectory(prefix="sft_throughput_") as tmp:
         work = args.work = Path(tmp)
         rows_file = tokenizer_dir = None
@@ -609,9 +677,18 @@ def main(argv=None) -> int:
                     r = {"error": f"{type(e).__name__}: {str(e)[-3000:]}"}
                     log(f"{case} {variant} FAILED: {traceback.format_exc()[-3000:]}")
                 results.put("cases", case, variant, result=r)
+            for variant, check in same_training(results.data["cases"][case]).items():
+                results.put("cases", case, variant, "same_training", result=check)
+                log(f"{case} {variant}: same training as {SAME_TRAINING_BASE}: {check}")
+                worst = max(check.get("max_rel_loss_diff", 0), check.get("max_rel_grad_norm_diff", 0))
+                if args.smoke and check["comparable"] and not worst <= SMOKE_LOSS_RTOL:
+                    failed.append(f"{case} {variant}: losses or gradient norms differ from {SAME_TRAINING_BASE}'s "
+                                  f"by {worst:.2e} (relative; at most {SMOKE_LOSS_RTOL})")
             shutil.rmtree(path, ignore_errors=True)
     log(f"done: {results.path}")
-    return 0
+    for line in failed:
+        log(f"NOT THE SAME TRAINING: {line}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -80,6 +80,37 @@ def static_width(attn: str, max_seq_len: int) -> int | None:
     return -(-max_seq_len // FLEX_BLOCK) * FLEX_BLOCK
 
 
+def document_ids(position_ids: torch.Tensor) -> torch.Tensor:
+    """[B, T] -> [B, T]: per token, the index of its sample in the row. A sample starts wherever a
+    position does not follow the one before it (transformers' own rule, masking_utils'
+    find_packed_sequence_indices), so a padding segment (positions from 0) is a sample of its own."""
+    first = position_ids[:, :1] - 1
+    return (torch.diff(position_ids, prepend=first, dim=-1) != 1).cumsum(-1)
+
+
+def document_causal_mask_mod(position_ids: torch.Tensor):
+    """The FlexAttention mask_mod of packed rows: causal, and only within a token's own sample (what
+    transformers builds from restarting position ids: its causal and packed-sequence mask functions)."""
+    doc = document_ids(position_ids)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (kv_idx <= q_idx) & (doc[b, q_idx] == doc[b, kv_idx])
+    return mask_mod
+
+
+def document_block_mask(position_ids: torch.Tensor):
+    """The document-causal BlockMask of packed rows, built on their device without reading anything on
+    the host; given to the model as its attention mask, transformers uses it as it is. transformers' own
+    builder first checks on the host whether any row holds more than one sample (`.all()` on a GPU
+    tensor): a device sync at every forward, after which the GPU waits for the host to queue the next
+    kernels. Compiled on CUDA as transformers compiles its own."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    rows, width = position_ids.shape
+    return create_block_mask(document_causal_mask_mod(position_ids), rows, None, width, width,
+                             device=position_ids.device, _compile=position_ids.is_cuda)
+
+
 def pad_packed_batch(batch: dict[str, torch.Tensor], width: int, pad_id: int) -> dict[str, torch.Tensor]:
     """`batch` (input_ids, targets, position_ids: [B, L], L <= width) padded on the right to
     `width` with one more segment per row: pad tokens, targets -100, positions from 0 (so the

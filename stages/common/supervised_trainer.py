@@ -147,8 +147,10 @@ def train_supervised(job: StageJob, cfg: SupervisedSettings,
     plan = DataPlan(task.items, setup.ranks.world, cfg.micro_batch_size, cfg.grad_accum, cfg.seed)
     run = SupervisedRun(job, cfg, setup, plan, cfg.max_steps or cfg.epochs * plan.steps_per_epoch)
     task.describe(run)
+    # a task may set DeepSpeed config keys of its own (sft's speed options); the others have none
+    ds_updates = getattr(task, "ds_config_updates", None)
     run.engine, run.scheduler, run.attn = supervised_engine(cfg, setup, run.total_steps, task.load_model,
-                                                            packed=task.packed)
+                                                            packed=task.packed, ds_updates=ds_updates)
     ckpt = _resume(run, task)
     task.before_training(run)
     _train(run, task, ckpt)

@@ -71,16 +71,17 @@ def start_training_job(job: StageJob, cfg: TrainingConfig, split_last: int = 0) 
 
 
 def supervised_engine(cfg: SupervisedSettings, setup: TrainingJob, total_steps: int, load_model: Callable[[str], torch.nn.Module],
-                      packed: bool = False):
+                      packed: bool = False, ds_updates: dict[str, Any] | None = None):
     """The model `load_model(attn_implementation)` under DeepSpeed (ZeRO-3 partitions it while it
     loads), with a torch AdamW (no decay on 1-D params) and the warmup + cosine schedule of
     `cfg` (its SupervisedSettings, and the kind's `attn_implementation`). Returns (engine,
     lr scheduler, the attention implementation used); an attention implementation that cannot
     run here is a StageError. `packed`: the batches pack several samples per row (the choice of
-    "auto" depends on it)."""
+    "auto" depends on it). `ds_updates`: top-level keys of the DeepSpeed config the task sets
+    itself (sft's speed options: its `lean_optimizer_step` clips outside DeepSpeed)."""
     attn = choose_attention(cfg.attn_implementation, setup.ranks.on_gpu, packed=packed)
     ds_cfg = ds_config(cfg.zero_stage, cfg.grad_clip, setup.precision, micro_batch=cfg.micro_batch_size,
-                       grad_accum=cfg.grad_accum, world=setup.ranks.world)
+                       grad_accum=cfg.grad_accum, world=setup.ranks.world) | (ds_updates or {})
     zero3_ctx = hf_zero3_context(ds_cfg)  # noqa: F841 - kept alive while from_pretrained partitions
     model = load_model(attn)
     model.config.use_cache = False

@@ -44,7 +44,7 @@ from stages.common.entry import run_job
 from stages.common.fused_loss import chunks_for, linear_cross_entropy_sum
 from stages.common.hf_io import load_causal_lm
 from stages.common.lora import apply_lora
-from stages.common.packed_attention import flattens_micro_batch, pad_packed_batch, static_width
+from stages.common.packed_attention import document_block_mask, flattens_micro_batch, pad_packed_batch, static_width
 from stages.common.rows import input_rows
 from stages.common.speed_defaults import settle_auto
 from stages.common.stage_log import info
@@ -84,12 +84,15 @@ class PackedLMLoss(torch.nn.Module):
     DeepSpeed, so one engine forward covers the whole computation (ZeRO-3 keeps per-micro-step
     state in its forward)."""
 
-    def __init__(self, lm: torch.nn.Module, chunk_tokens: int, max_tokens: int | None = None):
+    def __init__(self, lm: torch.nn.Module, chunk_tokens: int, max_tokens: int | None = None,
+                 document_mask: bool = False):
         """`max_tokens`: the most tokens a micro batch can hold; the head is then called
         ceil(max_tokens / chunk_tokens) times for every micro batch, as ZeRO-3 needs every rank
-        to (stages/common/fused_loss.py), however full this rank's batch is."""
+        to (stages/common/fused_loss.py), however full this rank's batch is. `document_mask`
+        (flex_attention only): the FlexAttention mask is built here on the device, not by
+        transformers (packed_attention.document_block_mask: no host sync per forward)."""
         super().__init__()
-        self.lm, self.chunk_tokens = lm, chunk_tokens
+        self.lm, self.chunk_tokens, self.document_mask = lm, chunk_tokens, document_mask
         self.head_calls = chunks_for(max_tokens, chunk_tokens) if max_tokens else None
 
     @property
@@ -97,7 +100,8 @@ class PackedLMLoss(torch.nn.Module):
         return self.lm.config
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        out = self.lm.get_decoder()(input_ids=input_ids, position_ids=position_ids, attention_mask=None,
+        mask = document_block_mask(position_ids) if self.document_mask else None
+        out = self.lm.get_decoder()(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
                                     use_cache=False)
         return linear_cross_entropy_sum(out.last_hidden_state, self.lm.get_output_embeddings(), targets,
                                         self.chunk_tokens, self.head_calls)
@@ -137,7 +141,16 @@ def load_packed_lm(model_dir: Path, cfg: SFTConfig, attn: str) -> PackedLMLoss:
     if cfg.compile_layers:
         compile_decoder_layers(lm, cfg.model)
     width = static_width(attn, cfg.max_seq_len) or cfg.max_seq_len  # a pack's most tokens, padding included
-    return PackedLMLoss(lm, cfg.loss_chunk_tokens, max_tokens=cfg.micro_batch_size * width)
+    return PackedLMLoss(lm, cfg.loss_chunk_tokens, max_tokens=cfg.micro_batch_size * width,
+                        document_mask=cfg.async_micro_batches and attn == "flex_attention")
+
+
+def batch_on(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """`batch` on `device`, copied without waiting for the device (pinned host memory, non-blocking):
+    a pageable copy is ordered after every kernel already queued and blocks the host until they ran."""
+    if device.type != "cuda":
+        return {k: v.to(device) for k, v in batch.items()}
+    return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
 
 
 # -- the stage -------------------------------------------------------------------------------
@@ -150,6 +163,15 @@ class SFTTask:
         if setup.tokenizer.eos_token is None:
             raise StageError(f"model {cfg.model}: its tokenizer has no eos token")
         self.cfg, self.setup = cfg, setup
+        # the speed options (config.py); lean_optimizer_step where DeepSpeed's own step clips
+        # parameter by parameter: ZeRO-0 without its bf16 optimizer wrapper
+        self.lean_step = cfg.lean_optimizer_step and cfg.zero_stage == 0 and not setup.deepspeed_bf16
+        if cfg.lean_optimizer_step and not self.lean_step and setup.ranks.rank == 0:
+            info(f"sft: lean_optimizer_step does nothing at ZeRO-{cfg.zero_stage} with precision "
+                 f"{setup.precision} (DeepSpeed's optimizer wrapper clips)")
+        self.ds_config_updates = {
+            **({"gradient_clipping": 0.0} if self.lean_step else {}),  # train_step clips instead
+            **({"timers": {"throughput": {"enabled": False}}} if cfg.async_micro_batches else {})}
 
         def load_data():
             rows = input_rows(job.fetch, cfg.data_input, "sft data", keep_bad=True)
@@ -198,6 +220,10 @@ class SFTTask:
     def before_training(self, run: SupervisedRun) -> None:
         self.flatten = flattens_micro_batch(run.attn)
         self.width = static_width(run.attn, self.cfg.max_seq_len)
+        if self.lean_step and self.setup.ranks.world == 1:
+            # one rank's all-reduce is the identity; DeepSpeed still flattens every gradient into
+            # buckets, reduces them and copies them back at each optimizer step
+            run.engine.enable_backward_allreduce = False
 
     def train_step(self, run: SupervisedRun, micro: list[list[int]]) -> tuple[float, int, int, float | None]:
         """(loss per trained token, trained tokens, tokens, grad norm when DeepSpeed reports none)."""
@@ -212,6 +238,8 @@ class SFTTask:
                               dtype=torch.float64, device=device)
         dist.all_reduce(counts)
         step_targets, step_tokens = (int(c) for c in counts.tolist())  # one host sync, not two
+        if cfg.async_micro_batches:  # every copy queued now, none waits for the GPU later in the step
+            batches = [batch_on(b, device) for b in batches]
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         grad_norm = None
         for j, b in enumerate(batches):
@@ -219,15 +247,29 @@ class SFTTask:
             # DeepSpeed divides by grad_accum and averages over ranks: this makes the step's
             # gradient that of the mean over every trained token of the global batch
             engine.backward(ce * (cfg.grad_accum * world / max(step_targets, 1)))
-            if cfg.zero_stage == 0 and not self.setup.deepspeed_bf16 and j == len(batches) - 1:
-                # plain DeepSpeed clips without reporting the norm: take it from the
-                # (already all-reduced) gradients before the step clips them
-                grad_norm = torch.nn.utils.get_total_norm(
-                    [p.grad for p in engine.module.parameters() if p.grad is not None]).item()
+            if j == len(batches) - 1:
+                grad_norm = self._norm_before_step(engine)
             engine.step()
             loss_sum += ce.detach().double()
         dist.all_reduce(loss_sum)
-        return loss_sum.item() / max(step_targets, 1), step_targets, step_tokens, grad_norm
+        if isinstance(grad_norm, torch.Tensor):  # the lean step's: read with the loss, one host sync
+            loss, grad_norm = torch.stack([loss_sum, grad_norm.double()]).tolist()
+        else:
+            loss = loss_sum.item()
+        return loss / max(step_targets, 1), step_targets, step_tokens, grad_norm
+
+    def _norm_before_step(self, engine) -> torch.Tensor | float | None:
+        """The gradient norm of the step, taken after the last micro batch's backward (gradients
+        all-reduced) and before DeepSpeed's step: with `lean_optimizer_step` the foreach clip's (it
+        clips here; a tensor, read later), at ZeRO-0 without DeepSpeed's bf16 mode its value (plain
+        DeepSpeed clips without reporting the norm), else None (DeepSpeed's wrapper reports it)."""
+        if not (self.lean_step or (self.cfg.zero_stage == 0 and not self.setup.deepspeed_bf16)):
+            return None
+        params = [p for p in engine.module.parameters() if p.grad is not None]
+        if self.lean_step:
+            # DeepSpeed's clip_grad_norm_ math (coefficient max_norm / (norm + 1e-6), at most 1)
+            return torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip, foreach=True)
+        return torch.nn.utils.get_total_norm([p.grad for p in params]).item()
 
     def report(self, run: SupervisedRun, trained, lr: float, seconds: float) -> StepReport:
         loss, step_targets, step_tokens, grad_norm = trained

@@ -24,6 +24,40 @@ def test_an_unknown_variant_is_refused_naming_the_known_ones(capsys):
     assert "unknown --variants ['stage_z9']" in err and "stage_z1 stage_z2" in err
 
 
+def test_same_training_compares_variants_that_saw_the_same_packs_per_step():
+    """A variant's per-step losses and gradient norms against stage_defaults': the largest relative
+    difference; a variant with other packs per step (other data in each step) is not compared."""
+    base = {"loss_by_step": [2.0, 1.0], "grad_norm_by_step": [4.0, 2.0], "packs_per_step": 8}
+    case = {"plain": {"tokens_per_s": 1.0}, "stage_defaults": base,
+            "stage_mfu": {**base, "loss_by_step": [2.0, 1.001]},
+            "stage_mb4": {**base, "grad_norm_by_step": [4.0, 1.0]},
+            "stage_other": {**base, "packs_per_step": 4},
+            "stage_short": {**base, "loss_by_step": [2.0]},
+            "stage_failed": {"error": "OutOfMemoryError"}}
+    got = sft_throughput.same_training(case)
+    assert set(got) == {"stage_mfu", "stage_mb4", "stage_other", "stage_short"}
+    assert got["stage_mfu"]["max_rel_loss_diff"] == pytest.approx(1e-3)
+    assert got["stage_mfu"]["max_rel_grad_norm_diff"] == 0.0
+    assert got["stage_mb4"]["max_rel_grad_norm_diff"] == pytest.approx(0.5)
+    assert got["stage_other"] == {"vs": "stage_defaults", "comparable": False, "why": "4 packs per step vs 8"}
+    assert got["stage_short"]["max_rel_loss_diff"] == float("inf")
+
+
+@pytest.mark.slow  # the synthetic-data and tokenizer stages, then two sft stage runs (~20 s)
+def test_the_issue_36_speed_options_together_train_as_the_defaults(tmp_path):
+    """stage_mfu (async_micro_batches, lean_optimizer_step at ZeRO-0, 4 packs per micro batch) beside
+    stage_defaults on CPU, 8 packs a step: the same per-step losses and gradient norms (the smoke
+    fails otherwise), and the options reached the stage as set."""
+    assert sft_throughput.main(["--smoke", "--only", "tiny@256", "--grad-accum", "8", "--variants",
+                                "stage_defaults", "stage_mfu", "--out", str(tmp_path)]) == 0
+    case = json.loads((tmp_path / "sft_throughput.json").read_text())["cases"]["tiny@256"]
+    check = case["stage_mfu"]["same_training"]
+    assert check["comparable"] and check["steps"] == 3, check
+    assert check["max_rel_loss_diff"] <= sft_throughput.SMOKE_LOSS_RTOL
+    assert case["stage_mfu"]["config"]["lean_optimizer_step"] and case["stage_mfu"]["config"]["async_micro_batches"]
+    assert case["stage_mfu"]["packs_per_step"] == case["stage_defaults"]["packs_per_step"] == 8
+
+
 @pytest.mark.slow  # builds and trains a model three times (CPU-heavy, ~30 s of CPU)
 def test_learner_case_smoke_writes_every_variant(tmp_path, monkeypatch):
     from stages.common.compile_layers import BACKEND_ENV

@@ -7,7 +7,6 @@ generates on the other, the weights broadcast between them); the speed settings'
 as a one-GPU task there."""
 from __future__ import annotations
 
-import contextlib
 import glob
 import json
 import os
@@ -21,7 +20,7 @@ from typing import Iterator
 import pytest
 import yaml
 
-from benchmarks._ray_cluster import Node, local_ray_cluster
+from benchmarks._ray_cluster import Node, local_ray_cluster, rank_process
 from tests.conftest import REPO
 
 ray = pytest.importorskip("ray")
@@ -60,20 +59,6 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "pipeline.cli", *args]
 
 
-def _rank_process(rank: int, entry: str, under: Path):
-    """The process of `entry` with $RANK = rank whose job file is under `under` (this test's own:
-    other runs on this machine may have ranks of the same entry)."""
-    import psutil
-
-    for p in psutil.process_iter(["cmdline"]):
-        with contextlib.suppress(psutil.Error):
-            cmd = p.info["cmdline"] or []
-            if entry in cmd and "pipeline.job_guard" not in cmd and str(under) in " ".join(cmd) \
-                    and p.environ().get("RANK") == str(rank):
-                return p
-    return None
-
-
 def test_ray_stages_kill_a_worker_fail_fast_and_resume(ray_cluster, tmp_path, base_dir, data_dir, tiny_policy,
                                                        prefect_api):
     recipe = _recipe(tmp_path, ray_cluster, base_dir, data_dir, tiny_policy)
@@ -86,7 +71,7 @@ def test_ray_stages_kill_a_worker_fail_fast_and_resume(ray_cluster, tmp_path, ba
             assert first.poll() is None, first.stdout.read()[-4000:]
             assert time.time() < deadline, "no sft checkpoint within 240 s"
             time.sleep(0.1)
-        victim = _rank_process(1, "stages.sft.job", tmp_path)
+        victim = rank_process(1, "stages.sft.job", tmp_path)
         assert victim is not None, "rank 1's job process not found"
         victim.kill()
         killed_at = time.time()

@@ -9,7 +9,7 @@ import torch
 from pydantic import ValidationError
 
 from stages.common.compile_layers import BACKEND_ENV
-from stages.common.packed_attention import pad_packed_batch
+from stages.common.packed_attention import document_block_mask, document_causal_mask_mod, pad_packed_batch
 from stages.sft.config import SFTConfig
 from stages.sft.job import PackedLMLoss, load_packed_lm, packed_loss_sum
 
@@ -147,3 +147,84 @@ def test_compiled_layers_give_the_same_loss_and_grads(monkeypatch, tmp_path):
 def test_compile_layers_with_zero3_is_refused_by_name():
     with pytest.raises(ValidationError, match="compile_layers needs zero_stage 0, 1 or 2"):
         SFTConfig.model_validate({"model": "m", "data": "d", "compile_layers": True, "zero_stage": 3})
+
+
+# -- issue 36 item 4's speed options: the same training, refused where they cannot run ---------------
+def _padded_packs():
+    """Two rows: samples of 5, 9 and 2 tokens (then a padding segment) and one of 16; positions
+    restart per sample, as collate + pad_packed_batch make them."""
+    a = torch.cat([torch.arange(5), torch.arange(9), torch.arange(2), torch.arange(4)])
+    return torch.stack([a, torch.arange(20)])
+
+
+def test_the_document_mask_is_transformers_own():
+    """document_causal_mask_mod (the mask `async_micro_batches` builds on the GPU) allows exactly
+    what transformers' causal + packed-sequence mask functions allow, element by element and
+    block by block, and the model's outputs under it equal those under transformers' own mask."""
+    from torch.nn.attention.flex_attention import create_block_mask, create_mask
+    from transformers.masking_utils import (
+        and_masks,
+        causal_mask_function,
+        find_packed_sequence_indices,
+        packed_sequence_mask_function,
+    )
+
+    pos = _padded_packs()
+    rows, width = pos.shape
+    ours = create_mask(document_causal_mask_mod(pos), rows, 1, width, width, device="cpu")
+    hf_mod = and_masks(causal_mask_function, packed_sequence_mask_function(find_packed_sequence_indices(pos)))
+    assert torch.equal(ours, create_mask(hf_mod, rows, 1, width, width, device="cpu"))
+    assert ours[0, 0, 6, 4].item() is False and ours[0, 0, 6, 5].item() is True  # sample 2 sees only itself
+    blocks = document_block_mask(pos)  # on CPU without compiling; 128-token blocks
+    want = create_block_mask(hf_mod, rows, None, width, width, device="cpu")
+    assert torch.equal(blocks.to_dense(), want.to_dense())
+    lm = _lm().eval()
+    ids = torch.randint(2, VOCAB, (rows, width), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        theirs = lm.get_decoder()(input_ids=ids, position_ids=pos, attention_mask=None, use_cache=False)
+        mine = lm.get_decoder()(input_ids=ids, position_ids=pos, attention_mask=ours, use_cache=False)
+    torch.testing.assert_close(mine.last_hidden_state, theirs.last_hidden_state, atol=1e-6, rtol=1e-6)
+
+
+def test_the_document_mask_is_used_only_with_flex_attention(tmp_path):
+    _lm().save_pretrained(tmp_path / "m")
+    cfg = SFTConfig.model_validate({"model": "m", "data": "d", "max_seq_len": 64, "async_micro_batches": True})
+    assert load_packed_lm(tmp_path / "m", cfg, "sdpa").document_mask is False
+    assert PackedLMLoss(_lm(), 8, document_mask=True).document_mask is True
+
+
+@pytest.mark.parametrize("setting,value", [("zero_stage", 2), ("zero_stage", 3), ("precision", "bf16")])
+def test_lean_optimizer_step_where_deepspeed_clips_is_refused_by_name(setting, value):
+    with pytest.raises(ValidationError, match=f"lean_optimizer_step needs zero_stage 0 .*{setting} {value}"):
+        SFTConfig.model_validate({"model": "m", "data": "d", "lean_optimizer_step": True, setting: value})
+    SFTConfig.model_validate({"model": "m", "data": "d", "lean_optimizer_step": True, "zero_stage": 0,
+                              "precision": "bf16-mixed"})
+
+
+def test_the_speed_options_at_their_default_leave_the_stage_hash_alone():
+    from pipeline.plan import result_config
+
+    base = {"model": "m", "data": "d"}
+    before = result_config(SFTConfig.model_validate(base))
+    assert result_config(SFTConfig.model_validate(
+        {**base, "async_micro_batches": False, "lean_optimizer_step": False})) == before
+    assert "async_micro_batches" not in before and "lean_optimizer_step" not in before
+    assert result_config(SFTConfig.model_validate({**base, "lean_optimizer_step": True}))["lean_optimizer_step"]
+
+
+def test_flex_attention_under_the_document_block_mask_equals_dense_masked_attention():
+    """The BlockMask's block sparsity (128-token blocks; samples that cross block edges) loses
+    nothing: FlexAttention under it equals SDPA under the element-wise mask (CPU: FlexAttention's
+    eager forward; its backward and compiled kernel run on the GPU only)."""
+    from torch.nn.attention.flex_attention import create_mask, flex_attention
+
+    first = torch.cat([torch.arange(100), torch.arange(90), torch.arange(66)])
+    pos = torch.stack([first, torch.arange(256)])
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 256, 16, generator=g) for _ in range(3))
+    with torch.no_grad():
+        got = flex_attention(q, k, v, block_mask=document_block_mask(pos))
+    dense = create_mask(document_causal_mask_mod(pos), 2, 1, 256, 256, device="cpu")
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=dense)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert not dense[0, 0, 150, 99] and dense[0, 0, 150, 100]  # the second sample starts at 100
