@@ -17,14 +17,26 @@ teardown then waits for it forever, with the cause still unprinted (round 6's 4-
 hung exactly so: three ranks in `destroy_process_group`, the fourth in a ZeRO-3 all-gather).
 Past `LEAVE_GROUP_S` the process exits without it; the launcher sees the exit and stops the
 peers.
+
+A failed job then ends its process at once (`_end_failed_process`): Python's own exit waits for
+every non-daemon thread, joins every multiprocessing child and runs every finaliser, and what
+failed may have left those behind, never to end: a rollout engine that fails to start can
+(vLLM's engine core is a non-daemon child process). Every rank of an RL stage whose engines all
+failed so sat in its exit until the progress deadline (tests/stages/reasoning_rl/
+test_engine_start_failure.py; round 17's split TP=2 run on GPUs hung after vLLM's failed start).
+The process's children are stopped first (an engine's processes hold GPU memory), its output
+flushed, then `os._exit` with the job's status. Only when run_job is the process's entry
+(`argv` None: the job's own command line); a caller that passes `argv` (a test) gets the status back.
 """
 from __future__ import annotations
 
 import faulthandler
+import multiprocessing
 import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from typing import Any, Callable
 
@@ -33,13 +45,15 @@ from stages.common.stage_log import StageLogger
 
 STACKS_SIGNAL = signal.SIGUSR2  # SIGUSR1 is the job guard's parent-death signal
 LEAVE_GROUP_S = 20.0  # a failed rank's wait to leave the process group (see the module docstring)
+CHILDREN_GRACE_S = 5.0  # a failed job's child processes' time to end on SIGTERM before SIGKILL
 
 
 def run_job(main: Callable[[StageJob, ConfigT], Any], config_model: type[ConfigT],
             argv: list[str] | None = None) -> int:
     """Run a stage job's `main(job, cfg)` on the job file named by `argv` (`--job job.json`),
     `cfg` being the job's config as `config_model` (the model the kind registers); the exit
-    status (the module docstring)."""
+    status (the module docstring). With `argv` None a failed job ends the process itself."""
+    owns_process = argv is None
     path = StageJob.path_from_argv(argv)
     try:
         job = StageJob.read(path)
@@ -53,6 +67,7 @@ def run_job(main: Callable[[StageJob, ConfigT], Any], config_model: type[ConfigT
         # `import mlflow` fails at once and DeepSpeed goes on without it.
         sys.modules.setdefault("mlflow", None)
     failed_with: int | None = 1  # the exit status while not known to have succeeded
+    reported = False  # the failure's cause was printed
     try:
         job.check_packages()
         main(job, job.typed_config(config_model, path))
@@ -64,14 +79,17 @@ def run_job(main: Callable[[StageJob, ConfigT], Any], config_model: type[ConfigT
         failed_with = None
     except StageError as e:
         print(f"{_rank_tag(job.rank)}{job.stage} ({job.kind}) failed: {e}", file=sys.stderr, flush=True)
-        failed_with = 2
+        failed_with, reported = 2, True
         return 2
     except Exception:
         traceback.print_exc()  # now: leaving the group below may not return
         sys.stderr.flush()
+        reported = True
         raise _AlreadyReported() from None
     finally:
         _leave_group(failed_with)
+        if reported and owns_process:
+            _end_failed_process(failed_with)
     return 0
 
 
@@ -103,6 +121,27 @@ def _leave_group(failed_with: int | None) -> None:
         print(f"rank {group.get_rank()}: leaving the process group did not finish in {LEAVE_GROUP_S:.0f}s "
               "(a peer is still in a collective); exiting without it", file=sys.stderr, flush=True)
         os._exit(failed_with)
+
+
+def _end_failed_process(status: int) -> None:
+    """End this process now with `status`, its cause already printed (the module docstring):
+    its child processes stopped (SIGTERM, then SIGKILL past CHILDREN_GRACE_S), its output
+    flushed, no non-daemon thread, child or finaliser waited for."""
+    children = multiprocessing.active_children()
+    for child in children:
+        child.terminate()
+    deadline = time.monotonic() + CHILDREN_GRACE_S
+    for child in children:
+        child.join(max(0.0, deadline - time.monotonic()))
+        if child.is_alive():
+            child.kill()
+    # (logging's stream and file handlers flush every record as they write it)
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed or broken stream: nothing more to save
+            pass
+    os._exit(status)
 
 
 def _process_group():

@@ -261,8 +261,15 @@ class VllmEngine(SyncTiming):
         async def start():  # on the loop: AsyncLLM's output handler becomes a task of it
             return AsyncLLM.from_engine_args(EngineArgs(**kwargs))
 
-        with _engine_environment(self.gpus):
-            self.llm = self._loop.run(start())
+        try:
+            with _engine_environment(self.gpus):
+                self.llm = self._loop.run(start())
+        except BaseException:
+            # vLLM's own error goes up as it is (the stage names it); the loop and its thread go
+            # with the failed start (vLLM tears down its processes itself; what it leaves, the
+            # stage's failed process ends with it: stages/common/entry.py)
+            self._loop.close()
+            raise
         # nothing here refers back to the engine: dropping it frees vLLM's processes (AsyncLLM's
         # own finaliser) and ends the loop thread, with no wait for the cycle collector
         self._weights = IpcWeightSender(functools.partial(_rpc, self._loop, self.llm), self.device,

@@ -186,6 +186,62 @@ def test_a_failed_rank_prints_its_cause_then_leaves_even_if_the_group_never_lets
     assert cause < out.stderr.index("did not finish in 1s")  # the cause first
 
 
+@pytest.mark.parametrize("failure, status", [("StageError('the engine did not start')", 2),
+                                             ("RuntimeError('Engine core initialization failed')", 1)])
+def test_a_failed_job_ends_its_process_whatever_its_failure_left_running(tmp_path, failure, status):
+    """A rollout engine that failed to start left a thread and a child process that never end
+    (vLLM's engine, round 17): Python's exit waits for both, so the rank never exited and its
+    stage hung. A job run as its process's entry (run_job without argv) ends its process with
+    its status once the cause is printed, its child processes stopped; no child outlives it."""
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    _job(tmp_path, stage="leaves-things").write(tmp_path / "job.json")
+    child_pid = tmp_path / "child.pid"
+    script = (
+        "import multiprocessing, sys, threading, time\n"
+        "from pathlib import Path\n"
+        "from stages.common.contract import StageConfig, StageError\n"
+        "from stages.common.entry import run_job\n"
+        "def forever(pid_file=None):\n"
+        "    if pid_file:\n"
+        "        Path(pid_file).write_text(str(__import__('os').getpid()))\n"
+        "    time.sleep(3600)\n"
+        "def main(job, cfg):\n"
+        "    threading.Thread(target=forever).start()\n"
+        f"    multiprocessing.get_context('fork').Process(target=forever, args=({str(child_pid)!r},)).start()\n"
+        f"    while not Path({str(child_pid)!r}).exists():\n"
+        "        time.sleep(0.01)\n"
+        f"    raise {failure}\n"
+        f"sys.argv[1:] = ['--job', {str(tmp_path / 'job.json')!r}]\n"
+        "sys.exit(run_job(main, StageConfig))\n")
+    repo = Path(__file__).resolve().parents[3]
+    t0 = time.time()
+    try:
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=repo,
+                             env={**os.environ, "PYTHONPATH": str(repo)}, timeout=60)
+    finally:
+        pid = int(child_pid.read_text()) if child_pid.exists() else None
+        alive = pid is not None and _alive(pid)
+        if alive:
+            os.kill(pid, 9)
+    assert out.returncode == status and time.time() - t0 < 30, out.stderr[-2000:]
+    assert failure.split("'")[1] in out.stderr
+    assert pid is not None and not alive
+
+
+def _alive(pid: int) -> bool:
+    """`pid` runs (neither gone nor a zombie waiting for its reaper)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def test_a_rank_whose_hashed_package_differs_from_the_planned_one_refuses_to_start(tmp_path, capsys):
     """A distribution the stage hash covers (reasoning-gym for its data stages) installed at another
     version where a rank runs (upgraded since `plan`, a Ray worker, another node), or installed there

@@ -630,6 +630,25 @@ def test_vllm_engine_starts_its_processes_fresh_and_fits_a_host_without_multicas
     assert open_engine(mod, model_dir).llm.env["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
 
 
+def test_a_vllm_engine_that_fails_to_start_raises_vllms_error_and_leaves_no_loop_running(monkeypatch, model_dir):
+    """vLLM's engine core died while starting on a GPU (round 17): its error out of
+    AsyncLLM.from_engine_args reaches the caller as it is, and the engine's loop thread ends."""
+    import threading
+
+    from tests.stages.rl.fake_vllm import FakeAsyncLLM, install, open_engine
+
+    mod, _, _ = install(monkeypatch)
+
+    def dies(cls, args):
+        raise RuntimeError("Engine core initialization failed. See root cause above. Failed core proc(s): {}")
+
+    monkeypatch.setattr(FakeAsyncLLM, "from_engine_args", classmethod(dies))
+    before = set(threading.enumerate())
+    with pytest.raises(RuntimeError, match="^Engine core initialization failed"):
+        open_engine(mod, model_dir)
+    assert [t.name for t in set(threading.enumerate()) - before] == []
+
+
 def test_the_vllm_engine_registers_without_importing_vllm(monkeypatch):
     """Importing the engine registry must not import vLLM (seconds, and a CUDA probe): every
     process that imports a stage entry pays it, the verifier workers among them (round 8)."""
