@@ -43,21 +43,6 @@ def test_same_training_compares_variants_that_saw_the_same_packs_per_step():
     assert got["stage_short"]["max_rel_loss_diff"] == float("inf")
 
 
-@pytest.mark.slow  # the synthetic-data and tokenizer stages, then two sft stage runs (~20 s)
-def test_the_issue_36_speed_options_together_train_as_the_defaults(tmp_path):
-    """stage_mfu (async_micro_batches, lean_optimizer_step at ZeRO-0, 4 packs per micro batch) beside
-    stage_defaults on CPU, 8 packs a step: the same per-step losses and gradient norms (the smoke
-    fails otherwise), and the options reached the stage as set."""
-    assert sft_throughput.main(["--smoke", "--only", "tiny@256", "--grad-accum", "8", "--variants",
-                                "stage_defaults", "stage_mfu", "--out", str(tmp_path)]) == 0
-    case = json.loads((tmp_path / "sft_throughput.json").read_text())["cases"]["tiny@256"]
-    check = case["stage_mfu"]["same_training"]
-    assert check["comparable"] and check["steps"] == 3, check
-    assert check["max_rel_loss_diff"] <= sft_throughput.SMOKE_LOSS_RTOL
-    assert case["stage_mfu"]["config"]["lean_optimizer_step"] and case["stage_mfu"]["config"]["async_micro_batches"]
-    assert case["stage_mfu"]["packs_per_step"] == case["stage_defaults"]["packs_per_step"] == 8
-
-
 @pytest.mark.slow  # builds and trains a model three times (CPU-heavy, ~30 s of CPU)
 def test_learner_case_smoke_writes_every_variant(tmp_path, monkeypatch):
     from stages.common.compile_layers import BACKEND_ENV

@@ -4,6 +4,8 @@ perturbation of one sample leaves the other's loss unchanged; padding to a stati
 changes nothing), and the new settings' errors name their field."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from pydantic import ValidationError
@@ -228,3 +230,35 @@ def test_flex_attention_under_the_document_block_mask_equals_dense_masked_attent
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=dense)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert not dense[0, 0, 150, 99] and dense[0, 0, 150, 100]  # the second sample starts at 100
+
+
+@pytest.mark.slow  # two sft stage runs on the stage tests' shared tiny base and data
+def test_the_speed_options_train_the_model_the_defaults_train(stage_env, data_artifact, base_artifact):
+    """async_micro_batches and lean_optimizer_step (ZeRO-0, one rank, 4 micro batches a step) through
+    the real stage publish the model the defaults publish, to float rounding, and their summaries'
+    losses agree: the same training, only fewer host syncs."""
+    from safetensors.torch import load_file
+
+    from data_curation.urls import local_path
+    from pipeline.execute import run_stage
+    from stages.common.contract import Resources
+
+    config = {"model": "${stages.base.output}", "data": "${stages.data.output}/sft.jsonl", "max_seq_len": 256,
+              "max_steps": 6, "micro_batch_size": 1, "grad_accum": 4, "lr": 1e-2, "warmup_steps": 1,
+              "zero_stage": 0, "precision": "fp32", "checkpoint_every": 100}
+    runs = [run_stage("sft", {**config, **options}, resources=Resources(cpu_ranks=1), stage="sft",
+                      storage=stage_env["storage"], recipe=recipe, launcher="local",
+                      upstream={"base": base_artifact.url, "data": data_artifact.url},
+                      work_root=str(stage_env["work_root"]))
+            for recipe, options in (("sftopts-defaults", {}),
+                                    ("sftopts-fast", {"async_micro_batches": True, "lean_optimizer_step": True}))]
+    defaults, fast = ({k: v for k, v in load_file(str(Path(local_path(r.url)) / "model.safetensors")).items()}
+                      for r in runs)
+    assert defaults.keys() == fast.keys()
+    moved = 0
+    for name, w in defaults.items():
+        torch.testing.assert_close(fast[name], w, rtol=1e-4, atol=1e-5, msg=name)
+        moved += not torch.equal(w, load_file(str(Path(local_path(base_artifact.url)) / "model.safetensors"))[name])
+    assert moved > 0  # the runs trained
+    for key in ("first_loss", "final_loss", "steps"):
+        assert runs[1].summary[key] == pytest.approx(runs[0].summary[key], rel=1e-5), key
