@@ -80,7 +80,9 @@ class Queue:
         results.mkdir(parents=True, exist_ok=True)
 
     def write(self) -> None:
+        # pid: the job's bash, leader of its process group (session.sh stop JOB signals the rest)
         rows = [{"name": j.name, "state": j.state, "gpus": j.devices or j.gpus, "exit_code": j.exit_code,
+                 "pid": j.proc.pid if j.proc else None,
                  "start_s": None if j.started is None else round(j.started - self.t0, 1),
                  "seconds": None if j.started is None else round((j.ended or time.time()) - j.started, 1)}
                 for j in self.jobs]

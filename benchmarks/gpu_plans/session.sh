@@ -11,6 +11,9 @@
 #   bash benchmarks/gpu_plans/session.sh assets [NAME]     # after the last part: join the parts, install the wheels not installed yet into /tmp/site,
 #                                                          # then /tmp/NAME_ready (default assets: a second batch, e.g. ray's, gets a name of its own)
 #   bash benchmarks/gpu_plans/session.sh collect [SECONDS [JOB ...]] # wait up to SECONDS for the queue (or those jobs) to finish, then $OUT/results.tgz + a summary
+#   bash benchmarks/gpu_plans/session.sh stop JOB          # end a running job's command but not its bash: `CMD; true` then ends it as done,
+#                                                          # so the jobs after it still run (a hand `pkill -f PATTERN` also matches the
+#                                                          # job's bash, and its own shell: round 17 lost a plan's every later job so)
 #
 # NVLink multicast stays off in every process (also set by gpu_queue.py for each job).
 set -euo pipefail
@@ -64,6 +67,19 @@ case "${1:?start|part|vllm|collect}" in
     cp -r /tmp/vllm_payload/site/. /tmp/site_vllm/
     PYTHONPATH=/tmp/site_vllm:/tmp/site python3 -c "import vllm; print('vllm', vllm.__version__)"
     touch /tmp/vllm_ready
+    summary
+    ;;
+  stop)
+    name=${2:?job name}
+    pgid=$(python3 -c 'import json, sys
+jobs = json.load(open(sys.argv[1]))["jobs"]
+print(next((j["pid"] for j in jobs if j["name"] == sys.argv[2] and j["state"] == "running"), "") or "")' \
+      "$RESULTS/queue.json" "$name")
+    [ -n "$pgid" ] || { echo "no running job named $name"; summary; exit 1; }
+    # the job's processes but its bash; a stage job the command started watches its parent
+    # (pipeline/job_guard.py) and takes its own process group down with it
+    for p in $(pgrep -g "$pgid"); do [ "$p" != "$pgid" ] && kill -9 "$p" 2>/dev/null; done
+    sleep 3
     summary
     ;;
   asset)
