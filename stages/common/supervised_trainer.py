@@ -83,6 +83,7 @@ class SupervisedTask(Protocol):
     items: int  # what the DataPlan schedules (sft: packs, reward_model: pairs)
     fingerprint: dict[str, Any]  # what a resumed run must have unchanged (beyond the world size)
     packed: bool  # the batches pack several samples per row (choose_attention's "auto" depends on it)
+    ds_config_updates: dict[str, Any]  # top-level DeepSpeed config keys the task sets itself (sft's speed options)
 
     def describe(self, run: SupervisedRun) -> None:
         """Check the schedule (StageError) and report the data and the plan (rank 0 prints)."""
@@ -147,10 +148,8 @@ def train_supervised(job: StageJob, cfg: SupervisedSettings,
     plan = DataPlan(task.items, setup.ranks.world, cfg.micro_batch_size, cfg.grad_accum, cfg.seed)
     run = SupervisedRun(job, cfg, setup, plan, cfg.max_steps or cfg.epochs * plan.steps_per_epoch)
     task.describe(run)
-    # a task may set DeepSpeed config keys of its own (sft's speed options); the others have none
-    ds_updates = getattr(task, "ds_config_updates", None)
     run.engine, run.scheduler, run.attn = supervised_engine(cfg, setup, run.total_steps, task.load_model,
-                                                            packed=task.packed, ds_updates=ds_updates)
+                                                            packed=task.packed, ds_updates=task.ds_config_updates)
     ckpt = _resume(run, task)
     task.before_training(run)
     _train(run, task, ckpt)

@@ -129,6 +129,7 @@ class RewardModelTask:
 
     name = "reward_model"
     packed = False
+    ds_config_updates: dict[str, Any] = {}  # none: DeepSpeed's config as planned (read, never changed)
 
     def __init__(self, job: StageJob, cfg: RewardModelConfig, setup: TrainingJob):
         from transformers.utils import logging as hf_logging
