@@ -225,7 +225,7 @@ def run_arms(args: argparse.Namespace) -> None:
     recipe, _ = run.plan()
     run.results["arm_settings"] = validate_arms(recipe)
     if not prefix_ready(run):
-        return
+        sys.exit(1)  # the queue (and the session's summary) must see a failed job, not an ok one
     runs = [(a, s) for s in args.seeds for a in (args.arms or ARMS)]
     gpus = 1 if args.smoke else max(gpu_count(), 1)
     where = placement(runs, gpus)
