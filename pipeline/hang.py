@@ -16,7 +16,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.local_ranks import RANK_NAME
+
 STACKS_SIGNAL = signal.SIGUSR2  # stages.common.entry.STACKS_SIGNAL (no stage import here)
+_FORKED_RANK = re.compile(re.escape(RANK_NAME).replace(r"\{\}", r"(\d+)"))
 _DUMP_QUIET_S = 0.5  # a dump is complete once its rank has been silent this long
 _DUMP_MAX_S = 5.0
 _THREAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+ ")
@@ -81,12 +84,16 @@ def _catches(pid: int, sig: int) -> bool:
 
 
 def _rank_of(pid: int) -> str:
+    """The RANK a launcher started the process with; a rank forked by pipeline.local_ranks (its
+    environment as /proc shows it is the launcher's) says it in its process name."""
     try:
         env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        name = Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return "?"
     found = {k: v for k, _, v in (e.partition(b"=") for e in env)}
-    return found.get(b"RANK", b"?").decode()
+    forked = _FORKED_RANK.fullmatch(name)
+    return forked[1] if forked else found.get(b"RANK", b"?").decode()
 
 
 def rank_processes(root: int) -> list[tuple[str, int]]:

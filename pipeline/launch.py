@@ -1,8 +1,9 @@
 """How a stage's job starts: its own processes, never the Prefect process.
 
 Distributed kinds go through the `deepspeed` launcher (or `torchrun`, or Ray: `pipeline.ray_launch`)
-with the world size from the stage's resources: CPU = N local ranks on gloo, GPU = one rank per
-GPU, many nodes = a hostfile (or the nodes of a Ray cluster). Data stages run as one plain process. Output is saved to the
+with the world size from the stage's resources: CPU = N local ranks on gloo, forked from one
+warm process by torch's elastic launcher whichever of deepspeed / torchrun is named
+(`pipeline.local_ranks`), GPU = one rank per GPU, many nodes = a hostfile (or the nodes of a Ray cluster). Data stages run as one plain process. Output is saved to the
 stage's log file and read as it comes (pipeline.job_output): progress and warnings reach the
 console (pipeline.console), and a failure is explained by what the job reported.
 
@@ -70,6 +71,9 @@ def build_command(entry: str, job_path: Path, resources: Resources, launcher: La
                 "--cpu-ranks", str(resources.cpu_ranks), "--cpus-per-worker", str(ray.cpus_per_worker),
                 "--placement-timeout", str(ray.placement_timeout_s), "--", "-m", entry, *module_args]
     port = str(resources.master_port or master_port or "<free port>")
+    if resources.gpus_per_node == 0 and resources.nodes == 1 and not resources.hostfile:  # CPU ranks: forked
+        return [sys.executable, "-m", "pipeline.local_ranks", "--nproc-per-node", str(resources.ranks_per_node),
+                "--master-port", port, "--", "-m", entry, *module_args]
     if launcher == "deepspeed":
         cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--master_port", port]
         visible = _visible_gpus(resources)

@@ -1,0 +1,120 @@
+"""`python -m pipeline.local_ranks --nproc-per-node N --master-port PORT -- -m ENTRY ARGS...`: the
+CPU ranks of a single-node job, forked from this one warm process (`pipeline.launch` uses it for
+`launcher: deepspeed` / `torchrun` when `resources.gpus_per_node == 0` and `nodes == 1`).
+
+`python -m torch.distributed.run` (and DeepSpeed's runner) start every rank as a fresh
+`python -m ENTRY`, and each spends ~4 CPU-s importing torch, transformers' model-loading path and
+DeepSpeed before its first step. Here those modules are imported once (the entry module itself,
+then DeepSpeed and transformers.modeling_utils, which the jobs import lazily), and the ranks are
+forked from this process by torch's own elastic launcher (`elastic_launch`, start method
+"fork", the static rendezvous on 127.0.0.1:PORT as torchrun's): the rendezvous, RANK /
+LOCAL_RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT, stopping the peers of a failed rank and
+the failure's exit code stay torch's. Each rank then runs ENTRY as `__main__` (as `python -m`
+would, `sys.argv` = ENTRY ARGS), so its `run_job` is the process's entry as before: a failed
+job still ends its rank at once with its status (stages.common.entry).
+
+What a forked rank gets as a fresh process would: the default SIGINT / SIGTERM / SIGHUP /
+SIGQUIT handling (the elastic agent installs handlers of its own before it forks: a rank
+blocked in a collective must still die of SIGTERM), and the process's exit handlers (atexit)
+run when the job returns. Its process name (`/proc/PID/comm`) is `RANK_NAME`: a fork keeps
+the launcher's command line and initial environment, so this is where `pipeline.hang` reads
+a rank's number from.
+
+Only for CPU ranks: forking a process in which CUDA may have initialised is unsafe, so GPU,
+multi-node and Ray jobs keep their launchers (pipeline.launch.build_command).
+"""
+from __future__ import annotations
+
+import argparse
+import atexit
+import ctypes
+import importlib
+import os
+import runpy
+import signal
+import sys
+
+RANK_NAME = "ring-rank-{}"  # a forked rank's /proc/PID/comm (at most 15 bytes)
+_PR_SET_NAME = 15
+# imported by the jobs inside `main` (lazily, for the data stages' sake): warm them here once
+_WARM_MODULES = ("deepspeed", "transformers.modeling_utils")
+
+
+def warm_imports(entry: str) -> None:
+    """Import `entry` (not as __main__: its job does not run) and the modules its job imports
+    later. MLflow is masked meanwhile, as `run_job` masks it in a rank that does not log
+    (DeepSpeed's autotuner imports it optionally); rank 0 of a tracked run imports it itself."""
+    masked = sys.modules.setdefault("mlflow", None) is None
+    try:
+        importlib.import_module(entry)
+        for name in _WARM_MODULES:
+            try:
+                importlib.import_module(name)
+            except ImportError:  # an optional stack this entry does not need
+                pass
+    finally:
+        if masked and sys.modules.get("mlflow", 0) is None:
+            del sys.modules["mlflow"]
+
+
+def run_rank(entry: str, args: list[str]) -> None:
+    """A forked rank's body (elastic's entrypoint): the entry module as `__main__`. A job that
+    fails ends the process itself (run_job's os._exit); this returns when it succeeded."""
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    atexit._clear()  # the launcher's exit handlers are not this process's
+    _name_process(RANK_NAME.format(os.environ.get("RANK", "?")))
+    sys.argv = [entry, *args]
+    try:
+        runpy.run_module(entry, run_name="__main__", alter_sys=True)
+        status = 0
+    except SystemExit as done:
+        status = done.code
+    if status not in (0, None):  # e.g. a job file that does not parse: nothing was started
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status if isinstance(status, int) else 1)
+    atexit._run_exitfuncs()
+
+
+def _name_process(name: str) -> None:
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+        except (OSError, AttributeError):
+            pass  # only pipeline.hang's rank labels miss it
+
+
+def launch(nproc: int, master_port: int, entry: str, args: list[str]) -> int:
+    """Fork `nproc` ranks running `entry`; the exit status: 0, else the first failed rank's
+    (128 + N for a rank killed by signal N)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    warm_imports(entry)
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id="none",
+                          rdzv_backend="static", rdzv_endpoint=f"127.0.0.1:{master_port}",
+                          rdzv_configs={"rank": 0}, max_restarts=0, start_method="fork")
+    try:
+        elastic_launch(config, run_rank)(entry, args)
+    except ChildFailedError as failed:
+        code = failed.get_first_failure()[1].exitcode
+        return code if code > 0 else 128 - code if code < 0 else 1
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.local_ranks", description=__doc__.split("\n")[0])
+    parser.add_argument("--nproc-per-node", type=int, required=True)
+    parser.add_argument("--master-port", type=int, required=True)
+    parser.add_argument("program", nargs=argparse.REMAINDER, help="-- -m ENTRY ARGS...")
+    opts = parser.parse_args(argv)
+    program = opts.program[1:] if opts.program[:1] == ["--"] else opts.program
+    if len(program) < 2 or program[0] != "-m":
+        parser.error("expected `-- -m ENTRY ARGS...` after the options")
+    return launch(opts.nproc_per_node, opts.master_port, program[1], program[2:])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
