@@ -53,7 +53,13 @@ def test_resolved_config_points_at_upstream_artifacts(tmp_path):
 def test_launch_commands():
     job = "/tmp/job.json"
     cpu = build_command("stages.sft.train", job, Resources(cpu_ranks=2, master_port=29600), "deepspeed", True)
-    assert cpu[1:] == ["-m", "deepspeed.launcher.runner", "--master_port", "29600", "--num_nodes", "1",
+    # CPU ranks of one node: forked from one warm process, whichever launcher is named
+    forked = ["-m", "pipeline.local_ranks", "--nproc-per-node", "2", "--master-port", "29600",
+              "--", "-m", "stages.sft.train", "--job", job]
+    assert cpu[1:] == forked
+    assert build_command("stages.sft.train", job, Resources(cpu_ranks=2, master_port=29600), "torchrun", True)[1:] == forked
+    gpu = build_command("stages.sft.train", job, Resources(gpus_per_node=2, master_port=29600), "deepspeed", True)
+    assert gpu[1:] == ["-m", "deepspeed.launcher.runner", "--master_port", "29600", "--num_nodes", "1",
                        "--num_gpus", "2", "--module", "stages.sft.train", "--job", job]
     multi = build_command("stages.sft.train", job, Resources(nodes=4, gpus_per_node=8, hostfile="/h",
                                                              master_port=29600), "deepspeed", True)

@@ -20,14 +20,13 @@ FAIL_WITHIN_S = 120  # the launcher must bring the other rank down well before a
 
 
 def _rank_process(root: psutil.Process, rank: int) -> psutil.Process:
+    from pipeline.hang import rank_processes  # the ranks as the hang report finds them
+
     deadline = time.time() + 60
     while time.time() < deadline:
-        for p in root.children(recursive=True):
-            try:
-                if "stages.reasoning_rl.job" in " ".join(p.cmdline()) and p.environ().get("RANK") == str(rank):
-                    return p
-            except psutil.Error:
-                continue
+        for found, pid in rank_processes(root.pid):
+            if found == str(rank):
+                return psutil.Process(pid)
         time.sleep(0.1)
     raise AssertionError(f"no reasoning_rl rank {rank} under pid {root.pid}")
 

@@ -30,7 +30,8 @@ pytestmark = pytest.mark.slow
 FAIL_WITHIN_S = 60  # from the engine's error to the StageFailed; a hang lasts the 3-minute deadline below
 REPO = str(Path(__file__).resolve().parents[3])
 SITECUSTOMIZE = """import os
-if "RANK" in os.environ and "LOCAL_RANK" in os.environ:  # a stage rank (and what it starts)
+# a stage rank (and what it starts), or pipeline.local_ranks, which forks CPU ranks with what it imported
+if "RANK" in os.environ and "LOCAL_RANK" in os.environ or b"pipeline.local_ranks" in open("/proc/self/cmdline", "rb").read():
     import tests.stages.rl.failing_engine  # noqa: F401  registers the test's engine
 """
 

@@ -3,6 +3,7 @@ ZeRO-3 SFT consolidates a loadable HF model from the shards, and a rank killed m
 fails the stage cleanly (the launcher stops the other ranks; no hang)."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -47,6 +48,7 @@ def test_zero3_two_ranks_consolidates_a_loadable_model(stage_env, data_artifact,
 
 def test_killing_one_rank_fails_the_stage_without_hanging(stage_env, data_artifact, base_artifact):
     from pipeline.execute import run_stage
+    from pipeline.hang import rank_processes
     from stages.common.contract import StageFailed
 
     outcome: dict = {}
@@ -69,13 +71,9 @@ def test_killing_one_rank_fails_the_stage_without_hanging(stage_env, data_artifa
     deadline = time.time() + 240
     while victim is None and time.time() < deadline and worker.is_alive():
         if training():
-            for p in psutil.Process().children(recursive=True):
-                try:
-                    cmd = " ".join(p.cmdline())
-                except psutil.Error:
-                    continue
-                if "stages.sft.job" in cmd and "--local_rank=1" in cmd:
-                    victim = p  # rank 1, mid-run (of its 400 steps)
+            for rank, pid in rank_processes(os.getpid()):  # the ranks as the hang report finds them
+                if rank == "1":
+                    victim = psutil.Process(pid)  # rank 1, mid-run (of its 400 steps)
         time.sleep(0.2)
     assert victim is not None, outcome
     victim.kill()
