@@ -4,7 +4,8 @@ its ranks, dump each one's stacks into the stage log, and say what each rank was
 The ranks are the job's descendant processes that catch SIGUSR2 (`stages.common.entry`
 registers faulthandler for it: every thread's stack to the rank's stderr, which is the stage
 log, even while the main thread is blocked inside a collective); the launchers do not catch
-it, so they are never signalled (SIGUSR2 would kill them). Each rank is signalled alone and
+it, so they are never signalled (SIGUSR2 would kill them). A rank's number is its $RANK, or
+for a rank forked by pipeline.local_ranks its process name. Each rank is signalled alone and
 its dump read before the next, so every dump is labelled with its rank in the log.
 """
 from __future__ import annotations

@@ -221,7 +221,8 @@ class JobOutput:
 
 
 # exceptions a rank raises because another one failed first (or its launcher stopped it)
-_CONSEQUENCE = re.compile(r"SignalException|ChildFailedError|KeyboardInterrupt|DistBackendError|"
+# (ProcessExitedException: pipeline.local_ranks' elastic agent reporting a rank's exit)
+_CONSEQUENCE = re.compile(r"SignalException|ChildFailedError|ProcessExitedException|KeyboardInterrupt|DistBackendError|"
                           r"Connection (?:reset|closed) by peer|Broken pipe")
 
 

@@ -3,7 +3,8 @@
 Distributed kinds go through the `deepspeed` launcher (or `torchrun`, or Ray: `pipeline.ray_launch`)
 with the world size from the stage's resources: CPU = N local ranks on gloo, forked from one
 warm process by torch's elastic launcher whichever of deepspeed / torchrun is named
-(`pipeline.local_ranks`), GPU = one rank per GPU, many nodes = a hostfile (or the nodes of a Ray cluster). Data stages run as one plain process. Output is saved to the
+(`pipeline.local_ranks`), GPU = one rank per GPU, many nodes = a hostfile (or the nodes of a Ray
+cluster). Data stages run as one plain process. Output is saved to the
 stage's log file and read as it comes (pipeline.job_output): progress and warnings reach the
 console (pipeline.console), and a failure is explained by what the job reported.
 

@@ -15,7 +15,8 @@ job still ends its rank at once with its status (stages.common.entry).
 
 What a forked rank gets as a fresh process would: the default SIGINT / SIGTERM / SIGHUP /
 SIGQUIT handling (the elastic agent installs handlers of its own before it forks: a rank
-blocked in a collective must still die of SIGTERM), and the process's exit handlers (atexit)
+blocked in a collective must still die of SIGTERM; the launcher's SIGCHLD handler, FirstFailure,
+is not the rank's either), and the process's exit handlers (atexit)
 run when the job returns. Its process name (`/proc/PID/comm`) is `RANK_NAME`: a fork keeps
 the launcher's command line and initial environment, so this is where `pipeline.hang` reads
 a rank's number from.
@@ -60,7 +61,7 @@ def warm_imports(entry: str) -> None:
 def run_rank(entry: str, args: list[str]) -> None:
     """A forked rank's body (elastic's entrypoint): the entry module as `__main__`. A job that
     fails ends the process itself (run_job's os._exit); this returns when it succeeded."""
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     atexit._clear()  # the launcher's exit handlers are not this process's
@@ -86,6 +87,58 @@ def _name_process(name: str) -> None:
             pass  # only pipeline.hang's rank labels miss it
 
 
+class FirstFailure:
+    """The rank that failed first, as SIGCHLD tells it (a SIGCHLD handler: runs in the main
+    thread, starts no thread). Elastic names one failed rank, the first it finds at its next
+    poll: when a rank is killed its peers lose their collective and exit within that poll's
+    0.1 s, and the lowest rank, often such a peer, is named. The exited rank is only peeked at
+    (WNOWAIT): elastic still reaps it."""
+
+    def __init__(self) -> None:
+        self.pid: int | None = None
+        self.status = 0  # the exit status as a shell shows it: 128 + N for signal N
+        self.rank = "?"
+
+    def __call__(self, _signum=None, _frame=None) -> None:
+        if self.pid is not None:
+            return
+        for pid in _child_pids():
+            try:
+                exited = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                continue
+            if exited is None or (exited.si_code == os.CLD_EXITED and exited.si_status == 0):
+                continue
+            forked = _comm(pid)
+            self.pid, self.rank = pid, forked[len(RANK_NAME) - 2:] if forked.startswith(RANK_NAME[:-2]) else "?"
+            self.status = exited.si_status if exited.si_code == os.CLD_EXITED else 128 + exited.si_status
+            return
+
+    def describe(self) -> str:
+        how = (f"killed by signal {signal.Signals(self.status - 128).name}" if self.status > 128
+               else f"exit code {self.status}")
+        return f"local_ranks: rank {self.rank} (pid {self.pid}) failed first ({how}); its peers were stopped"
+
+
+def _child_pids() -> list[int]:
+    pids = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/children") as children:
+                pids += [int(p) for p in children.read().split()]
+        except OSError:
+            continue
+    return pids
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as comm:
+            return comm.read().strip()
+    except OSError:
+        return ""
+
+
 def launch(nproc: int, master_port: int, entry: str, args: list[str]) -> int:
     """Fork `nproc` ranks running `entry`; the exit status: 0, else the first failed rank's
     (128 + N for a rank killed by signal N)."""
@@ -96,9 +149,15 @@ def launch(nproc: int, master_port: int, entry: str, args: list[str]) -> int:
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id="none",
                           rdzv_backend="static", rdzv_endpoint=f"127.0.0.1:{master_port}",
                           rdzv_configs={"rank": 0}, max_restarts=0, start_method="fork")
+    first = FirstFailure()
+    signal.signal(signal.SIGCHLD, first)
     try:
         elastic_launch(config, run_rank)(entry, args)
     except ChildFailedError as failed:
+        first()  # a SIGCHLD not handled yet
+        if first.pid is not None:
+            print(first.describe(), file=sys.stderr, flush=True)
+            return first.status
         code = failed.get_first_failure()[1].exitcode
         return code if code > 0 else 128 - code if code < 0 else 1
     return 0
