@@ -10,11 +10,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, create_model, model_validator
+from pydantic import Field, create_model, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
 from stages.common.contract import Strict, added_later, auto_setting, cosmetic
 from stages.common.precision import PRECISION_HELP
+
+# MoE routers' expert bias that only selects experts (aux-loss-free balancing: Ling 2.0's
+# `expert_bias`, DeepSeek-V3's `e_score_correction_bias`): no loss gives it a gradient
+MOE_ROUTER_BIAS = ("*.gate.e_score_correction_bias", "*expert_bias*")
+FROZEN_PARAMS_HELP = ("fnmatch patterns of parameter names kept fixed: no gradient, no optimizer state, no weight "
+                      "decay (default: MoE routers' selection-only expert bias, which no loss trains; compiled "
+                      "layers would hand DeepSpeed a missing gradient for it)")
 
 # the projections of the decoder layers of llama / qwen / mistral-style models
 DEFAULT_LORA_TARGETS = ("*.q_proj", "*.k_proj", "*.v_proj", "*.o_proj", "*.gate_proj", "*.up_proj", "*.down_proj")
@@ -60,6 +67,14 @@ class OptimizerSettings(Strict):
         "speed_defaults.py: ZeRO-0 with bf16-mixed where it fits; 2 on CPU ranks)"))
     lora: LoraSettings | None = added_later(None, description=(
         "train low-rank adapters instead of every weight (LoraSettings); unset: every weight trains"))
+    frozen_param_patterns: list[str] = added_later(list(MOE_ROUTER_BIAS), description=FROZEN_PARAMS_HELP)
+
+    @field_validator("frozen_param_patterns")
+    @classmethod
+    def _patterns(cls, v: list[str]) -> list[str]:
+        if any(not p.strip() for p in v):
+            raise ValueError("frozen_param_patterns: empty pattern")
+        return v
 
 
 class SupervisedSettings(OptimizerSettings):

@@ -16,13 +16,13 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from stages.common.compile_layers import check_zero_stage, compile_layers_field
 from stages.common.contract import StageConfig, Strict, added_later, auto_setting, cosmetic
 from stages.common.hf_io import trust_remote_code_field
 from stages.common.kind_metrics import Curve, KindMetrics
-from stages.common.training_settings import optimizer_settings, with_defaults
+from stages.common.training_settings import FROZEN_PARAMS_HELP, MOE_ROUTER_BIAS, optimizer_settings, with_defaults
 
 # engines whose reported log-prob of a sampled token is that of the untruncated
 # softmax(logits / T), whatever top_p / top_k do to the sampling (each engine class declares
@@ -226,22 +226,14 @@ class RLConfig(StageConfig, optimizer_settings(lr=2e-6, adam_betas=(0.9, 0.999),
         "MoE policies: the learner routes each token to the experts the rollout engine chose for it "
         "(R3; stages/rl/routing.py), in the theta_old pass and the update; needs rollout.engine torch "
         "and a router type with a replay rule (ring_moe)"))
-    frozen_param_patterns: list[str] = Field(
-        ["*.gate.e_score_correction_bias", "*expert_bias*"],
-        description="fnmatch patterns of parameter names kept fixed (MoE router bias)")
+    # OptimizerSettings' field, but hashed at its default too: the RL kinds declared it first
+    frozen_param_patterns: list[str] = Field(list(MOE_ROUTER_BIAS), description=FROZEN_PARAMS_HELP)
     ifeval_grading: Literal["strict", "reference"] = Field("strict", description=(
         "grading of IFEval rows that name none: strict (an RL reward: lookalike characters, padding, "
         "keywords inside words, empty shapes are rejected; verifiers/ifeval_strict.py) or reference "
         "(lm-eval's verdicts, as evaluation uses)"))
     checkpoint_every: int = cosmetic(10, ge=1, description="steps between checkpoints")
     sample_rollouts: int = cosmetic(4, ge=0, description="rollouts per step logged as text to MLflow")
-
-    @field_validator("frozen_param_patterns")
-    @classmethod
-    def _patterns(cls, v: list[str]) -> list[str]:
-        if any(not p.strip() for p in v):
-            raise ValueError("frozen_param_patterns: empty pattern")
-        return v
 
     @model_validator(mode="after")
     def _consistent(self) -> "RLConfig":
