@@ -106,13 +106,15 @@ class SupervisedSettings(OptimizerSettings):
 
 
 def with_defaults(base: type[Strict], name: str | None = None, *,
-                  descriptions: dict[str, str | None] | None = None, **defaults: Any) -> type:
+                  descriptions: dict[str, str | None] | None = None, hashed_at_default: tuple[str, ...] = (),
+                  **defaults: Any) -> type:
     """`base` with new defaults (and descriptions) for some of its fields (each field keeps its
     type, constraints and the rest): how a kind gives a setting declared elsewhere its own
-    default, or says what the setting means in that kind."""
+    default, or says what the setting means in that kind. `hashed_at_default`: `added_later`
+    settings this kind had before they were shared, so its stage hashes have always held them."""
     name = name or base.__name__
     descriptions = descriptions or {}
-    unknown = (set(defaults) | set(descriptions)) - set(base.model_fields)
+    unknown = (set(defaults) | set(descriptions) | set(hashed_at_default)) - set(base.model_fields)
     if unknown:
         raise TypeError(f"{name}: no such settings {sorted(unknown)}")
     changes: dict[str, dict[str, Any]] = {}
@@ -120,6 +122,10 @@ def with_defaults(base: type[Strict], name: str | None = None, *,
         changes.setdefault(field, {})["default"] = value
     for field, text in descriptions.items():
         changes.setdefault(field, {})["description"] = text
+    for field in hashed_at_default:
+        extra = dict(base.model_fields[field].json_schema_extra or {})
+        extra.pop("hash_unless_default", None)
+        changes.setdefault(field, {})["json_schema_extra"] = extra
     fields: dict[str, Any] = {
         field: (base.model_fields[field].annotation, FieldInfo.merge_field_infos(base.model_fields[field], **change))
         for field, change in changes.items()}

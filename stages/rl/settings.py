@@ -22,7 +22,7 @@ from stages.common.compile_layers import check_zero_stage, compile_layers_field
 from stages.common.contract import StageConfig, Strict, added_later, auto_setting, cosmetic
 from stages.common.hf_io import trust_remote_code_field
 from stages.common.kind_metrics import Curve, KindMetrics
-from stages.common.training_settings import FROZEN_PARAMS_HELP, MOE_ROUTER_BIAS, optimizer_settings, with_defaults
+from stages.common.training_settings import optimizer_settings, with_defaults
 
 # engines whose reported log-prob of a sampled token is that of the untruncated
 # softmax(logits / T), whatever top_p / top_k do to the sampling (each engine class declares
@@ -189,7 +189,8 @@ _RL_SAMPLING = with_defaults(SamplingSettings, "RLSamplingSettings", prompt_max_
     "verifier_workers": "verifier processes (0 = in the trainer)", "rollout": None})
 
 
-class RLConfig(StageConfig, optimizer_settings(lr=2e-6, adam_betas=(0.9, 0.999), weight_decay=0.01), _RL_SAMPLING):
+class RLConfig(StageConfig, optimizer_settings(lr=2e-6, adam_betas=(0.9, 0.999), weight_decay=0.01,
+                                                hashed_at_default=("frozen_param_patterns",)), _RL_SAMPLING):
     """The fields of both RL kinds (see the module docstring); subclasses add `kind` and `data`."""
 
     model: str = Field(description="HF policy dir: ${stages.X.output} or a URI")
@@ -226,8 +227,6 @@ class RLConfig(StageConfig, optimizer_settings(lr=2e-6, adam_betas=(0.9, 0.999),
         "MoE policies: the learner routes each token to the experts the rollout engine chose for it "
         "(R3; stages/rl/routing.py), in the theta_old pass and the update; needs rollout.engine torch "
         "and a router type with a replay rule (ring_moe)"))
-    # OptimizerSettings' field, but hashed at its default too: the RL kinds declared it first
-    frozen_param_patterns: list[str] = Field(list(MOE_ROUTER_BIAS), description=FROZEN_PARAMS_HELP)
     ifeval_grading: Literal["strict", "reference"] = Field("strict", description=(
         "grading of IFEval rows that name none: strict (an RL reward: lookalike characters, padding, "
         "keywords inside words, empty shapes are rejected; verifiers/ifeval_strict.py) or reference "
