@@ -9,6 +9,7 @@ import importlib
 import math
 import sys
 import types
+from fnmatch import fnmatchcase
 from typing import Any, Callable, Iterable
 
 import torch
@@ -44,6 +45,21 @@ def ds_config(zero_stage: int, grad_clip: float, precision: str, *, micro_batch:
     if world is not None:
         cfg["train_batch_size"] = micro_batch * grad_accum * world
     return cfg
+
+
+def freeze_parameters(model: torch.nn.Module, patterns: Iterable[str]) -> list[str]:
+    """requires_grad=False on parameters whose name matches an fnmatch pattern (the
+    `frozen_param_patterns` setting: MoE router bias held fixed); returns their names. Before
+    the optimizer is built (it takes trainable parameters only, so weight decay cannot move them)
+    and before the layers are compiled (a compiled layer hands a parameter that gets no gradient
+    a gradient hook call with none, which DeepSpeed's ZeRO-1/2 hook cannot take)."""
+    patterns = list(patterns)
+    frozen = []
+    for name, p in model.named_parameters():
+        if any(fnmatchcase(name, pat) for pat in patterns):
+            p.requires_grad_(False)
+            frozen.append(name)
+    return frozen
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:

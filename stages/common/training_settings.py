@@ -10,11 +10,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, create_model, model_validator
+from pydantic import Field, create_model, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
 from stages.common.contract import Strict, added_later, auto_setting, cosmetic
 from stages.common.precision import PRECISION_HELP
+
+# MoE routers' expert bias that only selects experts (aux-loss-free balancing: Ling 2.0's
+# `expert_bias`, DeepSeek-V3's `e_score_correction_bias`): no loss gives it a gradient
+MOE_ROUTER_BIAS = ("*.gate.e_score_correction_bias", "*expert_bias*")
+FROZEN_PARAMS_HELP = ("fnmatch patterns of parameter names kept fixed: no gradient, no optimizer state, no weight "
+                      "decay (default: MoE routers' selection-only expert bias, which no loss trains; compiled "
+                      "layers would hand DeepSpeed a missing gradient for it)")
 
 # the projections of the decoder layers of llama / qwen / mistral-style models
 DEFAULT_LORA_TARGETS = ("*.q_proj", "*.k_proj", "*.v_proj", "*.o_proj", "*.gate_proj", "*.up_proj", "*.down_proj")
@@ -60,6 +67,14 @@ class OptimizerSettings(Strict):
         "speed_defaults.py: ZeRO-0 with bf16-mixed where it fits; 2 on CPU ranks)"))
     lora: LoraSettings | None = added_later(None, description=(
         "train low-rank adapters instead of every weight (LoraSettings); unset: every weight trains"))
+    frozen_param_patterns: list[str] = added_later(list(MOE_ROUTER_BIAS), description=FROZEN_PARAMS_HELP)
+
+    @field_validator("frozen_param_patterns")
+    @classmethod
+    def _patterns(cls, v: list[str]) -> list[str]:
+        if any(not p.strip() for p in v):
+            raise ValueError("frozen_param_patterns: empty pattern")
+        return v
 
 
 class SupervisedSettings(OptimizerSettings):
@@ -91,13 +106,15 @@ class SupervisedSettings(OptimizerSettings):
 
 
 def with_defaults(base: type[Strict], name: str | None = None, *,
-                  descriptions: dict[str, str | None] | None = None, **defaults: Any) -> type:
+                  descriptions: dict[str, str | None] | None = None, hashed_at_default: tuple[str, ...] = (),
+                  **defaults: Any) -> type:
     """`base` with new defaults (and descriptions) for some of its fields (each field keeps its
     type, constraints and the rest): how a kind gives a setting declared elsewhere its own
-    default, or says what the setting means in that kind."""
+    default, or says what the setting means in that kind. `hashed_at_default`: `added_later`
+    settings this kind had before they were shared, so its stage hashes have always held them."""
     name = name or base.__name__
     descriptions = descriptions or {}
-    unknown = (set(defaults) | set(descriptions)) - set(base.model_fields)
+    unknown = (set(defaults) | set(descriptions) | set(hashed_at_default)) - set(base.model_fields)
     if unknown:
         raise TypeError(f"{name}: no such settings {sorted(unknown)}")
     changes: dict[str, dict[str, Any]] = {}
@@ -105,6 +122,10 @@ def with_defaults(base: type[Strict], name: str | None = None, *,
         changes.setdefault(field, {})["default"] = value
     for field, text in descriptions.items():
         changes.setdefault(field, {})["description"] = text
+    for field in hashed_at_default:
+        extra = dict(base.model_fields[field].json_schema_extra or {})
+        extra.pop("hash_unless_default", None)
+        changes.setdefault(field, {})["json_schema_extra"] = extra
     fields: dict[str, Any] = {
         field: (base.model_fields[field].annotation, FieldInfo.merge_field_infos(base.model_fields[field], **change))
         for field, change in changes.items()}

@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from stages.common.contract import StageError, StageJob
+from stages.common.deepspeed_setup import freeze_parameters
 from stages.common.distributed import local_first
 from stages.common.entry import run_job
 from stages.common.hf_io import load_sequence_classifier
@@ -179,6 +180,7 @@ class RewardModelTask:
         model.config.pad_token_id = self.setup.pad_id
         if self.cfg.lora is not None:  # the score head is new: it always trains in full
             apply_lora(model, self.cfg.lora, always_train=RM_HEADS)
+        freeze_parameters(model, self.cfg.frozen_param_patterns)
         return model
 
     def evaluate(self, run: SupervisedRun) -> dict[str, float]:

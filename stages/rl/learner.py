@@ -354,17 +354,3 @@ def _stack(rows: list[torch.Tensor], shape: torch.Size) -> torch.Tensor:
         n = min(r.shape[0], shape[1])
         out[b, :n] = r[:n]
     return out
-
-
-def freeze_parameters(model: torch.nn.Module, patterns: Sequence[str]) -> list[str]:
-    """requires_grad=False on parameters whose name matches an fnmatch pattern (MoE router
-    bias held fixed); returns their names. Build the optimizer after this, over trainable
-    parameters only, so weight decay cannot move them either."""
-    from fnmatch import fnmatchcase
-
-    frozen = []
-    for name, p in model.named_parameters():
-        if any(fnmatchcase(name, pat) for pat in patterns):
-            p.requires_grad_(False)
-            frozen.append(name)
-    return frozen

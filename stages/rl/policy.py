@@ -14,11 +14,11 @@ import torch.distributed as dist
 
 from stages.common.compile_layers import compile_decoder_layers
 from stages.common.contract import StageError
-from stages.common.deepspeed_setup import ds_config, initialize
+from stages.common.deepspeed_setup import ds_config, freeze_parameters, initialize
 from stages.common.distributed import Ranks
 from stages.common.hf_io import load_causal_lm
 from stages.common.lora import apply_lora
-from stages.rl.learner import Learner, LearnerConfig, PolicyHead, freeze_parameters
+from stages.rl.learner import Learner, LearnerConfig, PolicyHead
 from stages.rl.loss import LossConfig
 from stages.rl.routing import RouterReplay, moe_routers
 from stages.rl.settings import ROUTE_RECORDING_ENGINES, RLConfig

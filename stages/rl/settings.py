@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from stages.common.compile_layers import check_zero_stage, compile_layers_field
 from stages.common.contract import StageConfig, Strict, added_later, auto_setting, cosmetic
@@ -189,7 +189,8 @@ _RL_SAMPLING = with_defaults(SamplingSettings, "RLSamplingSettings", prompt_max_
     "verifier_workers": "verifier processes (0 = in the trainer)", "rollout": None})
 
 
-class RLConfig(StageConfig, optimizer_settings(lr=2e-6, adam_betas=(0.9, 0.999), weight_decay=0.01), _RL_SAMPLING):
+class RLConfig(StageConfig, optimizer_settings(lr=2e-6, adam_betas=(0.9, 0.999), weight_decay=0.01,
+                                                hashed_at_default=("frozen_param_patterns",)), _RL_SAMPLING):
     """The fields of both RL kinds (see the module docstring); subclasses add `kind` and `data`."""
 
     model: str = Field(description="HF policy dir: ${stages.X.output} or a URI")
@@ -226,22 +227,12 @@ class RLConfig(StageConfig, optimizer_settings(lr=2e-6, adam_betas=(0.9, 0.999),
         "MoE policies: the learner routes each token to the experts the rollout engine chose for it "
         "(R3; stages/rl/routing.py), in the theta_old pass and the update; needs rollout.engine torch "
         "and a router type with a replay rule (ring_moe)"))
-    frozen_param_patterns: list[str] = Field(
-        ["*.gate.e_score_correction_bias", "*expert_bias*"],
-        description="fnmatch patterns of parameter names kept fixed (MoE router bias)")
     ifeval_grading: Literal["strict", "reference"] = Field("strict", description=(
         "grading of IFEval rows that name none: strict (an RL reward: lookalike characters, padding, "
         "keywords inside words, empty shapes are rejected; verifiers/ifeval_strict.py) or reference "
         "(lm-eval's verdicts, as evaluation uses)"))
     checkpoint_every: int = cosmetic(10, ge=1, description="steps between checkpoints")
     sample_rollouts: int = cosmetic(4, ge=0, description="rollouts per step logged as text to MLflow")
-
-    @field_validator("frozen_param_patterns")
-    @classmethod
-    def _patterns(cls, v: list[str]) -> list[str]:
-        if any(not p.strip() for p in v):
-            raise ValueError("frozen_param_patterns: empty pattern")
-        return v
 
     @model_validator(mode="after")
     def _consistent(self) -> "RLConfig":

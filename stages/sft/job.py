@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 from stages.common.compile_layers import compile_decoder_layers
 from stages.common.contract import StageError, StageJob
+from stages.common.deepspeed_setup import freeze_parameters
 from stages.common.distributed import local_first
 from stages.common.entry import run_job
 from stages.common.fused_loss import chunks_for, linear_cross_entropy_sum
@@ -125,13 +126,14 @@ def packed_loss_sum(model, batch: dict[str, torch.Tensor], device: torch.device,
 
 def load_packed_lm(model_dir: Path, cfg: SFTConfig, attn: str) -> PackedLMLoss:
     """The input model in float32 (DeepSpeed casts it), with the configured attention, LoRA
-    adapters, gradient checkpointing and compiled layers, wrapped for the chunked loss. A setting
+    adapters, frozen parameters, gradient checkpointing and compiled layers, wrapped for the chunked loss. A setting
     still at `auto` (a config not launched by the pipeline) takes its old default."""
     cfg = settle_auto(cfg)
     lm = load_causal_lm(model_dir, torch.float32, attn_implementation=attn,
                         trust_remote_code=cfg.trust_remote_code)
     if cfg.lora is not None:
         apply_lora(lm, cfg.lora)
+    freeze_parameters(lm, cfg.frozen_param_patterns)
     if cfg.gradient_checkpointing:  # transformers >= 5.20 renamed it (the old name warns)
         enable = getattr(lm, "activation_checkpointing_enable", None)
         if enable is not None:

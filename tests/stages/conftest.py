@@ -4,6 +4,7 @@ from it:
 
     data_artifact   synthetic_data: sft.jsonl (1200 worked sums), rl.jsonl, prefs.jsonl
     base_artifact   init_model: a tiny Qwen2 + a BPE trained on sft.jsonl (the tiny base)
+    moe_base_artifact  init_model: a tiny ring_moe (custom code: trust_remote_code) on the same BPE corpus
     tiny_policy     the base briefly SFT'd (in process) to answer and stop: the RL tests' policy
     rlhf_data       preference pairs with bad rows mixed in, math prompts (general RL's mix)
     tiny_rm         a reward model trained by the reward_model stage (2 ranks) on rlhf_data
@@ -98,6 +99,20 @@ def base_artifact(stage_env, data_artifact):
               "seed": 0}
     return _stage_once(stage_env, "base", lambda: run_stage(
         "init_model", config, stage="base", storage=stage_env["storage"], recipe=stage_env["recipe"],
+        work_root=stage_env["work_root"], upstream={"data": data_artifact.url}))
+
+
+@pytest.fixture(scope="session")
+def moe_base_artifact(stage_env, data_artifact):
+    from pipeline.execute import run_stage
+
+    config = {"architecture": {"model_type": "ring_moe", "hidden_size": 32, "num_hidden_layers": 2,
+                               "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 64,
+                               "moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+                                       "shared_expert_intermediate_size": 32, "first_k_dense_replace": 1}},
+              "tokenizer": {"corpus": ["${stages.data.output}/sft.jsonl"], "vocab_size": 400}}
+    return _stage_once(stage_env, "moe_base", lambda: run_stage(
+        "init_model", config, stage="moe_base", storage=stage_env["storage"], recipe=stage_env["recipe"],
         work_root=stage_env["work_root"], upstream={"data": data_artifact.url}))
 
 

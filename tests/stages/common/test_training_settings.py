@@ -40,3 +40,21 @@ def test_each_kind_keeps_its_defaults_and_the_shared_checks():
 def test_a_default_for_a_setting_that_does_not_exist_is_refused():
     with pytest.raises(TypeError, match="no such settings"):
         optimizer_settings(lr=1e-5, adam_betas=(0.9, 0.95), weight_decay=0.0, learning_rate=1e-3)
+
+
+def test_frozen_param_patterns_is_shared_and_each_kind_hashes_it_as_it_always_did():
+    """Every training kind freezes the MoE router bias by default; the RL kinds had the setting
+    before it was shared and still hash it at its default, sft and reward_model hash it only
+    when written (their stage hashes from before it existed hold)."""
+    from pipeline.plan import result_config
+
+    configs = {"sft": {"model": "m", "data": "d.jsonl"}, "reward_model": {"model": "m", "data": "p.jsonl"},
+               "reasoning_rl": {"model": "m", "data": "d.jsonl", "steps": 1}}
+    for kind, values in configs.items():
+        config = STAGE_KINDS[kind].config
+        default = config(**values)
+        assert default.frozen_param_patterns == ["*.gate.e_score_correction_bias", "*expert_bias*"]
+        assert ("frozen_param_patterns" in result_config(default)) == (kind == "reasoning_rl"), kind
+        assert result_config(config(**values, frozen_param_patterns=[]))["frozen_param_patterns"] == [], kind
+        with pytest.raises(pydantic.ValidationError, match="empty pattern"):
+            config(**values, frozen_param_patterns=[" "])

@@ -9,11 +9,11 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from stages.common.deepspeed_setup import freeze_parameters
 from stages.common.rows import DataError
 from stages.reasoning_rl.config import ReasoningRLConfig, RLData
 from stages.reasoning_rl.data import load_rows, rows_by_domain
 from stages.registry import STAGE_KINDS
-from stages.rl.learner import freeze_parameters
 from stages.rl.prompts import render_prompts
 
 MIN = {"kind": "reasoning_rl", "model": "m", "data": "d.jsonl", "steps": 10}

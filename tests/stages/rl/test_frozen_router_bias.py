@@ -24,23 +24,15 @@ import torch
 pytestmark = pytest.mark.slow
 
 
-def test_reasoning_rl_keeps_the_router_bias_and_moves_the_rest(stage_env, data_artifact, tmp_path):
+def test_reasoning_rl_keeps_the_router_bias_and_moves_the_rest(stage_env, moe_base_artifact, tmp_path):
     from safetensors.torch import load_file, save_file
 
     from data_curation.urls import local_path
     from pipeline.execute import run_stage
     from stages.common.contract import Resources
 
-    base = run_stage("init_model", {
-        "architecture": {"model_type": "ring_moe", "hidden_size": 32, "num_hidden_layers": 2,
-                         "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 64,
-                         "moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
-                                 "shared_expert_intermediate_size": 32, "first_k_dense_replace": 1}},
-        "tokenizer": {"corpus": ["${stages.data.output}/sft.jsonl"], "vocab_size": 400}},
-        stage="moe_base", storage=stage_env["storage"], recipe=stage_env["recipe"],
-        work_root=stage_env["work_root"], upstream={"data": data_artifact.url})
     policy = tmp_path / "policy"
-    shutil.copytree(Path(local_path(base.url)), policy, ignore=shutil.ignore_patterns("_SUCCESS", "manifest.json"))
+    shutil.copytree(Path(local_path(moe_base_artifact.url)), policy, ignore=shutil.ignore_patterns("_SUCCESS", "manifest.json"))
     before = load_file(policy / "model.safetensors")
     g = torch.Generator().manual_seed(0)
     for name in before:

@@ -262,3 +262,31 @@ def test_the_speed_options_train_the_model_the_defaults_train(stage_env, data_ar
     assert moved > 0  # the runs trained
     for key in ("first_loss", "final_loss", "steps"):
         assert runs[1].summary[key] == pytest.approx(runs[0].summary[key], rel=1e-5), key
+
+
+def test_compiled_layers_train_a_moe_whose_router_bias_gets_no_gradient(stage_env, data_artifact, moe_base_artifact,
+                                                                        monkeypatch):
+    """A ring_moe's expert_bias only selects experts: no loss gives it a gradient. Compiled layers
+    still call its gradient hook, with no gradient, and DeepSpeed's ZeRO-2 hook crashed on it
+    (round 18 on an H200: sft's `auto` compiles the layers on a GPU). `frozen_param_patterns`
+    (default: the router bias) keeps it out of training: the compiled ZeRO-2 stage trains the rest
+    and publishes the bias as it was."""
+    from safetensors.torch import load_file
+
+    from data_curation.urls import local_path
+    from pipeline.execute import run_stage
+    from stages.common.contract import Resources
+
+    monkeypatch.setenv(BACKEND_ENV, "aot_eager")  # compiled autograd as on a GPU, without inductor's C++ build
+    run = run_stage("sft", {"model": "${stages.base.output}", "data": "${stages.data.output}/sft.jsonl",
+                            "trust_remote_code": True, "max_seq_len": 128, "max_steps": 3, "micro_batch_size": 1,
+                            "lr": 1e-2, "warmup_steps": 1, "zero_stage": 2, "precision": "fp32",
+                            "compile_layers": True, "checkpoint_every": 100},
+                    resources=Resources(cpu_ranks=1), stage="sft", storage=stage_env["storage"], recipe="sft-moe-compiled",
+                    launcher="local",                    upstream={"base": moe_base_artifact.url, "data": data_artifact.url},
+                    work_root=str(stage_env["work_root"]))
+    base = load_file(str(Path(local_path(moe_base_artifact.url)) / "model.safetensors"))
+    trained = load_file(str(Path(local_path(run.url)) / "model.safetensors"))
+    biases = [n for n in base if n.endswith("expert_bias")]
+    assert biases and all(torch.equal(trained[n], base[n]) for n in biases)
+    assert sum(not torch.equal(trained[n], w) for n, w in base.items()) == len(base) - len(biases)
