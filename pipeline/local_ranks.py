@@ -37,7 +37,9 @@ import sys
 
 RANK_NAME = "ring-rank-{}"  # a forked rank's /proc/PID/comm (at most 15 bytes)
 _PR_SET_NAME = 15
-# imported by the jobs inside `main` (lazily, for the data stages' sake): warm them here once
+# imported by the jobs inside `main` (lazily, for the data stages' sake): warm them here once.
+# Not MLflow (rank 0's StageLogger): outside CI its import starts a telemetry thread, and a
+# process must not fork with a thread of its own running.
 _WARM_MODULES = ("deepspeed", "transformers.modeling_utils")
 
 
