@@ -69,6 +69,8 @@ def run_rank(entry: str, args: list[str]) -> None:
     atexit._clear()  # the launcher's exit handlers are not this process's
     _name_process(RANK_NAME.format(os.environ.get("RANK", "?")))
     sys.argv = [entry, *args]
+    # as under `python -m`, the entry module exists only as __main__ (its imports stay warm)
+    sys.modules.pop(entry, None)
     try:
         runpy.run_module(entry, run_name="__main__", alter_sys=True)
         status = 0
