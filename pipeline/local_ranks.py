@@ -16,8 +16,8 @@ job still ends its rank at once with its status (stages.common.entry).
 What a forked rank gets as a fresh process would: the default SIGINT / SIGTERM / SIGHUP /
 SIGQUIT handling (the elastic agent installs handlers of its own before it forks: a rank
 blocked in a collective must still die of SIGTERM; the launcher's SIGCHLD handler, FirstFailure,
-is not the rank's either), and the process's exit handlers (atexit)
-run when the job returns. Its process name (`/proc/PID/comm`) is `RANK_NAME`: a fork keeps
+is not the rank's either), and the exit handlers (atexit) of what it imported run when its
+Python ends (a failed job's os._exit skips them, as before). Its process name (`/proc/PID/comm`) is `RANK_NAME`: a fork keeps
 the launcher's command line and initial environment, so this is where `pipeline.hang` reads
 a rank's number from.
 
@@ -66,7 +66,6 @@ def run_rank(entry: str, args: list[str]) -> None:
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    atexit._clear()  # the launcher's exit handlers are not this process's
     _name_process(RANK_NAME.format(os.environ.get("RANK", "?")))
     sys.argv = [entry, *args]
     # as under `python -m`, the entry module exists only as __main__ (its imports stay warm)
@@ -76,11 +75,15 @@ def run_rank(entry: str, args: list[str]) -> None:
         status = 0
     except SystemExit as done:
         status = done.code
+    finally:
+        # what a process ending its Python runs (multiprocessing's own exit skips them): the
+        # exit handlers of the modules imported, which a fresh rank would have registered
+        # too (weakref finalizers, logging, DataLoader and verifier pools, ...)
+        atexit._run_exitfuncs()
     if status not in (0, None):  # e.g. a job file that does not parse: nothing was started
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status if isinstance(status, int) else 1)
-    atexit._run_exitfuncs()
 
 
 def _name_process(name: str) -> None:
