@@ -5,6 +5,12 @@ group is left either way."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 from typing import ClassVar, Literal
 
 import pytest
@@ -32,6 +38,14 @@ def _job(tmp_path, config=None, stage="train-it") -> StageJob:
                     config={"kind": "probe"} if config is None else config,
                     stage_url=f"file://{tmp_path}/store", output_dir=str(tmp_path / "out"),
                     work_dir=str(tmp_path / "work"))
+
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _script_env(**extra: str) -> dict[str, str]:
+    """The environment of a `python -c SCRIPT` job process run from the repository's code."""
+    return {**os.environ, "PYTHONPATH": str(REPO), **extra}
 
 
 @pytest.fixture
@@ -123,13 +137,6 @@ def test_the_message_of_a_bad_config_never_holds_its_values(tmp_path, capsys, mo
 
 def test_sigusr2_prints_every_threads_stack_and_the_rank_goes_on(tmp_path):
     """How an operator (or gpu_scaling's stage timeout) sees where a hung rank waits."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-    from pathlib import Path
-
     _job(tmp_path, stage="hang").write(tmp_path / "job.json")
     ready = tmp_path / "ready"
     script = (
@@ -141,9 +148,8 @@ def test_sigusr2_prints_every_threads_stack_and_the_rank_goes_on(tmp_path):
         f"    Path({str(ready)!r}).write_text('x')\n"
         "    time.sleep(4)\n"
         f"sys.exit(run_job(waits_for_a_peer, StageConfig, ['--job', {str(tmp_path / 'job.json')!r}]))\n")
-    repo = Path(__file__).resolve().parents[3]
-    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True, cwd=repo,
-                            env={**os.environ, "PYTHONPATH": str(repo)})
+    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            env=_script_env())
     deadline = time.time() + 60
     while not ready.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)
@@ -156,12 +162,6 @@ def test_sigusr2_prints_every_threads_stack_and_the_rank_goes_on(tmp_path):
 def test_a_failed_rank_prints_its_cause_then_leaves_even_if_the_group_never_lets_go(tmp_path):
     """NCCL's teardown waits forever for a peer still inside a collective (a 4-GPU resume hung
     so, its cause never printed). Stand-in: a destroy_process_group that never returns."""
-    import os
-    import subprocess
-    import sys
-    import time
-    from pathlib import Path
-
     _job(tmp_path, stage="stuck").write(tmp_path / "job.json")
     script = (
         "import sys, time\n"
@@ -175,11 +175,10 @@ def test_a_failed_rank_prints_its_cause_then_leaves_even_if_the_group_never_lets
         "    dist.destroy_process_group = lambda *a, **k: time.sleep(3600)  # a peer never lets go\n"
         "    raise RuntimeError('shard 3 of the checkpoint is missing')\n"
         f"sys.exit(entry.run_job(main, StageConfig, ['--job', {str(tmp_path / 'job.json')!r}]))\n")
-    repo = Path(__file__).resolve().parents[3]
-    env = {**os.environ, "PYTHONPATH": str(repo), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
-           "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"}  # world of one
+    env = _script_env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT="0")  # world of one
     t0 = time.time()
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=repo, env=env,
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, env=env,
                          timeout=120)
     assert out.returncode == 1 and time.time() - t0 < 60
     cause = out.stderr.index("RuntimeError: shard 3 of the checkpoint is missing")
@@ -193,12 +192,6 @@ def test_a_failed_job_ends_its_process_whatever_its_failure_left_running(tmp_pat
     (vLLM's engine, round 17): Python's exit waits for both, so the rank never exited and its
     stage hung. A job run as its process's entry (run_job without argv) ends its process with
     its status once the cause is printed, its child processes stopped; no child outlives it."""
-    import os
-    import subprocess
-    import sys
-    import time
-    from pathlib import Path
-
     _job(tmp_path, stage="leaves-things").write(tmp_path / "job.json")
     child_pid = tmp_path / "child.pid"
     script = (
@@ -219,11 +212,10 @@ def test_a_failed_job_ends_its_process_whatever_its_failure_left_running(tmp_pat
         f"    raise {failure}\n"
         f"sys.argv[1:] = ['--job', {str(tmp_path / 'job.json')!r}]\n"
         "sys.exit(run_job(main, StageConfig))\n")
-    repo = Path(__file__).resolve().parents[3]
     t0 = time.time()
     try:
-        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=repo,
-                             env={**os.environ, "PYTHONPATH": str(repo)}, timeout=60)
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO,
+                             env=_script_env(), timeout=60)
     finally:
         pid = int(child_pid.read_text()) if child_pid.exists() else None
         alive = pid is not None and _alive(pid)
