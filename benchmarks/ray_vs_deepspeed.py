@@ -24,7 +24,7 @@ ray, ray, deepspeed with --repeat 2) so a drift of the host does not favour one 
     # here (CPU): the same code paths on tiny shapes, 1 CPU rank per Ray node (no timing claims)
     python benchmarks/ray_vs_deepspeed.py --smoke --out /tmp/ray_vs_ds_smoke
 
-NOT RUN YET on GPUs (written without one, issue 33): no number of it is in RESULTS.md.
+Run on GPUs at half width (round 16) and at full width, 4 x H200 (round 19): benchmarks/RESULTS.md.
 Results: OUT/ray_vs_deepspeed.json (rewritten after every run), the stage logs under OUT/work (or --work).
 """
 from __future__ import annotations
