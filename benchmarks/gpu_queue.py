@@ -11,7 +11,10 @@ repository root, with CUDA_VISIBLE_DEVICES set to its GPUs, NVLink multicast off
 to `<results>/<name>/` (the job's result files go there); its output goes to
 `<results>/<name>/job.log`. A job past its timeout is killed with its process group.
 `<results>/queue.json` (rewritten on every change) says what ran where, when, and how it ended;
-a job whose dependency failed is not started (`skipped`).
+a job whose dependency failed is not started (`skipped`). The host's facts go to
+`<results>/host.json` when the queue starts, and each job that holds its GPUs has them sampled
+while it runs (`<results>/<name>/gpu_telemetry.csv`, summed up per GPU under the job's
+`telemetry` in queue.json: clocks, power, temperature, slowdowns; benchmarks/gpu_telemetry.py).
 
 Meant to be started detached (setsid) on a device machine, so that it keeps running between the
 short calls that carry more payload or collect its results.
@@ -34,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from anywhere
 
 from benchmarks._record import SAFE_ENV  # noqa: E402 - needs ROOT on sys.path
+from benchmarks.gpu_telemetry import GpuSampler, host_facts  # noqa: E402
 
 
 @dataclass
@@ -53,6 +57,8 @@ class Job:
     ended: float | None = None
     exit_code: int | None = None
     proc: subprocess.Popen | None = None
+    sampler: GpuSampler | None = None
+    telemetry: dict | None = None
 
 
 def load_plan(path: Path, n_gpus: int) -> list[Job]:
@@ -78,13 +84,15 @@ class Queue:
         self.free = list(range(n_gpus))
         self.t0 = time.time()
         results.mkdir(parents=True, exist_ok=True)
+        (results / "host.json").write_text(json.dumps(host_facts(), indent=1))
 
     def write(self) -> None:
         # pid: the job's bash, leader of its process group (session.sh stop JOB signals the rest)
         rows = [{"name": j.name, "state": j.state, "gpus": j.devices or j.gpus, "exit_code": j.exit_code,
                  "pid": j.proc.pid if j.proc else None,
                  "start_s": None if j.started is None else round(j.started - self.t0, 1),
-                 "seconds": None if j.started is None else round((j.ended or time.time()) - j.started, 1)}
+                 "seconds": None if j.started is None else round((j.ended or time.time()) - j.started, 1),
+                 "telemetry": j.telemetry}
                 for j in self.jobs]
         tmp = self.results / "queue.json.tmp"
         tmp.write_text(json.dumps({"started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(self.t0)),
@@ -114,6 +122,8 @@ class Queue:
         job.proc = subprocess.Popen(["bash", "-c", job.cmd], cwd=ROOT, env=env, stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True)
         job.state, job.started = "running", time.time()
+        if not job.shares:  # a sharing job's GPUs are its holder's: their samples are the holder's
+            job.sampler = GpuSampler(job.devices, out / "gpu_telemetry.csv")
 
     def reap(self, job: Job) -> None:
         rc = job.proc.poll()
@@ -126,6 +136,8 @@ class Queue:
         else:
             job.state = "ok" if rc == 0 else "failed"
         job.exit_code, job.ended = rc, time.time()
+        if job.sampler:
+            job.telemetry = job.sampler.stop()
         if not job.shares:
             self.free = sorted(self.free + job.devices)
 

@@ -31,6 +31,10 @@ if not q.exists():
     print("no queue.json yet"); sys.exit()
 for j in json.loads(q.read_text())["jobs"]:
     print(f"{j['name']:16} {j['state']:8} gpus={j['gpus']} start={j['start_s']} s={j['seconds']} rc={j['exit_code']}")
+    tel = j.get("telemetry") or {}
+    if tel and "unavailable" not in tel:  # a slow loan shows here: clocks held down, power or thermal caps
+        print("    gpus: " + "; ".join(f"{g} sm {s['sm_clock_mhz_median']} MHz (min {s['sm_clock_mhz_min']}), "
+                                      f"slowed {s['slowdown_fraction']}" for g, s in tel.items()))
     log = res / j["name"] / "job.log"
     if log.exists() and j["state"] != "waiting":
         for line in log.read_text(errors="replace").splitlines()[-4:]:

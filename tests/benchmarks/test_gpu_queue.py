@@ -77,3 +77,70 @@ def test_every_committed_plan_is_valid():
     for plan in plans:
         out = _check(plan, 8)
         assert out.returncode == 0, f"{plan.name}: {out.stderr}"
+
+
+# A stand-in for nvidia-smi (this machine has none): answers the host queries, refuses the new
+# name of the slowdown-reasons field as a pre-535 driver does, and in loop mode prints one line
+# per requested GPU every 0.1 s, GPU 1 capped by power from its third sample on.
+FAKE_NVIDIA_SMI = r'''#!/usr/bin/env python3
+import sys, time
+args = " ".join(sys.argv[1:])
+if "clocks_event_reasons" in args:
+    sys.exit('Field "clocks_event_reasons.active" is not a valid field to query.')
+if args.startswith("topo"):
+    print("        GPU0    GPU1\nGPU0     X      NV18\nGPU1    NV18     X"); sys.exit()
+if "--query-gpu=index,name" in args or "--query-compute-apps" in args:
+    print("index, name\n0, FAKE H200"); sys.exit()
+ids = [a.split("=")[1] for a in sys.argv if a.startswith("--id=")]
+ids = ids[0].split(",") if ids else ["0", "1"]
+n = 0
+while True:
+    for i in ids:
+        capped = i == "1" and n >= 2
+        clock = 1500 if capped else 1980
+        print(f"{i}, {clock}, 3201, {700 if capped else 650}.5, {60 + n}, 97, 81000, {'0x0000000000000004' if capped else '0x0000000000000000'}",
+              flush=True)
+    if "--loop-ms" not in args:
+        break
+    n += 1
+    time.sleep(0.1)
+'''
+
+
+def _queue_with_path(tmp_path: Path, path_dirs: list[str]) -> dict:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("""jobs:
+  - {name: timed, gpus: 2, cmd: 'sleep 1.5'}
+  - {name: sharer, gpus: 1, shares: true, cmd: 'true'}
+""")
+    res = tmp_path / "res"
+    env = {"PATH": ":".join(path_dirs)}
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_queue.py"), str(plan), "--results", str(res),
+                    "--gpus", "2"], check=True, timeout=60, env=env)
+    return {"res": res, "jobs": {j["name"]: j for j in json.loads((res / "queue.json").read_text())["jobs"]},
+            "host": json.loads((res / "host.json").read_text())}
+
+
+def test_each_job_records_its_gpus_clocks_and_slowdowns_and_the_run_its_host(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "nvidia-smi"
+    fake.write_text(FAKE_NVIDIA_SMI.replace("/usr/bin/env python3", sys.executable))
+    fake.chmod(0o755)
+    got = _queue_with_path(tmp_path, [str(bin_dir), "/usr/bin", "/bin"])
+    assert "NV18" in got["host"]["topology"] and "FAKE H200" in got["host"]["gpus"]
+    timed = got["jobs"]["timed"]["telemetry"]
+    assert set(timed) == {"0", "1"} and timed["0"]["samples"] >= 5
+    assert timed["0"]["sm_clock_mhz_median"] == 1980 and timed["0"]["slowdown_fraction"] == 0
+    assert timed["1"]["sm_clock_mhz_min"] == 1500 and timed["1"]["slowdown_reasons"] == ["sw_power_cap"]
+    assert 0.5 < timed["1"]["slowdown_fraction"] < 1 and timed["1"]["power_w_median"] == 700.5
+    assert "clocks_throttle_reasons.active" in (got["res"] / "timed" / "gpu_telemetry.csv").read_text()
+    # a job beside a holder samples nothing: its GPUs' figures belong to the holder
+    assert got["jobs"]["sharer"]["telemetry"] is None
+
+
+def test_without_nvidia_smi_the_jobs_run_and_say_why_there_is_no_telemetry(tmp_path):
+    got = _queue_with_path(tmp_path, ["/usr/bin", "/bin"])
+    assert got["jobs"]["timed"]["state"] == "ok"
+    assert got["jobs"]["timed"]["telemetry"] == {"unavailable": "unavailable: nvidia-smi not found"}
+    assert got["host"]["topology"].startswith("unavailable")
