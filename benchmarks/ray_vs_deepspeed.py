@@ -111,11 +111,12 @@ def _run(kind: str, launcher: str, config: dict[str, Any], work: Path, upstream:
     return {"launcher": launcher, "wall_s": time.time() - t0, **rates}
 
 
-def _ratio(rows: list[dict[str, Any]], key: str) -> float | None:
-    by = {ln: [r[key] for r in rows if r["launcher"] == ln and key in r] for ln in ("ray", "deepspeed")}
-    if not by["ray"] or not by["deepspeed"]:
+def _ratio(rows: list[dict[str, Any]], key: str, launcher: str = "ray") -> float | None:
+    """Mean `key` of `launcher`'s runs over the mean of DeepSpeed's."""
+    by = {ln: [r[key] for r in rows if r["launcher"] == ln and key in r] for ln in (launcher, "deepspeed")}
+    if not by[launcher] or not by["deepspeed"]:
         return None
-    return (sum(by["ray"]) / len(by["ray"])) / (sum(by["deepspeed"]) / len(by["deepspeed"]))
+    return (sum(by[launcher]) / len(by[launcher])) / (sum(by["deepspeed"]) / len(by["deepspeed"]))
 
 
 def main() -> None:
@@ -126,6 +127,9 @@ def main() -> None:
     parser.add_argument("--only", choices=["sft", "reasoning_rl"], nargs="*", default=["sft", "reasoning_rl"])
     parser.add_argument("--gpus-per-node", type=int, choices=[1, 2], default=2,
                         help="GPUs of each of the two Ray nodes (1: a 2-GPU host)")
+    parser.add_argument("--launchers", nargs="+", choices=["deepspeed", "ray", "torchrun"], default=["deepspeed", "ray"],
+                        help="the launchers compared, in the order of the first pass (the next reverses it); "
+                        "torchrun beside them tells a DeepSpeed-launcher cost from a Ray gain (round 19: Ray 1.09x on SFT)")
     parser.add_argument("--work", type=Path, help="the store and stage runs (default OUT/work); jobs of one "
                         "session that share it make the data and base once")
     args = parser.parse_args()
@@ -145,13 +149,15 @@ def main() -> None:
         for kind in args.only:
             rows: list[dict[str, Any]] = []
             for i in range(args.repeat):
-                order = ("deepspeed", "ray") if i % 2 == 0 else ("ray", "deepspeed")
+                order = args.launchers if i % 2 == 0 else args.launchers[::-1]
                 for launcher in order:
                     log(f"{kind} under {launcher} ({i + 1}/{args.repeat})")
                     rows.append(_run(kind, launcher, configs[kind], work, upstream, args.smoke, address, i, per_node))
                     key = "tokens_per_s" if kind == "sft" else "rollout_tokens_per_s"
-                    results.put(kind, result={"runs": rows, "ray_over_deepspeed": _ratio(rows, key),
-                                              "step_seconds_ray_over_deepspeed": _ratio(rows, "step_seconds_mean")})
+                    results.put(kind, result={
+                        "runs": rows, "ray_over_deepspeed": _ratio(rows, key),
+                        "step_seconds_ray_over_deepspeed": _ratio(rows, "step_seconds_mean"),
+                        "over_deepspeed": {ln: _ratio(rows, key, ln) for ln in args.launchers if ln != "deepspeed"}})
                     log(f"  {rows[-1]}")
     log(f"results: {results.path}")
 
