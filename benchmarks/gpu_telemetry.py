@@ -77,13 +77,14 @@ class GpuSampler:
         if isinstance(self.fields, str):
             return
         self.csv_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(csv_path, "w") as sink:
+        self.err_path = csv_path.with_suffix(".err")
+        with open(csv_path, "w") as sink, open(self.err_path, "w") as err:
             sink.write(",".join(self.fields) + "\n")
             sink.flush()
             self.proc = subprocess.Popen(
                 ["nvidia-smi", f"--query-gpu={','.join(self.fields)}", "--format=csv,noheader,nounits",
                  f"--loop-ms={interval_ms}", f"--id={','.join(map(str, devices))}"],
-                stdout=sink, stderr=subprocess.DEVNULL, start_new_session=True)
+                stdout=sink, stderr=err, start_new_session=True)
 
     def stop(self) -> dict[str, Any]:
         """End the sampling; the per-GPU summary (or why there is none)."""
@@ -95,7 +96,10 @@ class GpuSampler:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        return summarize(self.csv_path)
+        summary = summarize(self.csv_path)
+        if not summary:  # the loop refused what the one-shot query took: say what it said
+            return {"unavailable": f"no samples; nvidia-smi said: {self.err_path.read_text().strip()[:300]}"}
+        return summary
 
 
 def _number(text: str) -> float | None:
