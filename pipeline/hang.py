@@ -17,10 +17,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.local_ranks import RANK_NAME
+from pipeline.local_ranks import rank_in_name
 
 STACKS_SIGNAL = signal.SIGUSR2  # stages.common.entry.STACKS_SIGNAL (no stage import here)
-_FORKED_RANK = re.compile(re.escape(RANK_NAME).replace(r"\{\}", r"(\d+)"))
 _DUMP_QUIET_S = 0.5  # a dump is complete once its rank has been silent this long
 _DUMP_MAX_S = 5.0
 _THREAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+ ")
@@ -93,8 +92,7 @@ def _rank_of(pid: int) -> str:
     except OSError:
         return "?"
     found = {k: v for k, _, v in (e.partition(b"=") for e in env)}
-    forked = _FORKED_RANK.fullmatch(name)
-    return forked[1] if forked else found.get(b"RANK", b"?").decode()
+    return rank_in_name(name) or found.get(b"RANK", b"?").decode()
 
 
 def rank_processes(root: int) -> list[tuple[str, int]]:

@@ -86,6 +86,12 @@ def run_rank(entry: str, args: list[str]) -> None:
         os._exit(status if isinstance(status, int) else 1)
 
 
+def rank_in_name(name: str) -> str | None:
+    """The rank number in a process name `RANK_NAME` gave (None: not a forked rank's name)."""
+    prefix = RANK_NAME.removesuffix("{}")
+    return name.removeprefix(prefix) if name.startswith(prefix) else None
+
+
 def _name_process(name: str) -> None:
     if sys.platform.startswith("linux"):
         try:
@@ -116,8 +122,7 @@ class FirstFailure:
                 continue
             if exited is None or (exited.si_code == os.CLD_EXITED and exited.si_status == 0):
                 continue
-            forked = _comm(pid)
-            self.pid, self.rank = pid, forked[len(RANK_NAME) - 2:] if forked.startswith(RANK_NAME[:-2]) else "?"
+            self.pid, self.rank = pid, rank_in_name(_comm(pid)) or "?"
             self.status = exited.si_status if exited.si_code == os.CLD_EXITED else 128 + exited.si_status
             return
 
