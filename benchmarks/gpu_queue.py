@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from anywhere
 
 from benchmarks._record import SAFE_ENV  # noqa: E402 - needs ROOT on sys.path
-from benchmarks.gpu_telemetry import GpuSampler, host_facts  # noqa: E402
+from benchmarks.gpu_telemetry import GpuSampler, host_facts, query_fields  # noqa: E402
 
 
 @dataclass
@@ -85,6 +85,7 @@ class Queue:
         self.t0 = time.time()
         results.mkdir(parents=True, exist_ok=True)
         (results / "host.json").write_text(json.dumps(host_facts(), indent=1))
+        self.telemetry_fields = query_fields()
 
     def write(self) -> None:
         # pid: the job's bash, leader of its process group (session.sh stop JOB signals the rest)
@@ -123,7 +124,7 @@ class Queue:
                                     stderr=subprocess.STDOUT, start_new_session=True)
         job.state, job.started = "running", time.time()
         if not job.shares:  # a sharing job's GPUs are its holder's: their samples are the holder's
-            job.sampler = GpuSampler(job.devices, out / "gpu_telemetry.csv")
+            job.sampler = GpuSampler(job.devices, out / "gpu_telemetry.csv", self.telemetry_fields)
 
     def reap(self, job: Job) -> None:
         rc = job.proc.poll()

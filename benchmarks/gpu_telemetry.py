@@ -68,12 +68,12 @@ def query_fields() -> tuple[str, ...] | str:
 
 
 class GpuSampler:
-    """`nvidia-smi` sampling GPUs `devices` every `interval_ms` into `csv_path` until `stop()`."""
+    """`nvidia-smi` sampling GPUs `devices` every `interval_ms` into `csv_path` until `stop()`;
+    `fields`: what `query_fields()` found (asked once per machine, not per job), or why none."""
 
-    def __init__(self, devices: list[int], csv_path: Path, interval_ms: int = 1000):
-        self.devices, self.csv_path = devices, csv_path
+    def __init__(self, devices: list[int], csv_path: Path, fields: tuple[str, ...] | str, interval_ms: int = 1000):
+        self.devices, self.csv_path, self.fields = devices, csv_path, fields
         self.proc: subprocess.Popen | None = None
-        self.fields = query_fields()
         if isinstance(self.fields, str):
             return
         self.csv_path.parent.mkdir(parents=True, exist_ok=True)

@@ -149,7 +149,7 @@ def test_without_nvidia_smi_the_jobs_run_and_say_why_there_is_no_telemetry(tmp_p
 def test_a_sampler_whose_loop_fails_says_what_nvidia_smi_said(tmp_path, monkeypatch):
     """The one-shot query works, the loop exits at once with an error: no empty summary that reads
     as "no GPU slowed", but nvidia-smi's own words."""
-    from benchmarks.gpu_telemetry import GpuSampler
+    from benchmarks.gpu_telemetry import GpuSampler, query_fields
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -158,6 +158,6 @@ def test_a_sampler_whose_loop_fails_says_what_nvidia_smi_said(tmp_path, monkeypa
                     "    sys.exit('Invalid combination of input arguments.')\nprint('0, 1980')\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
-    sampler = GpuSampler([0], tmp_path / "t.csv")
+    sampler = GpuSampler([0], tmp_path / "t.csv", query_fields())
     sampler.proc.wait(timeout=10)
     assert sampler.stop() == {"unavailable": "no samples; nvidia-smi said: Invalid combination of input arguments."}
