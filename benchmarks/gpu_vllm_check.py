@@ -231,7 +231,9 @@ def main() -> int:
         log(f"part {part} ...")
         t0 = time.time()
         if part == "contract":
-            cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
+            # one test at a time (`-n 0` over the suite's xdist addopts): each test starts a vLLM
+            # engine that takes a share of the one GPU; three at once stalled in engine start-up (round 20)
+            cmd = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-rs",
                    "tests/stages/rl/test_engines.py", "-k", "vllm"]
         else:
             cmd = [sys.executable, __file__, *sys.argv[1:], "--part", part]
