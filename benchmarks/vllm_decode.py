@@ -17,6 +17,8 @@ Cases: `0.5B` and `1.5B` (Qwen2 shapes, batch 256, prompt 128, 512 new tokens) a
 - `ours`: `create_engine("vllm", ...)` and its `generate` (stages/rl/engines/vllm_engine.py).
   (`ours_unseeded`, not run by default: with rollout.options request_seeds: false.)
   (`native_nologprobs`, not run by default: `LLM.generate` asked for no log-probs, what they cost.)
+  (`native_flat` / `ours_flat`, not run by default: log-probs in vLLM's FlatLogprobs layout,
+  `flat_logprobs=True`; round 20 found the log-probs cost half of vLLM's step.)
 - `torch`: `create_engine("torch", ..., compile=True)`, the torch engine's fastest step.
 - `sync`: `update_weights` of the model's own weights (bf16, from the HF model on this GPU)
   into our engine, best of 3: seconds and GB/s, next to one device-to-device copy of the same
@@ -111,7 +113,7 @@ def _timed(fn, repeats: int, cuda: bool) -> tuple[float, int]:
 
 
 # -- the runners (each in its own process) ----------------------------------------------------
-def run_native(args, case: str, mdir: Path, seeded: bool = True, logprobs: int | None = 0) -> dict:
+def run_native(args, case: str, mdir: Path, seeded: bool = True, logprobs: int | None = 0, flat: bool = False) -> dict:
     from vllm import LLM, SamplingParams, TokensPrompt
 
     from stages.rl.engines.vllm_engine import _request_seed
@@ -123,7 +125,8 @@ def run_native(args, case: str, mdir: Path, seeded: bool = True, logprobs: int |
     def call(ps: list[list[int]], tokens: int = new) -> int:
         params = [SamplingParams(n=1, temperature=1.0, top_p=1.0, top_k=-1,
                                  seed=_request_seed(SEED, f"r{i}", 0) if seeded else None, max_tokens=tokens,
-                                 logprobs=logprobs, stop_token_ids=[], ignore_eos=True, detokenize=False)
+                                 logprobs=logprobs, stop_token_ids=[], ignore_eos=True, detokenize=False,
+                                 flat_logprobs=flat)
                   for i in range(len(ps))]
         outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in ps], params, use_tqdm=False)
         assert logprobs is None or all(len(o.outputs[0].logprobs) == len(o.outputs[0].token_ids) for o in outs)
@@ -206,6 +209,9 @@ def child(args) -> dict:
     fn = {"native": lambda: run_native(args, case, mdir), "native_unseeded": lambda: run_native(args, case, mdir, False),
           # no log-probs asked for: what vLLM's per-token log-prob output costs (RL needs it; round 17)
           "native_nologprobs": lambda: run_native(args, case, mdir, logprobs=None),
+          # vLLM's FlatLogprobs: the log-probs without a dict and a Logprob object per token (round 20)
+          "native_flat": lambda: run_native(args, case, mdir, flat=True),
+          "ours_flat": lambda: run_engine(args, case, mdir, "vllm", flat_logprobs=True),
           "ours": lambda: run_engine(args, case, mdir, "vllm"),
           "ours_unseeded": lambda: run_engine(args, case, mdir, "vllm", request_seeds=False),
           "torch": lambda: run_engine(args, case, mdir, "torch"), "sync": lambda: run_sync(args, case, mdir)}[runner]

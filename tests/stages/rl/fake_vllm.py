@@ -144,7 +144,14 @@ class FakeAsyncLLM:
         except asyncio.CancelledError:
             self.live.pop(request_id, None)
             raise
-        lps = [{t: types.SimpleNamespace(logprob=-0.1 * (k + 1))} for k, t in enumerate(state["out"])]
+        values = [-0.1 * (k + 1) for k in range(len(state["out"]))]
+        if getattr(params, "flat_logprobs", False):  # vllm/logprobs.py FlatLogprobs, logprobs=0: one entry a position
+            n = len(values)
+            lps = types.SimpleNamespace(start_indices=list(range(n)), end_indices=list(range(1, n + 1)),
+                                        token_ids=list(state["out"]), logprobs=values, ranks=[1] * n,
+                                        decoded_tokens=[None] * n)
+        else:
+            lps = [{t: types.SimpleNamespace(logprob=v)} for t, v in zip(state["out"], values)]
         comp = types.SimpleNamespace(token_ids=list(state["out"]), logprobs=lps, finish_reason=state["reason"])
         yield types.SimpleNamespace(request_id=request_id, outputs=[comp], finished=True)
 

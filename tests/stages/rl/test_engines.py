@@ -204,6 +204,21 @@ def test_batched_equals_unbatched_under_greedy(case, model_dir):
                                    atol=_tol(case), rtol=0)
 
 
+def test_vllm_flat_logprobs_are_the_nested_ones(model_dir):
+    """rollout.options flat_logprobs (vLLM's FlatLogprobs layout): the same tokens and log-probs as
+    vLLM's nested one under the same seeds, on a real vLLM (the stand-in checks the reading on CPU)."""
+    options = next(o for name, _, o in CASES if name == "vllm")
+    engines = [_open("vllm", "cuda", {**options, "flat_logprobs": flat}, model_dir, eos_token_ids=[])
+               for flat in (False, True)]
+    reqs = [RolloutRequest(f"f{i}", p, 12) for i, p in enumerate(_prompts(4, seed=5))]
+    nested, flat = (e.generate(reqs, SamplingParams(temperature=1.0, seed=11)) for e in engines)
+    for e in engines:
+        e.close()
+    assert [u.token_ids for u in flat] == [u.token_ids for u in nested]
+    for f, n in zip(flat, nested):
+        assert len(f.logprobs) == len(n.logprobs) == 12 and f.logprobs == pytest.approx(n.logprobs, abs=1e-6)
+
+
 def test_update_weights_changes_outputs_like_a_fresh_engine(case, model_dir, tmp_path):
     eng = _open(*case, model_dir, eos_token_ids=[])
     reqs = [RolloutRequest(f"u{i}", p, 10) for i, p in enumerate(_prompts(3, seed=8))]
@@ -490,6 +505,14 @@ def test_vllm_engine_glue_against_a_fake_vllm(monkeypatch, model_dir):
     assert "request_seeds" not in unseeded.llm.kw and unseeded.llm.kw["seed"] == 3
     with pytest.raises(ValueError, match="request_seeds must be true or false, not 'false'"):
         open_engine(mod, model_dir, request_seeds="false")  # a quoted YAML string is not false
+    # flat_logprobs: vLLM's FlatLogprobs layout is asked for and read into the same log-probs
+    flat = open_engine(mod, model_dir, max_batch=4, max_len=64, seed=3, flat_logprobs=True)
+    assert [u.logprobs for u in flat.generate(reqs, SamplingParams(temperature=1.0, seed=1))] \
+        == [u.logprobs for u in ups]
+    assert all(p.flat_logprobs is True for p in flat.llm.params.values())
+    assert all(p.flat_logprobs is False for p in sent) and "flat_logprobs" not in flat.llm.kw
+    with pytest.raises(ValueError, match="flat_logprobs must be true or false, not 1"):
+        open_engine(mod, model_dir, flat_logprobs=1)
     # the recipe's dtype nicknames reach vLLM as the names it accepts (its ModelConfig.dtype), and
     # the engine's dtype (what the weight sync sends) is the same one; an unknown name is refused
     # before vLLM starts
