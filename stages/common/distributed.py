@@ -84,7 +84,30 @@ def init_distributed(local_rank: int | None = None, *, world_of_one_without_laun
     deepspeed.init_distributed(dist_backend=backend, timeout=collective_timeout())
     _release_cpu_allreduce_workspace(on_gpu)
     everyone = StandaloneGroup(store, "everyone", rank, world, device)
+    global _split_launch_everyone
+    _split_launch_everyone = everyone
     return Ranks(rank, world, local_rank, device, on_gpu, everyone, store)
+
+
+_split_launch_everyone: Group | None = None  # set by init_distributed on a split launch
+
+
+def wait_for_every_rank() -> None:
+    """Return once every rank of the launch has called it: the end of a stage job, before the
+    ranks leave their groups (stages/common/entry.py), so that no rank leaves while a peer is
+    still working (rank 0 may be writing the model).
+
+    A split launch waits over all its ranks, not over each role world: NCCL opens a group's
+    communicator at the group's first collective, through the launch's store, and that store
+    lives in rank 0's process. A role world can reach the end without any collective (the
+    second rank of a TP=2 engine only lends its GPU to the engine), so its end barrier opened
+    its communicator just as rank 0, past its own role's barrier, exited and took the store
+    along: round 20's split TP=2 run failed so after its last step. `everyone`'s communicator
+    has carried every step, and rank 0 stays in it until the last rank arrives."""
+    if _split_launch_everyone is not None:
+        _split_launch_everyone.barrier()
+    else:
+        dist.barrier()
 
 
 def _release_cpu_allreduce_workspace(on_gpu: bool) -> None:

@@ -71,11 +71,11 @@ def run_job(main: Callable[[StageJob, ConfigT], Any], config_model: type[ConfigT
     try:
         job.check_packages()
         main(job, job.typed_config(config_model, path))
-        group = _process_group()
-        if group is not None:
+        if _process_group() is not None:
             # every rank done (rank 0 may still be writing the model) before the group goes:
             # a rank tearing down early aborted its peer's in-flight gloo/shm traffic
-            group.barrier()
+            from stages.common.distributed import wait_for_every_rank  # torch's: data stages never load it
+            wait_for_every_rank()
         failed_with = None
     except StageError as e:
         print(f"{_rank_tag(job.rank)}{job.stage} ({job.kind}) failed: {e}", file=sys.stderr, flush=True)

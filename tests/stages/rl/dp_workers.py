@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -59,14 +60,19 @@ def colocated(rank: int, world: int, port: int, model_dir: str, out: str, cfg: d
 
 
 def split(rank: int, world: int, port: int, model_dir: str, out: str, _: None) -> None:
-    """The last rank an engine, the others trainers in a world of their own: the weight sync."""
-    from stages.common.distributed import init_distributed
+    """The last rank an engine, the others trainers in a world of their own: the weight sync,
+    then the end of the job, the engine rank a second after the trainers."""
+    from stages.common.distributed import init_distributed, wait_for_every_rank
 
     join_env(rank, world, port)
     ranks = init_distributed(split_last=1)
     record = {"sync": weight_sync(ranks, model_dir, split=True, rounding_seed=7)}
+    if rank == world - 1:
+        time.sleep(1.0)  # the engine's role world ends last: the trainers' end must wait for it
+    record["finished_at"] = time.time()
+    wait_for_every_rank()  # what a stage job's ranks do at its end (stages/common/entry.py)
+    record["left_at"] = time.time()
     Path(out, f"rank{rank}.json").write_text(json.dumps(record))
-    ranks.everyone.barrier()
     _leave()
 
 

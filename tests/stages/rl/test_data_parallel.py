@@ -102,11 +102,17 @@ def test_sync_deals_the_step_groups_round_robin(shards):
     assert {s["group"] for s in samples} == {"g0", "g1", "g2"}
 
 
-def test_every_engine_holds_the_trainers_weights_bit_for_bit_after_a_sync(colocated, model_dir, tmp_path):
+@pytest.fixture(scope="module")
+def split_launch(model_dir, tmp_path_factory) -> list[dict]:
+    """Three ranks: two trainers in a world of their own, one engine rank in another."""
+    return spawn(dp_workers.split, 3, tmp_path_factory.mktemp("split"), model_dir, None)
+
+
+def test_every_engine_holds_the_trainers_weights_bit_for_bit_after_a_sync(colocated, split_launch):
     """Colocated: two ranks gather (ZeRO-3) and copy into their own engines. Split: two trainer
     ranks (a world of their own, ZeRO-3 over both) and one engine rank, the weights broadcast
     to it by trainer 0, then again into a bf16 engine with stochastic rounding."""
-    split = [r["sync"] for r in spawn(dp_workers.split, 3, tmp_path, model_dir, None)]
+    split = [r["sync"] for r in split_launch]
     together = [r["sync"] for r in colocated]
     for records, engines in ((together, together), (split, split[-1:])):
         for rec in engines:
@@ -130,3 +136,12 @@ def test_a_tensor_parallel_engine_gets_the_weights_while_its_other_rank_joins_th
     engine, other = (r["sync_tp"] for r in colocated)
     assert engine["moved"] and engine["differs"] == [] and engine["compared"] > 0 and engine["buckets"] >= 3
     assert "differs" not in other and other["bytes"] == engine["bytes"] > 0
+
+
+def test_no_rank_of_a_split_launch_leaves_before_the_last_one_finishes(split_launch):
+    """Rank 0 holds the launch's store: on GPUs a role world that first talks at the job's end
+    (NCCL opens its communicator through that store) failed when rank 0 left with its own role
+    (round 20). The engine rank finishes a second after the trainers; nobody leaves before it."""
+    last_finish = max(r["finished_at"] for r in split_launch)
+    assert split_launch[-1]["finished_at"] - split_launch[0]["finished_at"] >= 0.9
+    assert all(r["left_at"] >= last_finish for r in split_launch)
