@@ -8,7 +8,6 @@ import concurrent.futures
 import threading
 from typing import Any, Coroutine
 
-
 CANCEL_TIMEOUT_S = 10.0  # for the loop's tasks to end once cancelled, at close
 
 
