@@ -29,10 +29,16 @@ Variants of an SFT case (`<tokens>` tokens per micro batch, micro batch 1, ZeRO-
                 row (no packing mask), HF's own loss; the pack's tokens as one sequence
   stage_defaults  the headline: the `sft` stage given no speed setting, so every `auto` is decided
                 for this GPU, model, sequence length and GPU count (stages/common/speed_defaults.py;
-                what it decided is the result's `resolved_speed`); `--grad-accum` packs per step
+                what it decided is the result's `resolved_speed`); `--grad-accum` packs per step.
+                Since round 20 on an H200 at 1.5B@4096: round 20's stage_mfu row (below)
+  stage_round16  what `auto` ran before round 20 (rounds 16 and 20's stage_defaults): the defaults
+                with 2 packs per micro batch, loss_chunk_tokens 8192, async_micro_batches and
+                lean_optimizer_step off pinned (2 packs: that rule's choice at 1.5B@4096 on a GPU;
+                the smoke runs 2 packs on CPU too): beside stage_defaults, the gain in one run
   stage         the `sft` stage through pipeline.execute.run_stage with the settings it had before
-                `auto` (ZeRO-0, bf16, eager layers, 1 pack a micro batch; the rest of the variants
-                change one or more of these): attention `auto` (flash_attention_2 if flash-attn is
+                `auto` (ZeRO-0, bf16, eager layers, 1 pack a micro batch, loss chunks of 8192 tokens,
+                no async micro batches nor lean optimizer step; the rest of the variants change one
+                or more of these): attention `auto` (flash_attention_2 if flash-attn is
                 installed, else flex_attention for packs), LM head + cross-entropy in chunks of 8192 tokens
   stage_flex    the stage with flex_attention (a document-masked FlexAttention kernel), chunked loss
   stage_before  the stage as it was before issue 19: sdpa, the whole micro batch's logits at once
@@ -44,23 +50,25 @@ Variants of an SFT case (`<tokens>` tokens per micro batch, micro batch 1, ZeRO-
   stage_mixed_compiled_mb2  the same with 2 packs per micro batch, half the micro batches per step
   *_eager_loss  the variant with the loss's chunk math eager (RING_COMPILE_LOSS=off; compiled on
                 CUDA by default since round 10, stages/common/fused_loss.py)
-Issue 36 item 4 (>= 50% MFU at 1.5B@4096 on one GPU; not measured yet): candidates on top of the
-defaults, each the same training as stage_defaults (MFU50_VARIANTS lists them with plain and
-stage_defaults, the order they run in):
+Issue 36 item 4 (>= 50% MFU at 1.5B@4096 on one GPU): round 20 (one H200) measured the three
+options below together (stage_mfu, 48.6% MFU vs 44.3% for round 16's defaults) and `auto` takes
+them where they apply; each on its own is not measured yet: each is round 16's defaults
+(stage_round16) plus one option, the same training as stage_defaults (MFU50_VARIANTS lists them
+with plain, stage_defaults and stage_round16, the order they run in):
   stage_async   `async_micro_batches`: no device sync between a step's micro batches (DeepSpeed's
                 throughput timer, pageable batch copies and transformers' packed-sequence check
                 each synchronized once per micro batch or more)
   stage_lean_step  `lean_optimizer_step`: foreach gradient clipping, no one-rank all-reduce, one host
                 sync a step (zero_stage 0 pinned: auto's choice on one GPU, and the smoke's path)
-  stage_mb4     4 packs per micro batch (auto takes 2), loss_chunk_tokens 16,384: one head chunk
-  stage_mfu     the three together
+  stage_mb4     4 packs per micro batch, loss_chunk_tokens 16,384: one head chunk
+  stage_mfu     the three together, pinned (round 20's row; on an H200 stage_defaults resolves to it)
   Each stage variant's result has `same_training`: the largest relative difference of its per-step
   losses and gradient norms from stage_defaults' (same packs per step); the smoke fails above 1e-4
   (CPU, fp32, lr 1e-3 so that the updates move the losses):
     python benchmarks/sft_throughput.py --smoke --only tiny@256 --grad-accum 8 \
-        --variants stage_defaults stage_mfu stage_async stage_lean_step stage_mb4
+        --variants stage_defaults stage_round16 stage_mfu stage_async stage_lean_step stage_mb4
     timeout 550 python3 benchmarks/sft_throughput.py --out "$OUT" --only 1.5B@4096 --grad-accum 8 \
-        --rows 6000 --variants plain stage_defaults stage_mfu stage_async stage_lean_step stage_mb4
+        --rows 6000 --variants plain stage_defaults stage_round16 stage_async stage_lean_step stage_mb4
 With `--profile`, two more steps after the timed ones run under torch.profiler (the stage's
 `profile` setting; the plain loop the same way; they are not in the rates): OUT/profile_<case>_
 <variant>.txt is the operator table (key_averages by device time, top 40), the first place to
@@ -146,8 +154,12 @@ VARIANTS = {  # the sft stage's config per variant
     # the headline: no speed setting given, every `auto` decided by the stage for this GPU, model,
     # sequence length and GPU count (stages/common/speed_defaults.py); grad_accum = packs per step
     "stage_defaults": {"_defaults": True},
+    # what `auto` ran before round 20 (rounds 16 and 20's stage_defaults): 2 packs pinned, that rule's
+    # choice at 1.5B@4096 on a GPU; next to stage_defaults it shows round 20's gain in one run
+    "stage_round16": {"_defaults": True, "micro_batch_size": 2, "loss_chunk_tokens": 8192,
+                      "async_micro_batches": False, "lean_optimizer_step": False},
     # the others pin what the stage ran before `auto` (ZeRO-0, precision bf16 on GPU, eager layers,
-    # 1 pack a micro batch) and change one thing each
+    # 1 pack a micro batch, run_stage_variant's `pinned`) and change one thing each
     "stage": {},
     "stage_flex": {"attn_implementation": "flex_attention"},
     "stage_before": {"attn_implementation": "sdpa", "loss_chunk_tokens": TOKENS},
@@ -174,21 +186,27 @@ VARIANTS = {  # the sft stage's config per variant
                                  "loss_chunk_tokens": 16384},
     "stage_mixed_compiled_mb2_eager_loss": {"precision": "bf16-mixed", "compile_layers": True, "micro_batch_size": 2,
                                             "_env": {"RING_COMPILE_LOSS": "off"}},
-    # issue 36 item 4 (>= 50% MFU at 1.5B@4096 on one GPU): candidates on top of the defaults, each the
-    # same training as stage_defaults (its per-step losses are compared: `same_training`)
+    # issue 36 item 4 (>= 50% MFU at 1.5B@4096 on one GPU): round 20's options, each alone on top of
+    # round 16's defaults (measured only together so far), each the same training as stage_defaults
+    # (its per-step losses are compared: `same_training`)
     # no device sync between micro batches (DeepSpeed's throughput timer synchronizes at every forward
     # and engine step, pageable copies and transformers' packed-sequence check wait for the GPU)
-    "stage_async": {"_defaults": True, "async_micro_batches": True},
+    "stage_async": {"_defaults": True, "micro_batch_size": 2, "loss_chunk_tokens": 8192,
+                    "async_micro_batches": True, "lean_optimizer_step": False},
     # the optimizer step without DeepSpeed's per-parameter clip and one-rank all-reduce, one host sync
     # a step; zero_stage 0 pinned: what auto picks on one GPU, and the CPU smoke then takes this path too
-    "stage_lean_step": {"_defaults": True, "zero_stage": 0, "lean_optimizer_step": True},
-    # 4 packs per micro batch (an H200's memory; auto takes 2), the loss over them in one head chunk:
-    # half the micro batches, so half the per-micro-batch weight casts, gradient casts and launches
-    "stage_mb4": {"_defaults": True, "micro_batch_size": 4, "loss_chunk_tokens": 16384},
+    "stage_lean_step": {"_defaults": True, "zero_stage": 0, "micro_batch_size": 2, "loss_chunk_tokens": 8192,
+                        "async_micro_batches": False, "lean_optimizer_step": True},
+    # 4 packs per micro batch (an H200's memory), the loss over them in one head chunk: half the micro
+    # batches, so half the per-micro-batch weight casts, gradient casts and launches
+    "stage_mb4": {"_defaults": True, "micro_batch_size": 4, "loss_chunk_tokens": 16384,
+                  "async_micro_batches": False, "lean_optimizer_step": False},
+    # the three together, pinned: round 20's row (auto's choice on an H200 since then)
     "stage_mfu": {"_defaults": True, "zero_stage": 0, "micro_batch_size": 4, "loss_chunk_tokens": 16384,
-                  "async_micro_batches": True, "lean_optimizer_step": True},  # the three together
+                  "async_micro_batches": True, "lean_optimizer_step": True},
 }
-MFU50_VARIANTS = ["plain", "stage_defaults", "stage_mfu", "stage_async", "stage_lean_step", "stage_mb4"]
+MFU50_VARIANTS = ["plain", "stage_defaults", "stage_round16", "stage_async", "stage_lean_step", "stage_mb4",
+                  "stage_mfu"]
 # LoRA twins (issue 35): every stage variant as `<variant>_lora`, training rank-16 adapters on
 # every projection (the `lora:` block's defaults) instead of every weight; `--lora` adds the twin
 # of each variant it runs, the learner's too
@@ -320,18 +338,17 @@ def run_plain(path: Path, shape: str, pack_ids: list[list[int]], tokens: int, ck
     return out
 
 
-def run_stage_variant(variant: str, path: Path, rows_file: Path, shape: str, tokens: int, ckpt: bool,
-                      pack_lengths: list[list[int]], args, work: Path, gpu: bool, peak: float | None) -> dict:
-    from data_curation.urls import local_path
-    from pipeline.execute import run_stage
-    from stages.common.contract import Resources
-
+def stage_config(variant: str, path: Path, rows_file: Path, tokens: int, ckpt: bool, args,
+                 gpu: bool) -> tuple[dict, dict[str, str]]:
+    """The sft config a stage variant runs (the packs per optimizer step `--grad-accum` whatever its
+    micro batch), and the environment its processes get."""
     overrides = {k: tokens if v is TOKENS else v for k, v in VARIANTS[variant].items()}
     env = overrides.pop("_env", {})  # for the stage's processes (they inherit ours)
     packs_per_micro = overrides.get("micro_batch_size", 1)  # tokens per optimizer step held equal
     pinned = {} if overrides.pop("_defaults", False) else {  # what the stage ran before `auto`
         "micro_batch_size": 1, "zero_stage": 0, "gradient_checkpointing": ckpt, "compile_layers": False,
-        "precision": "bf16" if gpu else "fp32"}
+        "precision": "bf16" if gpu else "fp32", "loss_chunk_tokens": 8192, "async_micro_batches": False,
+        "lean_optimizer_step": False}
     config = {"model": str(path), "data": str(rows_file), "max_seq_len": tokens,
               "grad_accum": max(1, args.grad_accum // packs_per_micro), "max_steps": args.total_steps,
               # the smoke's larger lr: updates that move its losses, so the same-training check sees them
@@ -339,6 +356,16 @@ def run_stage_variant(variant: str, path: Path, rows_file: Path, shape: str, tok
               **pinned, **overrides}
     if args.profile:
         config["profile"] = profile_settings(args).model_dump()
+    return config, env
+
+
+def run_stage_variant(variant: str, path: Path, rows_file: Path, shape: str, tokens: int, ckpt: bool,
+                      pack_lengths: list[list[int]], args, work: Path, gpu: bool, peak: float | None) -> dict:
+    from data_curation.urls import local_path
+    from pipeline.execute import run_stage
+    from stages.common.contract import Resources
+
+    config, env = stage_config(variant, path, rows_file, tokens, ckpt, args, gpu)
     res = Resources(gpus_per_node=1) if gpu else Resources(cpu_ranks=1)
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)

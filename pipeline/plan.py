@@ -30,17 +30,18 @@ _EXECUTION_KEYS = {"resources", "launcher", "ray", "retry"}
 
 def result_config(model: BaseModel) -> Any:
     """The config as data, without cosmetic fields, nor `added_later` ones at their default
-    (recursively); an `auto_setting` at `auto` as its old default."""
+    (recursively); an `auto_setting` at `auto` as its old default (and, one that was `added_later`
+    before it became `auto`, left out at `auto` and at its old default)."""
     out: dict[str, Any] = {}
     for name, field in type(model).model_fields.items():
         extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
         if extra.get("cosmetic") or (isinstance(model, StageConfig) and name in _EXECUTION_KEYS):
             continue
-        if extra.get("hash_unless_default") and getattr(model, name) == field.default:
-            continue  # the hash of a config written before the field existed is unchanged
         value = getattr(model, name)
         if AUTO_LEGACY in extra and value == "auto":
             value = extra[AUTO_LEGACY]  # hashed as before `auto` existed (contract.auto_setting)
+        if extra.get("hash_unless_default") and value == extra.get(AUTO_LEGACY, field.default):
+            continue  # the hash of a config written before the field existed is unchanged
         out[name] = _result_value(value)
     return out
 

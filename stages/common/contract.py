@@ -74,13 +74,16 @@ def added_later(default: Any = None, **kw: Any) -> Any:
 AUTO_LEGACY = "auto_hashes_as"
 
 
-def auto_setting(legacy: Any, **kw: Any) -> Any:
+def auto_setting(legacy: Any, *, added_later: bool = False, **kw: Any) -> Any:
     """A speed setting whose default became `auto` (stages/common/speed_defaults.py decides it
     before launch). At `auto` it hashes as `legacy`, the default it had before, so configs written
     before it keep their stage hashes; the value it resolves to is not hashed (like `resources`:
-    it follows the hardware)."""
+    it follows the hardware). `added_later`: the setting was an `added_later` field before it
+    became `auto`, kept out of the hash at its old default: at `auto` or at `legacy` it still is."""
     extra = dict(kw.pop("json_schema_extra", None) or {})
     extra[AUTO_LEGACY] = legacy
+    if added_later:
+        extra["hash_unless_default"] = True  # the default it is compared with: `legacy` (pipeline/plan.py)
     return Field("auto", json_schema_extra=extra, **kw)
 
 

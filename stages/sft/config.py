@@ -1,13 +1,13 @@
 """Config of the `sft` stage (Long-CoT supervised fine-tuning)."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
 from data_curation.discovery import DataInput
 from stages.common.compile_layers import check_zero_stage, compile_layers_field
-from stages.common.contract import StageConfig, Strict, added_later, auto_setting, cosmetic
+from stages.common.contract import StageConfig, Strict, auto_setting, cosmetic
 from stages.common.hf_io import trust_remote_code_field
 from stages.common.kind_metrics import Curve, KindMetrics
 from stages.common.step_profile import ProfileSettings
@@ -72,22 +72,27 @@ class SFTConfig(StageConfig, supervised_settings(
                            "for longer packs or larger micro batches, ~1/3 more compute; auto = on only "
                            "when the estimated memory needs it (stages/common/speed_defaults.py)")
     compile_layers: Literal["auto"] | bool = compile_layers_field()
-    loss_chunk_tokens: int = Field(
-        8192, ge=1, description="tokens per chunk of the LM-head + cross-entropy: the full-vocabulary logits "
-                                "of a micro batch are never held at once (stages/common/fused_loss.py)")
-    async_micro_batches: bool = added_later(False, description=(
+    loss_chunk_tokens: Literal["auto"] | Annotated[int, Field(ge=1)] = auto_setting(8192, description=(
+        "tokens per chunk of the LM-head + cross-entropy: the full-vocabulary logits of a micro batch are "
+        "never held at once (stages/common/fused_loss.py); auto = one chunk over a micro batch of 4 packs of up "
+        "to 4,096 tokens on a GPU whose memory estimate fits them (16,384 tokens: round 20's measured row), "
+        "else 8,192"))
+    async_micro_batches: Literal["auto"] | bool = auto_setting(False, added_later=True, description=(
         "no device sync between a step's micro batches, so the host queues the next one while the GPU "
         "runs the last: DeepSpeed's throughput timer off (it synchronizes the device at every forward and "
         "every engine step), the step's micro batches copied to the GPU at its start (a pageable copy "
         "waits for the GPU), and with flex_attention the document mask built on the GPU from the position "
         "ids (transformers' builder reads on the host whether a row holds several samples). The same "
-        "training; not measured yet (benchmarks/RESULTS.md, issue 36)"))
-    lean_optimizer_step: bool = added_later(False, description=(
+        "training; auto = on with GPUs (measured with lean_optimizer_step and 4 packs per micro batch in "
+        "round 20: benchmarks/RESULTS.md, issue 36), off on CPU ranks"))
+    lean_optimizer_step: Literal["auto"] | bool = auto_setting(False, added_later=True, description=(
         "at ZeRO-0 with bf16-mixed or fp32 (elsewhere DeepSpeed's optimizer wrapper clips, and this does "
         "nothing): clip with torch's foreach clip_grad_norm_ (a few multi-tensor kernels instead of "
         "DeepSpeed's norm and multiply per parameter), skip DeepSpeed's gradient all-reduce on a world of "
         "one rank (a flatten and copy back of every gradient) and read the loss and gradient norm in one "
-        "host sync at the step's end instead of two. The same update to float rounding; not measured yet"))
+        "host sync at the step's end instead of two. The same update to float rounding; auto = on with GPUs "
+        "where it applies (measured with async_micro_batches and 4 packs per micro batch in round 20), "
+        "else off"))
     profile: ProfileSettings | None = cosmetic(None, description=(
         "torch.profiler over some optimizer steps of rank 0 (e.g. {start_step: 5, steps: 2}): an operator "
         "table and a chrome trace in the output's logs/profile/, next to stage.log (stages/common/step_profile.py)"))
@@ -103,7 +108,9 @@ class SFTConfig(StageConfig, supervised_settings(
 
     @model_validator(mode="after")
     def _lean_step_fits(self) -> "SFTConfig":
-        if self.lean_optimizer_step and (self.zero_stage not in ("auto", 0) or self.precision == "bf16"):
+        # `auto` resolves to off where it cannot apply (stages/common/speed_defaults.py); only an explicit
+        # `true` is refused
+        if self.lean_optimizer_step is True and (self.zero_stage not in ("auto", 0) or self.precision == "bf16"):
             raise ValueError(f"lean_optimizer_step needs zero_stage 0 (or auto) and precision bf16-mixed, fp32 "
                              f"or auto (got zero_stage {self.zero_stage}, precision {self.precision}): at "
                              "ZeRO 1-3 and with DeepSpeed's bf16 mode its optimizer wrapper clips")

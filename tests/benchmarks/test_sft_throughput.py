@@ -3,6 +3,7 @@ runs end to end on CPU, writing each variant's result (before / causal / causal_
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -41,6 +42,37 @@ def test_same_training_compares_variants_that_saw_the_same_packs_per_step():
     assert got["stage_mb4"]["max_rel_grad_norm_diff"] == pytest.approx(0.5)
     assert got["stage_other"] == {"vs": "stage_defaults", "comparable": False, "why": "4 packs per step vs 8"}
     assert got["stage_short"]["max_rel_loss_diff"] == float("inf")
+
+
+def _settled_on_h200(variant: str) -> dict:
+    """The config a variant's 1.5B@4096 stage (8 packs a step) runs with on one H200, after `auto`."""
+    from stages.common.speed_defaults import ModelFacts, resolve_speed
+    from stages.sft.config import SFTConfig
+    from tests.stages.common.test_speed_defaults import H200, QWEN_15B
+
+    config, _ = sft_throughput.stage_config(variant, Path("m"), Path("d.jsonl"), 4096, False,
+                                            sft_throughput.parse(["--grad-accum", "8"]), gpu=True)
+    config = SFTConfig.model_validate(config).model_dump(mode="json")
+    return resolve_speed("sft", config, H200, ModelFacts.from_config(QWEN_15B), 1).apply(config)
+
+
+SPEED_KEYS = ("zero_stage", "precision", "compile_layers", "attn_implementation", "micro_batch_size", "grad_accum",
+              "gradient_checkpointing", "loss_chunk_tokens", "async_micro_batches", "lean_optimizer_step")
+
+
+def test_stage_defaults_runs_round_20s_row_and_stage_round16_the_defaults_before_it():
+    """On an H200 the headline variant is what round 20 measured as stage_mfu; stage_round16 is what
+    round 16's and round 20's stage_defaults resolved to (their resolved_speed)."""
+    settled = {v: {k: _settled_on_h200(v)[k] for k in SPEED_KEYS}
+               for v in ("stage_defaults", "stage_mfu", "stage_round16")}
+    assert settled["stage_defaults"] == settled["stage_mfu"]
+    assert settled["stage_round16"] == {
+        "zero_stage": 0, "precision": "bf16-mixed", "compile_layers": True, "attn_implementation": "flex_attention",
+        "micro_batch_size": 2, "grad_accum": 4, "gradient_checkpointing": False, "loss_chunk_tokens": 8192,
+        "async_micro_batches": False, "lean_optimizer_step": False}
+    # the variants that pin the settings from before `auto`, round 20's too (round 10's rows stay what they were)
+    mb2 = _settled_on_h200("stage_mixed_compiled_mb2")
+    assert (mb2["loss_chunk_tokens"], mb2["async_micro_batches"], mb2["lean_optimizer_step"]) == (8192, False, False)
 
 
 @pytest.mark.slow  # builds and trains a model three times (CPU-heavy, ~30 s of CPU)

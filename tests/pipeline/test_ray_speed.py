@@ -66,7 +66,9 @@ def test_a_ray_stage_is_decided_on_its_clusters_gpu_and_plan_says_whose(recipe, 
 def test_a_ray_stage_with_every_setting_written_contacts_no_cluster(recipe, probed):
     written = "".join(f"    {k}: {v}\n" for k, v in {"zero_stage": 3, "precision": "bf16", "compile_layers": "false",
                                                        "attn_implementation": "sdpa", "micro_batch_size": 1,
-                                                       "gradient_checkpointing": "true"}.items())
+                                                       "gradient_checkpointing": "true", "loss_chunk_tokens": 8192,
+                                                       "async_micro_batches": "false",
+                                                       "lean_optimizer_step": "false"}.items())
     res = CliRunner().invoke(app, ["plan", str(recipe(written))])
     assert res.exit_code == 0, res.output
     assert probed == [] and "speed:" not in res.output

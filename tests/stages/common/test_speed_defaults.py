@@ -33,6 +33,8 @@ H200 = HardwareFacts("cuda", "NVIDIA H200", (9, 0), 139.8, gpus=1, cpus=16)
 CPU = HardwareFacts("cpu", cpus=2)
 UNKNOWN = HardwareFacts("unknown", note="launcher ray")
 LEGACY = {"zero_stage": 2, "micro_batch_size": 1, "compile_layers": False, "gradient_checkpointing": False}
+# sft's settings that became `auto` with round 20's step, at what they were before
+SFT_LATER = {"loss_chunk_tokens": 8192, "async_micro_batches": False, "lean_optimizer_step": False}
 
 
 def _sft(**kw) -> dict:
@@ -52,15 +54,55 @@ def test_parameter_count_from_config_json():
 
 def test_h100_15b_at_4096_gets_the_measured_fast_path():
     # RESULTS.md rounds 8-10: ZeRO-0, bf16-mixed, compiled layers, FlexAttention, 2 packs a micro batch
+    # (4 do not fit 80 GiB: round 10c); round 20's async micro batches and lean optimizer step
     got = _decided("sft", _sft(max_seq_len=4096, grad_accum=8), H100, QWEN_15B)
     assert got == {"zero_stage": 0, "precision": "bf16-mixed", "compile_layers": True,
                    "attn_implementation": "flex_attention", "micro_batch_size": 2, "grad_accum": 4,
-                   "gradient_checkpointing": False}
+                   "gradient_checkpointing": False, "loss_chunk_tokens": 8192, "async_micro_batches": True,
+                   "lean_optimizer_step": True}
+
+
+def test_h200_15b_at_4096_gets_round_20s_measured_step():
+    """What benchmarks/sft_throughput.py's stage_mfu ran in round 20 (its config and resolved_speed)."""
+    got = _decided("sft", _sft(max_seq_len=4096, grad_accum=8), H200, QWEN_15B)
+    assert got == {"zero_stage": 0, "precision": "bf16-mixed", "compile_layers": True,
+                   "attn_implementation": "flex_attention", "micro_batch_size": 4, "grad_accum": 2,
+                   "gradient_checkpointing": False, "loss_chunk_tokens": 16384, "async_micro_batches": True,
+                   "lean_optimizer_step": True}
+
+
+def test_four_packs_only_where_the_estimate_fits_them():
+    """1.5B@4096 at 4 packs: the estimate ~75 GiB (round 20 measured 70.3 on an H200) is over an
+    80 GiB H100's budget (round 10c ran out of memory there) and under an H200's."""
+    cfg = {**_sft(max_seq_len=4096, grad_accum=8), "zero_stage": 0, "precision": "bf16-mixed",
+           "compile_layers": True}
+    for hw, fits in ((H100, False), (H200, True)):
+        s = Situation("sft", cfg, hw, ModelFacts.from_config(QWEN_15B), 1)
+        assert 70.3 < s.peak_gib(0, "bf16-mixed", micro_batch=4) < 80
+        assert s.fits(0, "bf16-mixed", micro_batch=4) is fits
+    # packs longer than measured, or a step of packs that 4 do not divide: 2 packs, the chunk as before
+    for over in ({"max_seq_len": 8192, "grad_accum": 8}, {"max_seq_len": 2048, "grad_accum": 6}):
+        got = _decided("sft", _sft(**over), H200, QWEN_15B)
+        assert got["micro_batch_size"] == (1 if over["max_seq_len"] == 8192 else 2), over
+        assert got["loss_chunk_tokens"] == 8192
+    # an explicit 4 with checkpointing: the chunk stays 8192 (the estimate holds no head chunk then)
+    got = _decided("sft", _sft(micro_batch_size=4, gradient_checkpointing=True), H200, QWEN_15B)
+    assert got["loss_chunk_tokens"] == 8192
+
+
+def test_the_lean_step_resolves_off_where_deepspeed_clips():
+    for explicit, want_precision in (({"zero_stage": 2}, "bf16"), ({"precision": "bf16"}, None),
+                                     ({"zero_stage": 0, "precision": "fp32"}, None)):
+        got = _decided("sft", _sft(max_seq_len=4096, grad_accum=8, **explicit), H200, QWEN_15B)
+        lean = explicit.get("precision") == "fp32"  # ZeRO-0 without DeepSpeed's bf16 wrapper: it applies
+        assert got["lean_optimizer_step"] is lean and got["async_micro_batches"] is True, explicit
+        assert want_precision is None or got["precision"] == want_precision
+    assert SFTConfig(model="m", data="d", zero_stage=3).lean_optimizer_step == "auto"  # auto is never refused
 
 
 def test_h200_05b_sft_and_rl_learner():
     sft = _decided("sft", _sft(max_seq_len=4096, grad_accum=4), H200, QWEN_05B)
-    assert sft["zero_stage"] == 0 and sft["precision"] == "bf16-mixed" and sft["micro_batch_size"] == 2
+    assert sft["zero_stage"] == 0 and sft["precision"] == "bf16-mixed" and sft["micro_batch_size"] == 4
     rl = ReasoningRLConfig.model_validate({"model": "m", "data": "d", "steps": 1, "max_len": 2048,
                                            "prompt_max_len": 256}).model_dump(mode="json")
     # DeepSpeed's bf16 optimizer: ZeRO-1 was its fastest stage (round 7); compiled layers (rounds 9-10)
@@ -71,7 +113,7 @@ def test_h200_05b_sft_and_rl_learner():
 def test_cpu_ranks_resolve_to_what_the_stage_ran_before():
     cfg = _sft(packing=True)
     got = _decided("sft", cfg, CPU)
-    assert got == {**LEGACY, "precision": resolve_precision("auto", on_gpu=False),
+    assert got == {**LEGACY, **SFT_LATER, "precision": resolve_precision("auto", on_gpu=False),
                    "attn_implementation": choose_attention("auto", on_gpu=False, packed=True)}
     rm = RewardModelConfig.model_validate({"model": "m", "data": "d"}).model_dump(mode="json")
     assert _decided("reward_model", rm, CPU) == {"zero_stage": 2, "micro_batch_size": 1, "precision": "fp32",
@@ -79,7 +121,8 @@ def test_cpu_ranks_resolve_to_what_the_stage_ran_before():
 
 
 def test_gpus_the_pipeline_cannot_see_keep_the_old_values_and_leave_precision_to_the_job(monkeypatch):
-    assert _decided("sft", _sft(), UNKNOWN) == {**LEGACY, "precision": "auto", "attn_implementation": "auto"}
+    assert _decided("sft", _sft(), UNKNOWN) == {**LEGACY, **SFT_LATER, "precision": "auto",
+                                                "attn_implementation": "auto"}
     gpus = Resources(gpus_per_node=8)
     monkeypatch.setattr(pipeline_speed, "ray_gpus", lambda address: UNKNOWN)  # its cluster's probe: test_ray_speed
     assert pipeline_speed.hardware_for(gpus, "ray").device == "unknown"
@@ -90,8 +133,12 @@ def test_gpus_the_pipeline_cannot_see_keep_the_old_values_and_leave_precision_to
 
 def test_explicit_settings_win():
     explicit = {"zero_stage": 2, "precision": "bf16", "compile_layers": False, "micro_batch_size": 1,
-                "attn_implementation": "sdpa", "gradient_checkpointing": True}
+                "attn_implementation": "sdpa", "gradient_checkpointing": True, **SFT_LATER}
     assert _decided("sft", _sft(max_seq_len=4096, grad_accum=8, **explicit), H100, QWEN_15B) == {}
+    # round 20's step, each part written off on the card that would get it
+    for off in ({"async_micro_batches": False}, {"lean_optimizer_step": False}, {"micro_batch_size": 2}):
+        got = _decided("sft", _sft(max_seq_len=4096, grad_accum=8, **off), H200, QWEN_15B)
+        assert not set(off) & set(got) and got["loss_chunk_tokens"] == (8192 if "micro_batch_size" in off else 16384)
     # an explicit ZeRO stage steers the rest: DeepSpeed's bf16 mode above ZeRO-0 (round 8)
     got = _decided("sft", _sft(max_seq_len=4096, grad_accum=8, zero_stage=2), H100, QWEN_15B)
     assert got["precision"] == "bf16" and "zero_stage" not in got
@@ -107,6 +154,7 @@ def test_gradient_checkpointing_only_when_memory_needs_it():
     on_h100 = _decided("sft", long, H100, QWEN_15B)
     assert on_h100["gradient_checkpointing"] is True and on_h100["micro_batch_size"] == 1
     assert _decided("sft", long, H200, QWEN_15B)["gradient_checkpointing"] is False
+    assert on_h100["loss_chunk_tokens"] == 8192
     # a 7B model over 8 H100s: state partitioned (ZeRO >= 1) rather than one GPU's copy of everything
     assert _decided("sft", _sft(max_seq_len=4096), H100, QWEN_7B, world=8)["zero_stage"] >= 1
     r = resolve_speed("sft", _sft(max_seq_len=65536), H100, ModelFacts.from_config(QWEN_7B), 1)
@@ -125,10 +173,23 @@ def test_every_rule_says_why():
         assert any(w in rule.because for w in ("round", "before", "not measured", "ZeRO-3")), rule.name
 
 
+def test_round_20s_settings_at_auto_or_written_as_before_keep_the_hash():
+    """loss_chunk_tokens was hashed at 8192, async_micro_batches and lean_optimizer_step were kept out
+    of the hash at false (`added_later`): at `auto` and written as before, the hashed config is the
+    same; `true` is hashed."""
+    auto, before = SFTConfig(model="m", data="d"), SFTConfig(model="m", data="d", **SFT_LATER)
+    assert result_config(auto) == result_config(before)
+    assert result_config(auto)["loss_chunk_tokens"] == 8192
+    assert "async_micro_batches" not in result_config(auto) and "lean_optimizer_step" not in result_config(auto)
+    assert result_config(SFTConfig(model="m", data="d", async_micro_batches=True))["async_micro_batches"] is True
+    assert settle_auto(auto).model_dump() == SFTConfig(model="m", data="d", **LEGACY, **SFT_LATER).model_dump()
+
+
 def test_auto_hashes_as_the_old_default_and_jobs_without_the_pipeline_get_it():
     auto, legacy = SFTConfig(model="m", data="d"), SFTConfig(model="m", data="d", **LEGACY)
     assert result_config(auto) == result_config(legacy)
-    assert settle_auto(auto).model_dump() == legacy.model_dump()
+    # a job started without the pipeline: every `auto` as before it existed, round 20's settings too
+    assert settle_auto(auto).model_dump() == SFTConfig(model="m", data="d", **LEGACY, **SFT_LATER).model_dump()
     rl = ReasoningRLConfig.model_validate({"model": "m", "data": "d", "steps": 1})
     assert settle_auto(rl).zero_stage == 2 and settle_auto(rl).compile_layers is False
 
@@ -165,7 +226,8 @@ def test_plan_prints_the_decided_values_and_keeps_the_hash(tmp_path, monkeypatch
     assert res.exit_code == 0, res.output
     assert ("speed:    zero_stage auto -> 0, precision auto -> bf16-mixed, compile_layers auto -> true, "
             "attn_implementation auto -> flex_attention, micro_batch_size auto -> 2, gradient_checkpointing "
-            "auto -> false, grad_accum -> 4") in res.output, res.output
+            "auto -> false, loss_chunk_tokens auto -> 8192, async_micro_batches auto -> true, "
+            "lean_optimizer_step auto -> true, grad_accum -> 4") in res.output, res.output
     assert "on NVIDIA H100 80GB HBM3 (79 GiB, sm90), 1 training rank(s); rules: fastest-zero-that-fits" in res.output
     assert "estimated peak" in res.output
     auto_hash = make_plan(load_recipe(recipe()))["sft"].hash
@@ -197,7 +259,7 @@ def test_cpu_sft_with_auto_is_bit_identical_to_the_old_defaults_and_recorded(sta
     speed = manifests[0]["resolved_speed"]
     assert {k: v["value"] for k, v in speed["settings"].items()} == {
         "zero_stage": 2, "precision": "fp32", "compile_layers": False, "attn_implementation": "sdpa",
-        "micro_batch_size": 1, "gradient_checkpointing": False}
+        "micro_batch_size": 1, "gradient_checkpointing": False, **SFT_LATER}
     assert speed["hardware"]["device"] == "cpu" and speed["world_size"] == 1
     assert manifests[0]["config"]["zero_stage"] == "auto"  # the manifest keeps the config as written
     weights = [{f["path"]: f["sha256"] for f in m["files"] if f["path"].endswith(".safetensors")}
