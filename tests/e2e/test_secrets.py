@@ -25,6 +25,7 @@ from urllib.parse import quote, quote_plus
 
 import pytest
 
+from tests import prefect_db
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
@@ -123,7 +124,7 @@ def _leaks(blobs: dict[str, bytes]) -> list[str]:
             if any(f in blob for f in _forms(value))]
 
 
-def test_no_secret_is_written_anywhere(tmp_path, s3_bucket, data_server, mlflow_server):
+def test_no_secret_is_written_anywhere(tmp_path, s3_bucket, data_server, mlflow_server, prefect_template):
     import s3fs
 
     bucket_url, opts = s3_bucket
@@ -162,6 +163,7 @@ def test_no_secret_is_written_anywhere(tmp_path, s3_bucket, data_server, mlflow_
             micro_batch_size: 2
             checkpoint_every: 1
         """))
+    prefect_db.seed(tmp_path / "prefect", prefect_template)  # its embedded server's home, searched below
     env = {**os.environ, "RING_T_KEY": SECRETS["store_key"], "RING_T_SECRET": SECRETS["store_secret"],
            "RING_T_DATA_PW": SECRETS["data_password"], "RING_T_DESC": SECRETS["description"],
            "PREFECT_HOME": str(tmp_path / "prefect"), "AWS_ACCESS_KEY_ID": "unused", "AWS_SECRET_ACCESS_KEY": "unused"}
