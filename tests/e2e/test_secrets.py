@@ -20,6 +20,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import urllib.request
 import uuid
 from urllib.parse import quote, quote_plus
 
@@ -107,6 +108,12 @@ def mlflow_server(tmp_path):
 
     server = make_server("127.0.0.1", 0, guarded, threaded=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    # MLflow makes (migrates) its database at the first request, seconds of CPU in this
+    # process: done now, so that the run's reachability probe (10 s) meets a ready server
+    # even on a loaded machine (CI once saw "unreachable: timed out" there)
+    first = urllib.request.Request(f"http://127.0.0.1:{server.server_port}/api/2.0/mlflow/experiments/search"
+                                   "?max_results=1", headers={"Authorization": expected})
+    urllib.request.urlopen(first, timeout=300).close()
     yield f"127.0.0.1:{server.server_port}"
     server.shutdown()
     for k, v in old.items():
