@@ -97,6 +97,26 @@ def prefect_api() -> str:
     return server.shared_api(Path(os.environ[_SHARED]))
 
 
+@pytest.fixture(scope="session")
+def prefect_template() -> Path:
+    """The run's migrated Prefect database (tests/prefect_db.py): copy it into a PREFECT_HOME
+    (`prefect_db.seed`) where a server will start, so that its start has no migrations to run."""
+    from tests import prefect_db
+
+    return prefect_db.template(Path(os.environ[_SHARED]))
+
+
+@pytest.fixture(scope="session")
+def embedded_prefect_home(prefect_template) -> Path:
+    """This worker's PREFECT_HOME (pytest_configure) with a copy of `prefect_template`: for the
+    tests whose `ring-pipeline run` starts its embedded server there."""
+    from tests import prefect_db
+
+    home = Path(os.environ["PREFECT_HOME"])
+    prefect_db.seed(home, prefect_template)
+    return home
+
+
 @pytest.fixture
 def no_aws_credentials(monkeypatch, tmp_path):
     """No AWS credentials from anywhere (environment, files, instance metadata). The s3_server

@@ -1,6 +1,7 @@
 """One Prefect API server for a whole run of the suite, every pytest-xdist worker included.
 
-Each Prefect server start on a new database costs ~10 CPU-seconds (imports, migrations); a
+Each Prefect server start on a new database costs ~10 CPU-seconds (imports, migrations: the
+database is a copy of the run's migrated one, tests/prefect_db.py); a
 server per worker (prefect_test_harness) plus an embedded one per `ring-pipeline run` whose
 claim is not about Prefect was ~5-8 of them per suite run. The first worker that asks starts
 this one (the product's own server command, `pipeline.prefect_server`, on a database in the
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from pipeline.prefect_server import server_command, server_env, wait_until_serving
 from stages.common.ports import reserved_port
+from tests import prefect_db
 
 _RECORD = "prefect-api.json"
 
@@ -33,7 +35,7 @@ def shared_api(shared: Path) -> str:
         if record.exists():
             return json.loads(record.read_text())["api"]
         home = shared / "prefect-home"
-        home.mkdir(exist_ok=True)
+        prefect_db.seed(home, prefect_db.template(shared))  # migrated once for the run's servers
         env = server_env(PREFECT_HOME=str(home),
                          PREFECT_SERVER_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{home}/prefect.db")
         log_path = shared / "prefect-api.log"

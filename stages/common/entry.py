@@ -27,9 +27,22 @@ test_engine_start_failure.py; round 17's split TP=2 run on GPUs hung after vLLM'
 The process's children are stopped first (an engine's processes hold GPU memory), its output
 flushed, then `os._exit` with the job's status. Only when run_job is the process's entry
 (`argv` None: the job's own command line); a caller that passes `argv` (a test) gets the status back.
+
+A rank that succeeded after joining a process group ends its process too
+(`end_succeeded_process`): what Python's exit does first (non-daemon threads joined, the exit
+handlers run), its output flushed, then `os._exit(0)` in place of the interpreter's
+finalization. The group's native threads outlive `destroy_process_group` (DeepSpeed and the
+engine keep the group), and one that drops the last hold on a finished collective frees the
+Python objects of its tensors, which needs the GIL: one that asks for it just as finalization
+begins is ended by CPython (`pthread_exit` inside a noexcept destructor), and the rank dies of
+SIGABRT ("terminate called without an active exception") with its work done (4 in 150 runs
+of tests/stages/rl/test_policy.py's ZeRO-3 ranks; a core dump showed a gloo worker freeing an
+all-gather). A rank forked by pipeline.local_ranks is left to return: multiprocessing ends it
+with `os._exit` once elastic has its result.
 """
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import multiprocessing
 import os
@@ -38,7 +51,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 from stages.common.contract import ConfigT, StageError, StageJob
 from stages.common.stage_log import StageLogger
@@ -68,10 +81,12 @@ def run_job(main: Callable[[StageJob, ConfigT], Any], config_model: type[ConfigT
         sys.modules.setdefault("mlflow", None)
     failed_with: int | None = 1  # the exit status while not known to have succeeded
     reported = False  # the failure's cause was printed
+    joined_group = False
     try:
         job.check_packages()
         main(job, job.typed_config(config_model, path))
-        if _process_group() is not None:
+        joined_group = _process_group() is not None
+        if joined_group:
             # every rank done (rank 0 may still be writing the model) before the group goes:
             # a rank tearing down early aborted its peer's in-flight gloo/shm traffic
             from stages.common.distributed import wait_for_every_rank  # torch's: data stages never load it
@@ -90,6 +105,8 @@ def run_job(main: Callable[[StageJob, ConfigT], Any], config_model: type[ConfigT
         _leave_group(failed_with)
         if reported and owns_process:
             _end_failed_process(failed_with)
+    if owns_process and joined_group and multiprocessing.parent_process() is None:
+        end_succeeded_process()
     return 0
 
 
@@ -136,12 +153,29 @@ def _end_failed_process(status: int) -> None:
         if child.is_alive():
             child.kill()
     # (logging's stream and file handlers flush every record as they write it)
+    _flush_std_streams()
+    os._exit(status)
+
+
+def end_succeeded_process() -> NoReturn:
+    """End this process, whose work is done and whose process group is left, with status 0
+    without the interpreter's finalization (the module docstring): first what Python's own
+    exit does before it, in its order: every non-daemon thread joined (concurrent.futures'
+    pools told to end first), then the exit handlers (logging's files closed, MLflow's run
+    ended, multiprocessing's children joined, temporary directories removed); then stdout and
+    stderr flushed. Objects still alive are not finalized: their `__del__` does not run."""
+    threading._shutdown()  # what Py_FinalizeEx runs first (wait_for_thread_shutdown)
+    atexit._run_exitfuncs()
+    _flush_std_streams()
+    os._exit(0)
+
+
+def _flush_std_streams() -> None:
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         try:
             stream.flush()
         except Exception:  # noqa: BLE001 - a closed or broken stream: nothing more to save
             pass
-    os._exit(status)
 
 
 def _process_group():

@@ -20,11 +20,13 @@ import subprocess
 import sys
 import textwrap
 import threading
+import urllib.request
 import uuid
 from urllib.parse import quote, quote_plus
 
 import pytest
 
+from tests import prefect_db
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
@@ -106,6 +108,12 @@ def mlflow_server(tmp_path):
 
     server = make_server("127.0.0.1", 0, guarded, threaded=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    # MLflow makes (migrates) its database at the first request, seconds of CPU in this
+    # process: done now, so that the run's reachability probe (10 s) meets a ready server
+    # even on a loaded machine (CI once saw "unreachable: timed out" there)
+    first = urllib.request.Request(f"http://127.0.0.1:{server.server_port}/api/2.0/mlflow/experiments/search"
+                                   "?max_results=1", headers={"Authorization": expected})
+    urllib.request.urlopen(first, timeout=300).close()
     yield f"127.0.0.1:{server.server_port}"
     server.shutdown()
     for k, v in old.items():
@@ -123,7 +131,7 @@ def _leaks(blobs: dict[str, bytes]) -> list[str]:
             if any(f in blob for f in _forms(value))]
 
 
-def test_no_secret_is_written_anywhere(tmp_path, s3_bucket, data_server, mlflow_server):
+def test_no_secret_is_written_anywhere(tmp_path, s3_bucket, data_server, mlflow_server, prefect_template):
     import s3fs
 
     bucket_url, opts = s3_bucket
@@ -162,6 +170,7 @@ def test_no_secret_is_written_anywhere(tmp_path, s3_bucket, data_server, mlflow_
             micro_batch_size: 2
             checkpoint_every: 1
         """))
+    prefect_db.seed(tmp_path / "prefect", prefect_template)  # its embedded server's home, searched below
     env = {**os.environ, "RING_T_KEY": SECRETS["store_key"], "RING_T_SECRET": SECRETS["store_secret"],
            "RING_T_DATA_PW": SECRETS["data_password"], "RING_T_DESC": SECRETS["description"],
            "PREFECT_HOME": str(tmp_path / "prefect"), "AWS_ACCESS_KEY_ID": "unused", "AWS_SECRET_ACCESS_KEY": "unused"}

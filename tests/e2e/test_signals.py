@@ -68,7 +68,7 @@ def _mlflow_statuses(tmp_path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("how", ["sigint-to-group", "sigterm-to-pid"])
-def test_signal_stops_the_job_and_publishes_nothing(tmp_path, how):
+def test_signal_stops_the_job_and_publishes_nothing(tmp_path, how, embedded_prefect_home):
     proc, log = _start(tmp_path)
     try:
         below = _wait_for_job(proc, tmp_path)

@@ -41,7 +41,7 @@ def _manifest(tmp_path, stage):
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
+def tiny_run(tmp_path_factory, embedded_prefect_home):
     tmp_path = tmp_path_factory.mktemp("tiny")
     rc, out = _cli("run", "recipes/tiny.yaml", tmp_path=tmp_path)
     assert rc == 0, out[-6000:]

@@ -20,6 +20,7 @@ def main() -> None:
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo")
+    from stages.common.entry import end_succeeded_process
     from stages.reasoning_rl.config import ReasoningRLConfig
     from stages.rl.learner import Learner, LearnerConfig, PolicyHead
     from stages.rl.loss import LossConfig
@@ -44,10 +45,12 @@ def main() -> None:
     stats = Learner(DeepSpeedBackend(eng, torch.device("cpu")), lc).train(samples, 0)
     print(json.dumps({"rank": int(os.environ["RANK"]), "loss": stats["loss"], "grad_norm": stats["grad_norm"],
                       "abs_log_k_mean": stats["abs_log_k_mean"]}), flush=True)
-    # leave as a stage rank does (stages/common/entry.py): both ranks done, then the group goes;
-    # exiting with the group up let a rank abort at exit ("terminate called", SIGABRT) in CI
+    # leave as a stage rank does (stages/common/entry.py): both ranks done, the group left, then
+    # the process ends without the interpreter's finalization, where a gloo worker still freeing
+    # an all-gather's tensors could abort the rank ("terminate called", SIGABRT; ~2 in 110 runs)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
+    end_succeeded_process()
 
 
 if __name__ == "__main__":
