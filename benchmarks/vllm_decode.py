@@ -24,6 +24,8 @@ Cases: `0.5B` and `1.5B` (Qwen2 shapes, batch 256, prompt 128, 512 new tokens) a
   into our engine, best of 3: seconds and GB/s, next to one device-to-device copy of the same
   bytes (the HBM bound of moving them once; the sync moves them twice: into the staging buffer
   and into the model, plus the peer copy of a second tensor-parallel GPU with --tp 2).
+  (`sync_fitkv`, not run by default: the same into an engine whose KV cache holds batch x
+  (prompt + new) tokens, no more: the prefix-cache reset walks every block of the cache.)
 Each (case, runner) runs in a process of its own (GPU memory comes back between them) under
 --part-timeout-s; one warm-up call on other prompts (an eighth of the batch, at most 512 new
 tokens), then the best of --repeats timed calls (one for the 8k case).
@@ -168,15 +170,21 @@ def run_engine(args, case: str, mdir: Path, name: str, **options) -> dict:
     return {**_row(*_timed(lambda: call(real), _repeats(args, new), cuda)), "warmup_s": round(warm, 1)}
 
 
-def run_sync(args, case: str, mdir: Path) -> dict:
+def run_sync(args, case: str, mdir: Path, fit_kv: bool = False) -> dict:
+    """fit_kv: a KV cache of what the engine can hold at once, `max_batch` sequences of `max_len`
+    tokens (vLLM's `num_gpu_blocks_override`, blocks of 16 tokens): the prefix-cache reset walks
+    every block of the cache (round 18), and a sync resets the cache, so in RL a larger cache
+    holds nothing past the next sync."""
     import torch
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(mdir), dtype=torch.bfloat16).cuda()
     weights = list(model.named_parameters())
     nbytes = sum(p.numel() * p.element_size() for _, p in weights)
+    _, _, batch, prompt_len, new = CASES[case]
+    blocks = {"num_gpu_blocks_override": batch * math.ceil((prompt_len + new + 8) / 16)} if fit_kv else {}
     eng = _engine(args, "vllm", case, mdir, True, gpu_memory_utilization=min(args.gpu_mem, 0.5),
-                  tensor_parallel_size=args.tp, sync_bucket_mb=args.bucket_mb)
+                  tensor_parallel_size=args.tp, sync_bucket_mb=args.bucket_mb, **blocks)
     runs, parts = [], []
     for _ in range(3):
         eng.update_weights(weights)
@@ -188,7 +196,7 @@ def run_sync(args, case: str, mdir: Path) -> dict:
     dst = torch.empty_like(src)
     bound, _ = _timed(lambda: (dst.copy_(src), 0)[1], 5, True)
     best = min(runs)
-    return {"bytes": nbytes, "buckets": eng.last_sync.buckets, "bucket_mb": args.bucket_mb, "tp": args.tp,
+    return {"bytes": nbytes, "buckets": eng.last_sync.buckets, "bucket_mb": args.bucket_mb, "tp": args.tp, **blocks,
             "seconds": [round(s, 4) for s in runs], "gb_per_s": round(nbytes / best / 1e9, 1),
             "copy_bound_s": round(bound, 5), "copy_bound_gb_per_s": round(nbytes / bound / 1e9, 1),
             "x_bound": round(best / bound, 2), "parts_of_best": parts[runs.index(best)], "parts": parts}
@@ -214,7 +222,8 @@ def child(args) -> dict:
           "ours_flat": lambda: run_engine(args, case, mdir, "vllm", flat_logprobs=True),
           "ours": lambda: run_engine(args, case, mdir, "vllm"),
           "ours_unseeded": lambda: run_engine(args, case, mdir, "vllm", request_seeds=False),
-          "torch": lambda: run_engine(args, case, mdir, "torch"), "sync": lambda: run_sync(args, case, mdir)}[runner]
+          "torch": lambda: run_engine(args, case, mdir, "torch"), "sync": lambda: run_sync(args, case, mdir),
+          "sync_fitkv": lambda: run_sync(args, case, mdir, fit_kv=True)}[runner]
     return {**fn(), "device": device_name(not args.smoke)}
 
 
