@@ -201,6 +201,12 @@ VARIANTS = {  # the sft stage's config per variant
     # batches, so half the per-micro-batch weight casts, gradient casts and launches
     "stage_mb4": {"_defaults": True, "micro_batch_size": 4, "loss_chunk_tokens": 16384,
                   "async_micro_batches": False, "lean_optimizer_step": False},
+    # the defaults without the prefetch of each step's host batches during the step before (the
+    # collate's Python then runs while the GPU idles between steps): the A/B of that prefetch
+    "stage_no_prefetch": {"_defaults": True, "_env": {"RING_SFT_PREFETCH": "off"}},
+    # 8 packs per micro batch (one micro batch a step at --grad-accum 8), the loss in one head chunk:
+    # half again of stage_mb4's per-micro-batch casts and launches, ~100 GiB on an H200
+    "stage_mb8": {"_defaults": True, "micro_batch_size": 8, "loss_chunk_tokens": 32768},
     # the three together, pinned: round 20's row (auto's choice on an H200 since then)
     "stage_mfu": {"_defaults": True, "zero_stage": 0, "micro_batch_size": 4, "loss_chunk_tokens": 16384,
                   "async_micro_batches": True, "lean_optimizer_step": True},

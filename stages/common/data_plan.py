@@ -42,6 +42,11 @@ class DataPlan:
     def epoch_order(self, epoch: int) -> tuple[int, ...]:
         return _epoch_order(self.n_packs, self.seed, epoch, self.steps_per_epoch * self.packs_per_step)
 
+    def position(self, epoch: int, step_in_epoch: int) -> tuple[int, int]:
+        """(epoch, step in it) of the step counted as `step_in_epoch` of `epoch`: past an
+        epoch's last step, the first step of the next epoch."""
+        return (epoch + 1, 0) if step_in_epoch >= self.steps_per_epoch else (epoch, step_in_epoch)
+
     def step_micro_batches(self, epoch: int, step_in_epoch: int, rank: int) -> list[list[int]]:
         mine = self.epoch_order(epoch)[rank::self.world]
         per_step = self.micro_batch * self.grad_accum

@@ -14,7 +14,7 @@ its outputs), as an RL kind plugs an `RLSpec` into `RLTrainer`.
    changed), then the task's `before_training` (e.g. the held-out evaluation of the
    untrained model);
 5. the loop: each optimizer step trains the `grad_accum` micro batches the plan gives this
-   rank (`task.train_step`), then the task turns the step into metrics; rank 0 prints one
+   rank (`task.train_step`, told the next step's too), then the task turns the step into metrics; rank 0 prints one
    line per step, metrics go out every `log_every` steps (and the last), a checkpoint every
    `checkpoint_every` steps;
 6. rank 0 (ZeRO-3 weights gathered on every rank first) writes the model as a HF directory
@@ -94,8 +94,10 @@ class SupervisedTask(Protocol):
     def before_training(self, run: SupervisedRun) -> None:
         """After the resume, before the first step."""
 
-    def train_step(self, run: SupervisedRun, micro: list[list[int]]) -> Any:
-        """Forward, backward and `engine.step()` of each micro batch (item indices) of the step."""
+    def train_step(self, run: SupervisedRun, micro: list[list[int]], upcoming: list[list[int]] | None) -> Any:
+        """Forward, backward and `engine.step()` of each micro batch (item indices) of the step.
+        `upcoming`: the next step's micro batches (None with the last step), for a task that
+        prepares their host-side work while the GPU runs this step."""
 
     def report(self, run: SupervisedRun, trained: Any, lr: float, seconds: float) -> StepReport:
         """The step just counted in `progress` (what `train_step` returned, the lr it ran with)."""
@@ -123,11 +125,12 @@ def _train(run: SupervisedRun, task: SupervisedTask, ckpt: Checkpointer) -> None
     cfg, p, rank = run.cfg, task.progress, run.setup.ranks.rank
     run.engine.train()
     while p.step < run.total_steps:
-        if p.step_in_epoch >= run.plan.steps_per_epoch:
-            p.epoch, p.step_in_epoch = p.epoch + 1, 0
+        p.epoch, p.step_in_epoch = run.plan.position(p.epoch, p.step_in_epoch)
+        upcoming = (run.plan.step_micro_batches(*run.plan.position(p.epoch, p.step_in_epoch + 1), rank)
+                    if p.step + 1 < run.total_steps else None)
         t0 = time.perf_counter()
         lr = run.scheduler.get_last_lr()[0]
-        trained = task.train_step(run, run.plan.step_micro_batches(p.epoch, p.step_in_epoch, rank))
+        trained = task.train_step(run, run.plan.step_micro_batches(p.epoch, p.step_in_epoch, rank), upcoming)
         p.step, p.step_in_epoch = p.step + 1, p.step_in_epoch + 1
         report = task.report(run, trained, lr, time.perf_counter() - t0)
         if rank == 0:

@@ -198,7 +198,9 @@ class RewardModelTask:
                      f"loss {p.initial_eval['loss']:.4f}")
         self.final_eval = p.initial_eval
 
-    def train_step(self, run: SupervisedRun, micro: list[list[int]]) -> dict[str, float]:
+    def train_step(self, run: SupervisedRun, micro: list[list[int]], upcoming: list[list[int]] | None
+                   ) -> dict[str, float]:
+        # `upcoming` unused: each micro batch's scores are read back (PairwiseCounts) before the next
         engine, device = run.engine, self.setup.ranks.device
         counts = PairwiseCounts()
         for mb in micro:

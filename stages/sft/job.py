@@ -28,6 +28,7 @@ Top to bottom:
 """
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,6 +156,32 @@ def batch_on(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, 
     return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
 
 
+# `off` turns off the prefetch of the next step's host batches (train_step): the benchmark's
+# baseline for what it saves (benchmarks/sft_throughput.py, variant stage_no_prefetch)
+PREFETCH_ENV = "RING_SFT_PREFETCH"
+
+
+def prefetch_on() -> bool:
+    mode = os.environ.get(PREFETCH_ENV) or "on"
+    if mode not in ("on", "off"):
+        raise StageError(f"${PREFETCH_ENV}={mode!r}: expected on or off")
+    return mode == "on"
+
+
+@dataclass
+class HostStep:
+    """One step's micro batches as host tensors, and its token counts on this rank."""
+
+    key: tuple[tuple[int, ...], ...]  # the packs of each micro batch
+    batches: list[dict[str, torch.Tensor]]
+    targets: int  # trained (assistant) tokens
+    tokens: int  # every sample token, padding left out
+
+
+def _key(micro: list[list[int]]) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(mb) for mb in micro)
+
+
 # -- the stage -------------------------------------------------------------------------------
 class SFTTask:
     """The sft kind's part of the supervised loop (stages/common/supervised_trainer.py)."""
@@ -187,6 +214,8 @@ class SFTTask:
         self.fingerprint = {"packs": len(self.packs)}
         self.progress = SFTProgress()
         self.loss: float | None = None
+        self.prefetched: HostStep | None = None  # the next step's host batches, made during this one
+        self.prefetch = cfg.async_micro_batches and prefetch_on()
         self.profiler = StepProfiler(cfg.profile, Path(job.output_dir) / "logs" / "profile",
                                      active=setup.ranks.rank == 0)
 
@@ -227,19 +256,32 @@ class SFTTask:
             # buckets, reduces them and copies them back at each optimizer step
             run.engine.enable_backward_allreduce = False
 
-    def train_step(self, run: SupervisedRun, micro: list[list[int]]) -> tuple[float, int, int, float | None]:
-        """(loss per trained token, trained tokens, tokens, grad norm when DeepSpeed reports none)."""
-        cfg, samples, packs, pad_id = self.cfg, self.samples, self.packs, self.setup.pad_id
-        engine, device, world = run.engine, self.setup.ranks.device, self.setup.ranks.world
-        self.profiler.before(self.progress.step + 1)
+    def _host_step(self, micro: list[list[int]]) -> HostStep:
+        """The step's micro batches collated on the host (padded to the static width; pinned where
+        they are copied to the GPU without waiting) and the step's trained and total token counts."""
+        samples, packs, pad_id = self.samples, self.packs, self.setup.pad_id
         batches = [collate(samples, [packs[i] for i in mb], pad_id) for mb in micro]
         if self.width is not None:
             batches = [pad_packed_batch(b, self.width, pad_id) for b in batches]
-        counts = torch.tensor([float(sum((b["targets"] != -100).sum() for b in batches)),
-                               float(sum(len(samples[i]) for mb in micro for p in mb for i in packs[p]))],
-                              dtype=torch.float64, device=device)
+        if self.cfg.async_micro_batches and self.setup.ranks.on_gpu:
+            batches = [{k: v.pin_memory() for k, v in b.items()} for b in batches]
+        targets = sum(int((b["targets"] != -100).sum()) for b in batches)
+        tokens = sum(len(samples[i]) for mb in micro for p in mb for i in packs[p])
+        return HostStep(_key(micro), batches, targets, tokens)
+
+    def train_step(self, run: SupervisedRun, micro: list[list[int]], upcoming: list[list[int]] | None
+                   ) -> tuple[float, int, int, float | None]:
+        """(loss per trained token, trained tokens, tokens, grad norm when DeepSpeed reports none)."""
+        cfg = self.cfg
+        engine, device, world = run.engine, self.setup.ranks.device, self.setup.ranks.world
+        self.profiler.before(self.progress.step + 1)
+        host, self.prefetched = self.prefetched, None
+        if host is None or host.key != _key(micro):
+            host = self._host_step(micro)
+        counts = torch.tensor([float(host.targets), float(host.tokens)], dtype=torch.float64, device=device)
         dist.all_reduce(counts)
         step_targets, step_tokens = (int(c) for c in counts.tolist())  # one host sync, not two
+        batches = host.batches
         if cfg.async_micro_batches:  # every copy queued now, none waits for the GPU later in the step
             batches = [batch_on(b, device) for b in batches]
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
@@ -253,6 +295,11 @@ class SFTTask:
                 grad_norm = self._norm_before_step(engine)
             engine.step()
             loss_sum += ce.detach().double()
+        if self.prefetch and upcoming is not None:
+            # the GPU is still running this step's queued work: collating the next step now takes
+            # its Python (38 ms for 8 packs of 4,096 tokens on a 2-core CI machine) off the GPU's
+            # critical path, where the next step's first kernels would wait for it
+            self.prefetched = self._host_step(upcoming)
         dist.all_reduce(loss_sum)
         if isinstance(grad_norm, torch.Tensor):  # the lean step's: read with the loss, one host sync
             loss, grad_norm = torch.stack([loss_sum, grad_norm.double()]).tolist()
