@@ -205,8 +205,10 @@ VARIANTS = {  # the sft stage's config per variant
     # collate's Python then runs while the GPU idles between steps): the A/B of that prefetch
     "stage_no_prefetch": {"_defaults": True, "_env": {"RING_SFT_PREFETCH": "off"}},
     # 8 packs per micro batch (one micro batch a step at --grad-accum 8), the loss in one head chunk:
-    # half again of stage_mb4's per-micro-batch casts and launches, ~100 GiB on an H200
-    "stage_mb8": {"_defaults": True, "micro_batch_size": 8, "loss_chunk_tokens": 32768},
+    # no gradient accumulation add and half of stage_mb4's weight casts. Checkpointing pinned off:
+    # left to auto (its memory estimate over an H200's budget) it turned on and cost 20% (round 22)
+    "stage_mb8": {"_defaults": True, "micro_batch_size": 8, "loss_chunk_tokens": 32768,
+                  "gradient_checkpointing": False},
     # the three together, pinned: round 20's row (auto's choice on an H200 since then)
     "stage_mfu": {"_defaults": True, "zero_stage": 0, "micro_batch_size": 4, "loss_chunk_tokens": 16384,
                   "async_micro_batches": True, "lean_optimizer_step": True},
@@ -453,13 +455,20 @@ def profile_settings(args):
 
 
 def keep_profile(profile_dir: Path, args, case: str, variant: str) -> None:
-    """Copy a run's operator table into OUT (the chrome trace stays behind: it is large)."""
-    table = profile_dir / "profile_table.txt"
+    """Copy a run's operator table into OUT, and the GPU's idle gaps read from its chrome trace
+    (benchmarks/trace_gaps.py; the trace itself stays behind: it is large)."""
+    from benchmarks.trace_gaps import summarize
+
+    table, trace = profile_dir / "profile_table.txt", profile_dir / "profile_trace.json"
     if table.is_file():
         shutil.copy(table, args.out / f"profile_{case}_{variant}.txt")
         log(f"{case} {variant}: profile table {args.out / f'profile_{case}_{variant}.txt'}")
     else:
         log(f"{case} {variant}: no profile table in {profile_dir}")
+    if trace.is_file():
+        gaps = args.out / f"profile_gaps_{case}_{variant}.txt"
+        gaps.write_text(summarize(trace, top=25, min_gap_us=200.0) + "\n")
+        log(f"{case} {variant}: GPU idle gaps {gaps}")
 
 
 def _param_count(path: Path) -> int:
