@@ -209,6 +209,8 @@ VARIANTS = {  # the sft stage's config per variant
     # left to auto (its memory estimate over an H200's budget) it turned on and cost 20% (round 22)
     "stage_mb8": {"_defaults": True, "micro_batch_size": 8, "loss_chunk_tokens": 32768,
                   "gradient_checkpointing": False},
+    # 4 packs per micro batch, the rest auto: round 20's stage_mfu, auto's choice on an H200 before round 22
+    "stage_round20": {"_defaults": True, "micro_batch_size": 4, "loss_chunk_tokens": 16384},
     # the three together, pinned: round 20's row (auto's choice on an H200 since then)
     "stage_mfu": {"_defaults": True, "zero_stage": 0, "micro_batch_size": 4, "loss_chunk_tokens": 16384,
                   "async_micro_batches": True, "lean_optimizer_step": True},
@@ -460,13 +462,14 @@ def keep_profile(profile_dir: Path, args, case: str, variant: str) -> None:
     from benchmarks.trace_gaps import summarize
 
     table, trace = profile_dir / "profile_table.txt", profile_dir / "profile_trace.json"
+    name = f"{case}_{variant}".replace("@", "_at_")  # a device call brings back only [A-Za-z0-9._-] names
     if table.is_file():
-        shutil.copy(table, args.out / f"profile_{case}_{variant}.txt")
-        log(f"{case} {variant}: profile table {args.out / f'profile_{case}_{variant}.txt'}")
+        shutil.copy(table, args.out / f"profile_{name}.txt")
+        log(f"{case} {variant}: profile table {args.out / f'profile_{name}.txt'}")
     else:
         log(f"{case} {variant}: no profile table in {profile_dir}")
     if trace.is_file():
-        gaps = args.out / f"profile_gaps_{case}_{variant}.txt"
+        gaps = args.out / f"profile_gaps_{name}.txt"
         gaps.write_text(summarize(trace, top=25, min_gap_us=200.0) + "\n")
         log(f"{case} {variant}: GPU idle gaps {gaps}")
 

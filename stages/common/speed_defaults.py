@@ -30,10 +30,13 @@ from stages.common.contract import AUTO_LEGACY
 GIB = 1024 ** 3
 MEMORY_BUDGET = 0.85  # of a GPU's memory: the CUDA context, NCCL buffers and fragmentation get the rest
 # Activation bytes per token, decoder layer and hidden unit, fitted to the sft stage's measured peaks
-# (Qwen2-1.5B shape, bf16-mixed, chunked loss): compiled layers 35.9 GiB at 4,096 tokens per micro
-# batch (RESULTS.md round 8) and 48.1 GiB at 8,192 (round 10b), i.e. ~77-80 after the 22.9 GiB of
-# weights, gradients and AdamW state; eager layers 40.5 GiB at 4,096 (round 8): ~107.
-ACT_BYTES_COMPILED, ACT_BYTES_EAGER = 80, 108
+# (Qwen2-1.5B shape, bf16-mixed, chunked loss, one head chunk per micro batch) after the 22.9 GiB of
+# weights, gradients and AdamW state and the 2.9 GiB of autocast's bf16 weight copies
+# (AUTOCAST_COPY_BYTES): compiled layers 35.9 GiB at 4,096 tokens per micro batch (RESULTS.md round
+# 8), 48.1 at 8,192 (round 10b), 70.3 at 16,384 (round 20), 108.9 at 32,768 (round 22): 62-68, the
+# largest taken; eager layers 40.5 GiB at 4,096 (round 8): ~90.
+ACT_BYTES_COMPILED, ACT_BYTES_EAGER = 68, 90
+AUTOCAST_COPY_BYTES = 2  # per parameter under bf16-mixed: each weight's bf16 copy, alive through forward and backward
 # With gradient checkpointing a layer keeps only its input (fp32 under autocast) and one layer's
 # activations are alive during its recomputation: an estimate, no checkpointed stage peak is measured.
 ACT_BYTES_CHECKPOINTED = 4
@@ -122,6 +125,8 @@ class Situation:
         w, g, opt = (2, 2, 12) if precision == "bf16" else (4, 4, 8)  # bf16: fp32 masters in the optimizer
         n = max(self.world, 1)
         per_param = {0: w + g + opt, 1: w + g + opt / n, 2: w + (g + opt) / n, 3: (w + g + opt) / n}[zero]
+        if precision == "bf16-mixed":
+            per_param += AUTOCAST_COPY_BYTES
         if self.profile == "rl" and not (self.config.get("rollout") or {}).get("gpus"):
             per_param += 2  # the colocated engine's copy of the weights
         if self.profile == "rl" and self.config.get("kl_coef") and not self.config.get("lora"):
@@ -202,10 +207,10 @@ def _packs_split(s: Situation, packs: int) -> bool:
 
 
 def _one_head_chunk(s: Situation) -> bool:
-    """Round 20's micro batch: 4 packs that fit without gradient checkpointing (the estimate's
-    activation bytes hold the head's chunk only without it)."""
-    return s.gpu and s.is_set("micro_batch_size", 4) and s.is_set("gradient_checkpointing", False) \
-        and _packs_fit(s, 4)
+    """Rounds 20 and 22's micro batches: 4 or 8 packs that fit without gradient checkpointing (the
+    estimate's activation bytes hold the head's chunk only without it)."""
+    mb = s.config.get("micro_batch_size")
+    return s.gpu and mb in (4, 8) and s.is_set("gradient_checkpointing", False) and _packs_fit(s, mb)
 
 
 def _lean_step_applies(s: Situation) -> bool:
@@ -226,6 +231,9 @@ ROUND20_STEP = ("1.5B@4096, 8 packs a step, one H200 (round 20): async_micro_bat
                 "packs per micro batch with loss_chunk_tokens 16,384 ran 51,758 tok/s (48.6% MFU, peak 70.3 GiB) "
                 "vs round 16's defaults (2 packs) 47,096 (44.3%, 48.1 GiB), the same training (losses within "
                 "2.5e-5 over 11 steps); the three were measured only together")
+ROUND22_STEP = ("1.5B@4096, 8 packs a step, one H200 (round 22): 8 packs per micro batch (one micro batch a step, "
+                "loss_chunk_tokens 32,768) ran 55,099 tok/s (51.8% MFU, peak 108.9 GiB) vs 4 packs 53,510 (50.3%, "
+                "70.3 GiB) on one loan, ... on another; the same training (losses within 7.4e-5 over 13 steps)")
 RULES: tuple[Rule, ...] = (
     # -- zero_stage ---------------------------------------------------------------------------
     Rule("cpu-zero2", "zero_stage", _cpu, lambda s: 2, KEEP_CPU),
@@ -268,6 +276,9 @@ RULES: tuple[Rule, ...] = (
     Rule("gpu-sdpa", "attn_implementation", lambda s: s.gpu, lambda s: "sdpa",
          "unpacked rows need no document mask: sdpa (choose_attention's choice before)"),
     # -- micro_batch_size (sft packs, reward_model pairs) ------------------------------------------
+    Rule("eight-packs", "micro_batch_size", lambda s: _packs_split(s, 8), lambda s: 8,
+         ROUND22_STEP + "; only where the estimate fits 8 packs of <= 4,096 tokens (an H200 at 1.5B; not an "
+         "80 GiB H100); grad_accum divided by 8: the same packs per step"),
     Rule("four-packs", "micro_batch_size", lambda s: _packs_split(s, 4), lambda s: 4,
          ROUND20_STEP + "; only where the estimate fits 4 packs of <= 4,096 tokens (on an 80 GiB H100 they ran "
          "out of memory, round 10c); grad_accum quartered: the same packs per step"),
@@ -287,8 +298,9 @@ RULES: tuple[Rule, ...] = (
          "fits without recomputation (or CPU / unknown GPUs: the value before `auto` existed)"),
     # -- sft's loss_chunk_tokens, async_micro_batches, lean_optimizer_step (round 20) ---------------
     Rule("one-head-chunk", "loss_chunk_tokens", _one_head_chunk,
-         lambda s: max(LOSS_CHUNK_BEFORE, s.micro_tokens(4)),
-         ROUND20_STEP + ": the loss over the micro batch in one head chunk (no recomputed chunk)", ("sft",)),
+         lambda s: max(LOSS_CHUNK_BEFORE, s.micro_tokens()),
+         ROUND20_STEP + "; " + ROUND22_STEP + ": the loss over the micro batch in one head chunk (no recomputed "
+         "chunk)", ("sft",)),
     Rule("chunk-8192", "loss_chunk_tokens", lambda s: True, lambda s: LOSS_CHUNK_BEFORE,
          "the value before `auto` existed: at 2 packs of 4,096 tokens one chunk already (rounds 10, 16)",
          ("sft",)),
