@@ -30,7 +30,8 @@ Variants of an SFT case (`<tokens>` tokens per micro batch, micro batch 1, ZeRO-
   stage_defaults  the headline: the `sft` stage given no speed setting, so every `auto` is decided
                 for this GPU, model, sequence length and GPU count (stages/common/speed_defaults.py;
                 what it decided is the result's `resolved_speed`); `--grad-accum` packs per step.
-                Since round 20 on an H200 at 1.5B@4096: round 20's stage_mfu row (below)
+                Since round 22 on an H200 at 1.5B@4096: 8 packs per micro batch (stage_mb8 below),
+                with the next step's batches collated during the step before (stage_no_prefetch)
   stage_round16  what `auto` ran before round 20 (rounds 16 and 20's stage_defaults): the defaults
                 with 2 packs per micro batch, loss_chunk_tokens 8192, async_micro_batches and
                 lean_optimizer_step off pinned (2 packs: that rule's choice at 1.5B@4096 on a GPU;
@@ -61,7 +62,13 @@ with plain, stage_defaults and stage_round16, the order they run in):
   stage_lean_step  `lean_optimizer_step`: foreach gradient clipping, no one-rank all-reduce, one host
                 sync a step (zero_stage 0 pinned: auto's choice on one GPU, and the smoke's path)
   stage_mb4     4 packs per micro batch, loss_chunk_tokens 16,384: one head chunk
-  stage_mfu     the three together, pinned (round 20's row; on an H200 stage_defaults resolves to it)
+  stage_mfu     the three together, pinned (round 20's row)
+Round 22 (one H200): stage_defaults with the prefetch against
+  stage_no_prefetch  the defaults with $RING_SFT_PREFETCH=off: each step's batches collated after
+                the step before ended, while the GPU idles
+  stage_mb8     8 packs per micro batch (one micro batch a step at --grad-accum 8), one head chunk of
+                32,768 tokens, checkpointing pinned off (auto's choice on an H200 since round 22)
+  stage_round20  4 packs per micro batch, the rest auto: auto's choice on an H200 before round 22
   Each stage variant's result has `same_training`: the largest relative difference of its per-step
   losses and gradient norms from stage_defaults' (same packs per step); the smoke fails above 1e-4
   (CPU, fp32, lr 1e-3 so that the updates move the losses):

@@ -231,9 +231,10 @@ ROUND20_STEP = ("1.5B@4096, 8 packs a step, one H200 (round 20): async_micro_bat
                 "packs per micro batch with loss_chunk_tokens 16,384 ran 51,758 tok/s (48.6% MFU, peak 70.3 GiB) "
                 "vs round 16's defaults (2 packs) 47,096 (44.3%, 48.1 GiB), the same training (losses within "
                 "2.5e-5 over 11 steps); the three were measured only together")
-ROUND22_STEP = ("1.5B@4096, 8 packs a step, one H200 (round 22): 8 packs per micro batch (one micro batch a step, "
-                "loss_chunk_tokens 32,768) ran 55,099 tok/s (51.8% MFU, peak 108.9 GiB) vs 4 packs 53,510 (50.3%, "
-                "70.3 GiB) on one loan, ... on another; the same training (losses within 7.4e-5 over 13 steps)")
+ROUND22_STEP = ("1.5B@4096, 8 packs a step, one H200, two loans (round 22): 8 packs per micro batch (one micro "
+                "batch a step, loss_chunk_tokens 32,768) ran 55,099 tok/s (51.8% MFU, peak 108.9 GiB) vs 4 packs' "
+                "53,510 (50.3%, 70.3 GiB) on one, 55,424 and 55,756 (52.1-52.4%) vs 53,787 (50.5%) on the other; the "
+                "same training (losses within 7.4e-5 relative over 13 steps)")
 RULES: tuple[Rule, ...] = (
     # -- zero_stage ---------------------------------------------------------------------------
     Rule("cpu-zero2", "zero_stage", _cpu, lambda s: 2, KEEP_CPU),

@@ -60,12 +60,15 @@ SPEED_KEYS = ("zero_stage", "precision", "compile_layers", "attn_implementation"
               "gradient_checkpointing", "loss_chunk_tokens", "async_micro_batches", "lean_optimizer_step")
 
 
-def test_stage_defaults_runs_round_20s_row_and_stage_round16_the_defaults_before_it():
-    """On an H200 the headline variant is what round 20 measured as stage_mfu; stage_round16 is what
-    round 16's and round 20's stage_defaults resolved to (their resolved_speed)."""
+def test_stage_defaults_runs_round_22s_row_and_the_pinned_rows_the_defaults_before_it():
+    """On an H200 the headline variant is what round 22 measured as stage_mb8; stage_round20 is
+    round 20's stage_mfu with the rest auto, stage_round16 what round 16's and round 20's
+    stage_defaults resolved to (their resolved_speed)."""
     settled = {v: {k: _settled_on_h200(v)[k] for k in SPEED_KEYS}
-               for v in ("stage_defaults", "stage_mfu", "stage_round16")}
-    assert settled["stage_defaults"] == settled["stage_mfu"]
+               for v in ("stage_defaults", "stage_mb8", "stage_round20", "stage_mfu", "stage_round16")}
+    assert settled["stage_defaults"] == settled["stage_mb8"]
+    assert settled["stage_round20"] == settled["stage_mfu"] == {
+        **settled["stage_defaults"], "micro_batch_size": 4, "grad_accum": 2, "loss_chunk_tokens": 16384}
     assert settled["stage_round16"] == {
         "zero_stage": 0, "precision": "bf16-mixed", "compile_layers": True, "attn_implementation": "flex_attention",
         "micro_batch_size": 2, "grad_accum": 4, "gradient_checkpointing": False, "loss_chunk_tokens": 8192,

@@ -62,24 +62,32 @@ def test_h100_15b_at_4096_gets_the_measured_fast_path():
                    "lean_optimizer_step": True}
 
 
-def test_h200_15b_at_4096_gets_round_20s_measured_step():
-    """What benchmarks/sft_throughput.py's stage_mfu ran in round 20 (its config and resolved_speed)."""
+def test_h200_15b_at_4096_gets_round_22s_measured_step():
+    """What benchmarks/sft_throughput.py's stage_defaults ran in round 22 (its resolved_speed): 8 packs
+    per micro batch, one head chunk; 4 packs (round 20's step) where a step's 4 packs are not 8."""
     got = _decided("sft", _sft(max_seq_len=4096, grad_accum=8), H200, QWEN_15B)
     assert got == {"zero_stage": 0, "precision": "bf16-mixed", "compile_layers": True,
-                   "attn_implementation": "flex_attention", "micro_batch_size": 4, "grad_accum": 2,
-                   "gradient_checkpointing": False, "loss_chunk_tokens": 16384, "async_micro_batches": True,
+                   "attn_implementation": "flex_attention", "micro_batch_size": 8, "grad_accum": 1,
+                   "gradient_checkpointing": False, "loss_chunk_tokens": 32768, "async_micro_batches": True,
                    "lean_optimizer_step": True}
+    got = _decided("sft", _sft(max_seq_len=4096, grad_accum=4), H200, QWEN_15B)
+    assert (got["micro_batch_size"], got["grad_accum"], got["loss_chunk_tokens"]) == (4, 1, 16384)
 
 
-def test_four_packs_only_where_the_estimate_fits_them():
-    """1.5B@4096 at 4 packs: the estimate ~75 GiB (round 20 measured 70.3 on an H200) is over an
-    80 GiB H100's budget (round 10c ran out of memory there) and under an H200's."""
+def test_four_and_eight_packs_only_where_the_estimate_fits_them():
+    """1.5B@4096: the estimate at 4 packs (round 20 measured 70.3 GiB on an H200) is over an 80 GiB
+    H100's budget (round 10c ran out of memory there) and under an H200's; at 8 packs (round 22
+    measured 108.9 GiB) it is under an H200's 118.8, at or above what was measured."""
     cfg = {**_sft(max_seq_len=4096, grad_accum=8), "zero_stage": 0, "precision": "bf16-mixed",
            "compile_layers": True}
     for hw, fits in ((H100, False), (H200, True)):
         s = Situation("sft", cfg, hw, ModelFacts.from_config(QWEN_15B), 1)
-        assert 70.3 < s.peak_gib(0, "bf16-mixed", micro_batch=4) < 80
+        assert 70.3 <= s.peak_gib(0, "bf16-mixed", micro_batch=4) < 75
         assert s.fits(0, "bf16-mixed", micro_batch=4) is fits
+    s = Situation("sft", cfg, H200, ModelFacts.from_config(QWEN_15B), 1)
+    assert 108.9 <= s.peak_gib(0, "bf16-mixed", micro_batch=8) and s.fits(0, "bf16-mixed", micro_batch=8)
+    # the measured peaks of rounds 8 and 10b (one pack and two): the estimate is not under them
+    assert s.peak_gib(0, "bf16-mixed", micro_batch=1) >= 35.9 and s.peak_gib(0, "bf16-mixed", micro_batch=2) >= 48.1
     # packs longer than measured, or a step of packs that 4 do not divide: 2 packs, the chunk as before
     for over in ({"max_seq_len": 8192, "grad_accum": 8}, {"max_seq_len": 2048, "grad_accum": 6}):
         got = _decided("sft", _sft(**over), H200, QWEN_15B)
@@ -138,7 +146,7 @@ def test_explicit_settings_win():
     # round 20's step, each part written off on the card that would get it
     for off in ({"async_micro_batches": False}, {"lean_optimizer_step": False}, {"micro_batch_size": 2}):
         got = _decided("sft", _sft(max_seq_len=4096, grad_accum=8, **off), H200, QWEN_15B)
-        assert not set(off) & set(got) and got["loss_chunk_tokens"] == (8192 if "micro_batch_size" in off else 16384)
+        assert not set(off) & set(got) and got["loss_chunk_tokens"] == (8192 if "micro_batch_size" in off else 32768)
     # an explicit ZeRO stage steers the rest: DeepSpeed's bf16 mode above ZeRO-0 (round 8)
     got = _decided("sft", _sft(max_seq_len=4096, grad_accum=8, zero_stage=2), H100, QWEN_15B)
     assert got["precision"] == "bf16" and "zero_stage" not in got
