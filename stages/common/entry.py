@@ -54,7 +54,7 @@ import traceback
 from typing import Any, Callable, NoReturn
 
 from stages.common.contract import ConfigT, StageError, StageJob
-from stages.common.stage_log import StageLogger
+from stages.common.stage_log import StageLogger, flush_all
 
 STACKS_SIGNAL = signal.SIGUSR2  # SIGUSR1 is the job guard's parent-death signal
 LEAVE_GROUP_S = 20.0  # a failed rank's wait to leave the process group (see the module docstring)
@@ -85,6 +85,7 @@ def run_job(main: Callable[[StageJob, ConfigT], Any], config_model: type[ConfigT
     try:
         job.check_packages()
         main(job, job.typed_config(config_model, path))
+        flush_all()  # every metric in MLflow before the job counts as done
         joined_group = _process_group() is not None
         if joined_group:
             # every rank done (rank 0 may still be writing the model) before the group goes:
@@ -95,9 +96,11 @@ def run_job(main: Callable[[StageJob, ConfigT], Any], config_model: type[ConfigT
     except StageError as e:
         print(f"{_rank_tag(job.rank)}{job.stage} ({job.kind}) failed: {e}", file=sys.stderr, flush=True)
         failed_with, reported = 2, True
+        _flush_failed_job()
         return 2
     except Exception:
         traceback.print_exc()  # now: leaving the group below may not return
+        _flush_failed_job()
         sys.stderr.flush()
         reported = True
         raise _AlreadyReported() from None
@@ -108,6 +111,15 @@ def run_job(main: Callable[[StageJob, ConfigT], Any], config_model: type[ConfigT
     if owns_process and joined_group and multiprocessing.parent_process() is None:
         end_succeeded_process()
     return 0
+
+
+def _flush_failed_job() -> None:
+    """A failed job's metrics sent so far, into MLflow too (a tracking error is told, not raised:
+    the job's own failure is what it ends with)."""
+    try:
+        flush_all()
+    except Exception as e:
+        print(f"metrics not all in MLflow: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
 
 
 def _rank_tag(rank: int) -> str:

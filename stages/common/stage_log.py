@@ -9,12 +9,17 @@ import math
 import os
 import sys
 import time
+import weakref
 from pathlib import Path
 from typing import Any, Callable
 
 from stages.common import secrets
 
 MAX_PARAM = 500  # MLflow's limit on a param value's length
+# metric batches sent to MLflow and not yet confirmed: past this many, `metrics` waits for the oldest,
+# so a tracking server that fails or falls behind stops the stage within a few logged steps
+METRICS_IN_FLIGHT = 8
+_LOGGERS: "weakref.WeakSet[StageLogger]" = weakref.WeakSet()  # what `flush_all` waits for
 # the stdout protocol: `[metrics] {"step": N, ...}` and `[progress] {"done": N, "total": T, "unit": u}`
 METRICS_MARKER = "[metrics] "
 PROGRESS_MARKER = "[progress] "
@@ -59,6 +64,8 @@ class StageLogger:
         self.enabled = rank == 0
         self.run_id = run_id
         self.client = mlflow_client(tracking_uri) if self.talks_to_mlflow(tracking_uri, run_id, rank) else None
+        self._in_flight: list[Any] = []  # MLflow's RunOperations of metric batches not yet confirmed
+        _LOGGERS.add(self)
 
     @staticmethod
     def talks_to_mlflow(tracking_uri: str | None, run_id: str | None, rank: int) -> bool:
@@ -83,7 +90,17 @@ class StageLogger:
 
             ts = int(time.time() * 1000)
             name = mlflow_name or (lambda k: k)
-            self.client.log_batch(self.run_id, metrics=[Metric(name(k), v, ts, step) for k, v in clean.items()])
+            # sent by MLflow's logging thread: a training step no longer waits for the server's round trip
+            # (the GPU idled through it, after the step's closing sync); errors surface in the waits
+            self._in_flight.append(self.client.log_batch(
+                self.run_id, metrics=[Metric(name(k), v, ts, step) for k, v in clean.items()], synchronous=False))
+            while len(self._in_flight) > METRICS_IN_FLIGHT:
+                self._in_flight.pop(0).wait()
+
+    def flush(self) -> None:
+        """Wait until MLflow has every metric batch sent so far (raises its error if one failed)."""
+        while self._in_flight:
+            self._in_flight.pop(0).wait()
 
     def progress(self, done: int, total: int | None = None, unit: str | None = None) -> None:
         """How far the stage is: `done` units of `total` (say the total once, at the start;
@@ -115,6 +132,13 @@ class StageLogger:
     def text(self, text: str, name: str) -> None:
         if self.enabled and self.client:
             self.client.log_text(self.run_id, secrets.redact(text), name)
+
+
+def flush_all() -> None:
+    """Every StageLogger of this process flushed (stages/common/entry.py, as a job ends: MLflow's own
+    exit handler runs after the interpreter stops taking new work for its threads, too late)."""
+    for logger in list(_LOGGERS):
+        logger.flush()
 
 
 def info(msg: str) -> None:

@@ -88,6 +88,7 @@ def test_main_curves_are_plotted_whatever_their_names(tracker, names):
         ("reward_mean", "masked_fraction")
     for step in range(1, 7):
         log.metrics(step, {reward: step / 10, masked: 0.01 * step, "unplotted": 1.0})
+    log.flush()  # as a stage job does before it ends (stages/common/entry.py)
     path = tracker.plot_main_curves(run_id, "reasoning_rl", "reasoning_rl")
     assert path == "plots/reasoning_rl.png"
     local = tracker.client.download_artifacts(run_id, path)
@@ -113,3 +114,46 @@ def test_stage_logger_declares_progress(capsys):
     log.progress(4)
     StageLogger(None, None, rank=1).progress(5, total=100)  # only rank 0 speaks
     assert capsys.readouterr().out.splitlines() == ['[progress] {"done": 3, "total": 100}', '[progress] {"done": 4}']
+
+
+def test_a_step_does_not_wait_for_the_tracking_server_and_the_flush_does(tracker, monkeypatch):
+    """metrics() hands the batch to MLflow's logging thread: it returns while the server has not
+    answered (a stand-in that answers only when told); flush() waits until every batch is in."""
+    import threading
+
+    run_id = tracker.start_stage("sft", "sft", "h" * 64, {})
+    log = StageLogger(tracker.uri, run_id)
+    # the store's call that MLflow's logging thread makes (its queue holds the bound method)
+    queue = log.client._tracking_client.store._async_logging_queue
+    answer, real = threading.Event(), queue._logging_func
+
+    def slow_log_batch(*args, **kwargs):
+        assert answer.wait(60), "the test never let the server answer"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(queue, "_logging_func", slow_log_batch)
+    for step in range(1, 4):
+        log.metrics(step, {"loss": 1.0 / step})  # would block here if it waited for the server
+    assert tracker.client.get_metric_history(run_id, "loss") == []
+    answer.set()
+    log.flush()
+    assert [m.value for m in tracker.client.get_metric_history(run_id, "loss")] == [1.0, 0.5, 1 / 3]
+
+
+def test_a_failing_tracking_server_stops_the_stage_within_a_few_steps(tracker, monkeypatch):
+    from mlflow.exceptions import MlflowException
+
+    from stages.common.stage_log import METRICS_IN_FLIGHT
+
+    run_id = tracker.start_stage("sft", "sft", "h" * 64, {})
+    log = StageLogger(tracker.uri, run_id)
+
+    def refuse(*args, **kwargs):
+        raise MlflowException("the tracking server answered 503")
+
+    monkeypatch.setattr(log.client._tracking_client.store._async_logging_queue, "_logging_func", refuse)
+    with pytest.raises(MlflowException, match="503"):
+        for step in range(1, METRICS_IN_FLIGHT + 2):
+            log.metrics(step, {"loss": 1.0})
+    with pytest.raises(MlflowException, match="503"):  # the batches still in flight: the job's end says so too
+        log.flush()
