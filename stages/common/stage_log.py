@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import queue
 import sys
+import threading
 import time
 import weakref
 from pathlib import Path
@@ -16,8 +18,8 @@ from typing import Any, Callable
 from stages.common import secrets
 
 MAX_PARAM = 500  # MLflow's limit on a param value's length
-# metric batches sent to MLflow and not yet confirmed: past this many, `metrics` waits for the oldest,
-# so a tracking server that fails or falls behind stops the stage within a few logged steps
+# metric batches handed to the sender and not yet sent: past this many, `metrics` waits, so a tracking
+# server that fails or falls behind stops the stage within a few logged steps
 METRICS_IN_FLIGHT = 8
 _LOGGERS: "weakref.WeakSet[StageLogger]" = weakref.WeakSet()  # what `flush_all` waits for
 # the stdout protocol: `[metrics] {"step": N, ...}` and `[progress] {"done": N, "total": T, "unit": u}`
@@ -64,7 +66,7 @@ class StageLogger:
         self.enabled = rank == 0
         self.run_id = run_id
         self.client = mlflow_client(tracking_uri) if self.talks_to_mlflow(tracking_uri, run_id, rank) else None
-        self._in_flight: list[Any] = []  # MLflow's RunOperations of metric batches not yet confirmed
+        self._sender: MetricSender | None = None  # started with the first metrics sent to MLflow
         _LOGGERS.add(self)
 
     @staticmethod
@@ -90,17 +92,16 @@ class StageLogger:
 
             ts = int(time.time() * 1000)
             name = mlflow_name or (lambda k: k)
-            # sent by MLflow's logging thread: a training step no longer waits for the server's round trip
-            # (the GPU idled through it, after the step's closing sync); errors surface in the waits
-            self._in_flight.append(self.client.log_batch(
-                self.run_id, metrics=[Metric(name(k), v, ts, step) for k, v in clean.items()], synchronous=False))
-            while len(self._in_flight) > METRICS_IN_FLIGHT:
-                self._in_flight.pop(0).wait()
+            if self._sender is None:
+                self._sender = MetricSender(self.client, self.run_id)
+            # a training step no longer waits for the server's round trip (the GPU idled through it,
+            # after the step's closing sync)
+            self._sender.send([Metric(name(k), v, ts, step) for k, v in clean.items()])
 
     def flush(self) -> None:
         """Wait until MLflow has every metric batch sent so far (raises its error if one failed)."""
-        while self._in_flight:
-            self._in_flight.pop(0).wait()
+        if self._sender is not None:
+            self._sender.flush()
 
     def progress(self, done: int, total: int | None = None, unit: str | None = None) -> None:
         """How far the stage is: `done` units of `total` (say the total once, at the start;
@@ -132,6 +133,42 @@ class StageLogger:
     def text(self, text: str, name: str) -> None:
         if self.enabled and self.client:
             self.client.log_text(self.run_id, secrets.redact(text), name)
+
+
+class MetricSender:
+    """Metric batches sent to one MLflow run, in order, by a daemon thread. `send` returns at once
+    unless METRICS_IN_FLIGHT batches still wait; a failed send is raised by every later `send` and
+    `flush`. Not MLflow's own async logging (`log_batch(synchronous=False)`): its logging thread
+    polls with a 1 s timeout that its exit hook joins, ~1 s more at every tracked process's exit."""
+
+    def __init__(self, client: Any, run_id: str):
+        self.client, self.run_id = client, run_id
+        self._queue: queue.Queue = queue.Queue(maxsize=METRICS_IN_FLIGHT)
+        self._error: Exception | None = None
+        threading.Thread(target=self._send_forever, name="mlflow-metrics", daemon=True).start()
+
+    def _send_forever(self) -> None:
+        while True:
+            metrics = self._queue.get()
+            try:
+                if self._error is None:  # after a failure nothing more goes out: the stage is failing
+                    self.client.log_batch(self.run_id, metrics=metrics)
+            except Exception as e:
+                self._error = e
+            finally:
+                self._queue.task_done()
+
+    def _raise_failure(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def send(self, metrics: list[Any]) -> None:
+        self._raise_failure()
+        self._queue.put(metrics)  # waits while METRICS_IN_FLIGHT batches are unsent
+
+    def flush(self) -> None:
+        self._queue.join()
+        self._raise_failure()
 
 
 def flush_all() -> None:

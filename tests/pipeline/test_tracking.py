@@ -117,21 +117,19 @@ def test_stage_logger_declares_progress(capsys):
 
 
 def test_a_step_does_not_wait_for_the_tracking_server_and_the_flush_does(tracker, monkeypatch):
-    """metrics() hands the batch to MLflow's logging thread: it returns while the server has not
-    answered (a stand-in that answers only when told); flush() waits until every batch is in."""
+    """metrics() hands the batch to the sender thread: it returns while the server has not answered
+    (a stand-in that answers only when told); flush() waits until every batch is in."""
     import threading
 
     run_id = tracker.start_stage("sft", "sft", "h" * 64, {})
     log = StageLogger(tracker.uri, run_id)
-    # the store's call that MLflow's logging thread makes (its queue holds the bound method)
-    queue = log.client._tracking_client.store._async_logging_queue
-    answer, real = threading.Event(), queue._logging_func
+    answer, real = threading.Event(), log.client.log_batch
 
     def slow_log_batch(*args, **kwargs):
         assert answer.wait(60), "the test never let the server answer"
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(queue, "_logging_func", slow_log_batch)
+    monkeypatch.setattr(log.client, "log_batch", slow_log_batch)
     for step in range(1, 4):
         log.metrics(step, {"loss": 1.0 / step})  # would block here if it waited for the server
     assert tracker.client.get_metric_history(run_id, "loss") == []
@@ -147,13 +145,17 @@ def test_a_failing_tracking_server_stops_the_stage_within_a_few_steps(tracker, m
 
     run_id = tracker.start_stage("sft", "sft", "h" * 64, {})
     log = StageLogger(tracker.uri, run_id)
+    calls = []
 
     def refuse(*args, **kwargs):
+        calls.append(1)
         raise MlflowException("the tracking server answered 503")
 
-    monkeypatch.setattr(log.client._tracking_client.store._async_logging_queue, "_logging_func", refuse)
+    monkeypatch.setattr(log.client, "log_batch", refuse)
     with pytest.raises(MlflowException, match="503"):
-        for step in range(1, METRICS_IN_FLIGHT + 2):
+        # by send M + 2 the sender has taken batch 2 (M wait at most), so batch 1's failure is known
+        for step in range(1, METRICS_IN_FLIGHT + 4):
             log.metrics(step, {"loss": 1.0})
-    with pytest.raises(MlflowException, match="503"):  # the batches still in flight: the job's end says so too
+    with pytest.raises(MlflowException, match="503"):  # and the job's end says so too
         log.flush()
+    assert calls == [1]  # nothing more is sent once a send failed
