@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -53,7 +54,7 @@ def serve(work: Path) -> tuple[subprocess.Popen, str]:
             if proc.poll() is not None:
                 raise SystemExit(f"mlflow server exited with {proc.returncode}") from None
             time.sleep(0.5)
-    proc.kill()
+    os.killpg(proc.pid, signal.SIGKILL)
     raise SystemExit("mlflow server did not answer in 300 s")
 
 
@@ -101,7 +102,7 @@ def main() -> None:
                 sys.stdout = stdout
             logged = len(client.get_metric_history(logger.run_id, "m0"))
         finally:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)  # the server's workers too (its own session)
     import mlflow
 
     result = {"steps": a.steps, "metrics_per_step": a.metrics, "step_ms": a.step_ms, "mlflow": mlflow.__version__,
