@@ -172,8 +172,8 @@ class MetricSender:
 
 
 def flush_all() -> None:
-    """Every StageLogger of this process flushed (stages/common/entry.py, as a job ends: MLflow's own
-    exit handler runs after the interpreter stops taking new work for its threads, too late)."""
+    """Every StageLogger of this process flushed (stages/common/entry.py, as a job ends: the sender
+    threads are daemons, so whatever they still hold at exit would be lost)."""
     for logger in list(_LOGGERS):
         logger.flush()
 
