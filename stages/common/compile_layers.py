@@ -10,9 +10,10 @@ every call) sizes are symbolic from the first compile. Either way a size of 1 (a
 batch) is specialised once more; no shape after that compiles again
 (tests/stages/common/test_compile_layers.py counts the graphs).
 
-`RING_COMPILE_BACKEND` (environment) names the torch.compile backend, `inductor` by default;
-`aot_eager` traces the same graphs without code generation, which is what the CPU smoke of
-benchmarks/sft_throughput.py and the tests use (inductor's C++ compile of a CPU graph takes
+`RING_COMPILE_BACKEND` (environment) names the torch.compile backend of every compile the
+project makes (these layers, the fused loss, the torch engine's decode step), `inductor` by
+default; `aot_eager` traces the same graphs without code generation, which is what the CPU smoke
+of benchmarks/sft_throughput.py and the tests use (inductor's C++ compile of a CPU graph takes
 minutes on a small machine).
 
 No torch import at module level: the stage configs import this module for the field."""
@@ -25,6 +26,11 @@ from stages.common.contract import StageError, auto_setting
 
 BACKEND_ENV = "RING_COMPILE_BACKEND"
 DEFAULT_BACKEND = "inductor"
+
+
+def compile_backend() -> str:
+    """The torch.compile backend: `$RING_COMPILE_BACKEND`, else inductor."""
+    return os.environ.get(BACKEND_ENV) or DEFAULT_BACKEND
 
 
 def compile_layers_field() -> Any:
@@ -56,7 +62,7 @@ def compile_decoder_layers(lm: Any, model: str, dynamic: bool | None = None) -> 
     if not isinstance(layers, torch.nn.ModuleList) or not len(layers):
         raise StageError(f"model {model}: compile_layers needs the decoder's layers as "
                          f"`.layers` (a ModuleList); {type(lm.get_decoder()).__name__} has none")
-    backend = os.environ.get(BACKEND_ENV) or DEFAULT_BACKEND
+    backend = compile_backend()
     try:
         for layer in layers:
             layer.compile(backend=backend, dynamic=dynamic)

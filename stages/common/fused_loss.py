@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from stages.common.compile_layers import BACKEND_ENV, DEFAULT_BACKEND
+from stages.common.compile_layers import compile_backend
 
 IGNORE_INDEX = -100
 LOSS_COMPILE_ENV = "RING_COMPILE_LOSS"
@@ -75,7 +75,7 @@ def _math(fn: Callable, logits: torch.Tensor) -> Callable:
         raise ValueError(f"${LOSS_COMPILE_ENV}={mode!r}: expected one of {', '.join(LOSS_COMPILE_MODES)}")
     if mode == "off" or (mode == "auto" and not (logits.is_cuda and _has_triton())):
         return fn
-    key = (fn, os.environ.get(BACKEND_ENV) or DEFAULT_BACKEND)
+    key = (fn, compile_backend())
     if key not in _compiled:
         _compiled[key] = torch.compile(fn, dynamic=True, backend=key[1])
     return _compiled[key]

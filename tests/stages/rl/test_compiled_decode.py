@@ -1,6 +1,12 @@
 """The torch engine's `compile` option (torch_engine/compiled_step.py) on CPU: the decode step
-through torch.compile (inductor's C++ backend here, Triton on CUDA) decodes what the eager
-step decodes, and a compile that fails falls back to the eager step with one warning.
+through torch.compile decodes what the eager step decodes, and a compile that fails falls back
+to the eager step with one warning.
+
+The decode tests trace the step with `RING_COMPILE_BACKEND=aot_eager`: dynamo's whole-graph
+capture and AOT autograd's functionalized graph (the KV cache's in-place writes) without
+inductor's code generation, whose C++ build of a CPU graph cost ~60 of this file's ~80 CPU-s on a
+cold cache (the GPU runs inductor's Triton code: benchmarks/engine_decode.py --compile). The
+failure test runs the real inductor, with its C++ compiler missing.
 
 The bucketed bookkeeping (static_shapes) runs without graphs, as on CPU it must; the CUDA
 graph capture of the compiled kernels needs a GPU run (benchmarks/engine_decode.py --compile).
@@ -13,6 +19,7 @@ import shutil
 import pytest
 import torch
 
+from stages.common.compile_layers import BACKEND_ENV
 from stages.rl.engines import RolloutRequest, SamplingParams, create_engine
 from tests.stages.rl.tiny_model import build_model, save_model
 
@@ -20,6 +27,11 @@ pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
                                  reason="inductor's CPU backend needs a C++ compiler (g++ / c++)")]
 GREEDY = SamplingParams(temperature=0.0)
+
+
+@pytest.fixture(autouse=True)
+def traced_without_codegen(monkeypatch):
+    monkeypatch.setenv(BACKEND_ENV, "aot_eager")
 
 
 
@@ -63,12 +75,13 @@ def test_compiled_decode_matches_eager_greedy(model_dir, other_model_dir):
 
 
 @pytest.mark.slow
-def test_failed_compile_warns_once_and_decodes_eagerly(model_dir, caplog):
+def test_failed_compile_warns_once_and_decodes_eagerly(model_dir, caplog, monkeypatch):
     """A real inductor failure (its C++ compiler is missing) mid-call: the call still returns
     the eager rollouts, and compiling stays off for the engine. (max_batch 2: a shape no
     other test compiled, so no cached compile hides the failure.)"""
     import torch._inductor.config as inductor_config
 
+    monkeypatch.setenv(BACKEND_ENV, "inductor")
     eager = _engine(model_dir, max_batch=2).generate(_requests(), GREEDY)
     engine = _engine(model_dir, max_batch=2, compile=True)
     with inductor_config.patch({"cpp.cxx": ("no-such-c++-compiler",), "force_disable_caches": True}), \

@@ -4,7 +4,9 @@ The eager step is hundreds of small kernels per layer (HF RMSNorm is several, Ro
 q and k, SwiGLU three plus the matmuls, the sampling's softmax/argmax/gather): inductor fuses
 them into a few Triton kernels (C++ on CPU), and the CUDA graphs of cuda_graphs.py then
 replay the compiled kernels. Hence inductor's own cudagraph mode stays off (the default
-mode, not "reduce-overhead"): two graph layers over the same buffers would fight.
+mode, not "reduce-overhead"): two graph layers over the same buffers would fight. The backend is
+the project's one (`$RING_COMPILE_BACKEND`, stages.common.compile_layers: `aot_eager` traces the
+same graph without inductor's code generation; a mode is inductor's, so it goes with it only).
 
 One compile per shape signature: dynamic=False specialises on the batch bucket, the kv-length
 bucket, the sampling mode and the cache's shape (rows, capacity), so a signature is that
@@ -21,6 +23,8 @@ import time
 from typing import Callable, Hashable
 
 import torch
+
+from stages.common.compile_layers import compile_backend
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +54,9 @@ class CompiledDecode:
         self._step = None
         if self.enabled:
             try:  # lazy: the compile itself happens at a signature's first call
-                self._step = torch.compile(body, fullgraph=True, dynamic=False, backend="inductor",
-                                           mode=None if mode == "default" else mode)
+                backend = compile_backend()
+                self._step = torch.compile(body, fullgraph=True, dynamic=False, backend=backend,
+                                           mode=None if mode == "default" or backend != "inductor" else mode)
             except Exception as e:
                 self.disable(e)
 
