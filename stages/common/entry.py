@@ -74,10 +74,11 @@ def run_job(main: Callable[[StageJob, ConfigT], Any], config_model: type[ConfigT
         print(f"{_rank_tag(int(os.environ.get('RANK', '0')))}{e}", file=sys.stderr, flush=True)
         return 2
     faulthandler.register(STACKS_SIGNAL, file=sys.__stderr__, all_threads=True)  # the process's own fd 2
-    if not StageLogger.talks_to_mlflow(job.tracking_uri, job.run_id, job.rank):
+    if owns_process and not StageLogger.talks_to_mlflow(job.tracking_uri, job.run_id, job.rank):
         # DeepSpeed imports mlflow as it is imported (its autotuner's optional logging):
         # ~4 s of mlflow, pandas & co. in a rank that never logs to MLflow. Marked absent,
-        # `import mlflow` fails at once and DeepSpeed goes on without it.
+        # `import mlflow` fails at once and DeepSpeed goes on without it. Only in a process of
+        # the job's own: a caller's process (argv given) keeps its MLflow importable.
         sys.modules.setdefault("mlflow", None)
     failed_with: int | None = 1  # the exit status while not known to have succeeded
     reported = False  # the failure's cause was printed

@@ -64,6 +64,23 @@ def test_main_gets_the_config_typed_parsed_once(job_file, monkeypatch):
     assert ProbeConfig.parsed == 1
 
 
+def test_an_untracked_job_masks_mlflow_in_its_own_process_only(job_file, tmp_path):
+    """A rank that never logs to MLflow skips DeepSpeed's optional `import mlflow` (seconds of
+    imports): masked in the job's own process. An in-process call leaves its caller's imports
+    alone (masked, a later `from mlflow.tracking import ...` of the caller failed)."""
+    seen = []
+    assert run_job(lambda job, cfg: seen.append(sys.modules.get("mlflow", "absent")), ProbeConfig, job_file) == 0
+    assert seen[0] is not None and sys.modules.get("mlflow", "absent") is not None
+    script = ("import sys\nfrom stages.common.contract import StageConfig\nfrom stages.common.entry import run_job\n"
+              "def main(job, cfg):\n    print('masked' if sys.modules.get('mlflow', 0) is None else 'importable')\n"
+              "sys.exit(run_job(main, StageConfig))\n")
+    _job(tmp_path).write(tmp_path / "plain.json")
+    done = subprocess.run([sys.executable, "-c", script, "--job", str(tmp_path / "plain.json")], env=_script_env(),
+                          capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "masked", done.stderr
+
+
 def test_a_user_error_exits_2_with_one_message_and_leaves_the_group(gloo_group, job_file, capsys):
     def main(job, cfg):
         assert dist.is_initialized() and job.stage == "train-it"
