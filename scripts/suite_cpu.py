@@ -31,7 +31,9 @@ def sample_command_lines(seen: dict[str, tuple[str, str]], stop: threading.Event
     """pid -> (parent pid, command line) of every process alive at some sample."""
     while not stop.is_set():
         for pid in os.listdir("/proc"):
-            if not pid.isdigit() or pid in seen:
+            # a guard's child is sampled between fork and exec with the guard's command line:
+            # look again until it is the job's (else the job's CPU counts as the guard's)
+            if not pid.isdigit() or (pid in seen and "pipeline.job_guard" not in seen[pid][1]):
                 continue
             try:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
