@@ -1,5 +1,5 @@
 """How long a training step waits for its metrics to reach MLflow: `StageLogger.metrics` (the
-batch handed to MLflow's logging thread) against the synchronous `log_batch` it made before,
+batch handed to its sender thread, stages.common.stage_log.MetricSender) against the synchronous `log_batch` it made before,
 both into a real MLflow tracking server over HTTP on this machine.
 
     python benchmarks/metrics_logging.py [--steps 50] [--metrics 12] [--step-ms 300] [--out OUT]
@@ -14,10 +14,10 @@ the other.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,27 +29,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks._record import log  # noqa: E402 - needs ROOT on sys.path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from stages.common.ports import reserved_port  # noqa: E402
 
 
 def serve(work: Path) -> tuple[subprocess.Popen, str]:
     """An MLflow tracking server (sqlite store) on a free port, answering."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-                             "--backend-store-uri", f"sqlite:///{work}/mlflow.db",
-                             "--default-artifact-root", f"file://{work}/artifacts"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    uri = f"http://127.0.0.1:{port}"
+    with reserved_port() as port:  # until the server listens on it
+        proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+                                 "--backend-store-uri", f"sqlite:///{work}/mlflow.db",
+                                 "--default-artifact-root", f"file://{work}/artifacts"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        return proc, _wait_until_answering(proc, f"http://127.0.0.1:{port}")
+
+
+def _wait_until_answering(proc: subprocess.Popen, uri: str) -> str:
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         try:
             urllib.request.urlopen(f"{uri}/health", timeout=5).read()
-            return proc, uri
+            return uri
         except OSError:
             if proc.poll() is not None:
                 raise SystemExit(f"mlflow server exited with {proc.returncode}") from None
@@ -91,15 +89,11 @@ def main() -> None:
                 sync_run, metrics=[Metric(k, v, int(time.time() * 1000), step) for k, v in values.items()],
                 synchronous=True), a.steps, a.step_ms)
             logger = StageLogger(uri, client.create_run(exp).info.run_id)
-            devnull = open(os.devnull, "w")
-            stdout, sys.stdout = sys.stdout, devnull  # the [metrics] lines
-            try:
+            with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):  # the [metrics] lines
                 async_ms = timed_calls(lambda step: logger.metrics(step, values), a.steps, a.step_ms)
                 t0 = time.perf_counter()
                 logger.flush()
                 flush_ms = (time.perf_counter() - t0) * 1e3
-            finally:
-                sys.stdout = stdout
             logged = len(client.get_metric_history(logger.run_id, "m0"))
         finally:
             os.killpg(proc.pid, signal.SIGKILL)  # the server's workers too (its own session)
