@@ -76,8 +76,7 @@ def test_an_untracked_job_masks_mlflow_in_its_own_process_only(job_file, tmp_pat
               "sys.exit(run_job(main, StageConfig))\n")
     _job(tmp_path).write(tmp_path / "plain.json")
     done = subprocess.run([sys.executable, "-c", script, "--job", str(tmp_path / "plain.json")], env=_script_env(),
-                          capture_output=True,
-                          text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "masked", done.stderr
 
 

@@ -4,9 +4,9 @@ to the eager step with one warning.
 
 The decode tests trace the step with `RING_COMPILE_BACKEND=aot_eager`: dynamo's whole-graph
 capture and AOT autograd's functionalized graph (the KV cache's in-place writes) without
-inductor's code generation, whose C++ build of a CPU graph cost ~60 of this file's ~80 CPU-s on a
-cold cache (the GPU runs inductor's Triton code: benchmarks/engine_decode.py --compile). The
-failure test runs the real inductor, with its C++ compiler missing.
+inductor's code generation: with its C++ build of the CPU graphs the file took 82 CPU-s on a cold
+cache, without it 33 (the GPU runs inductor's Triton code). The failure test runs the real inductor, with
+its C++ compiler missing.
 
 The bucketed bookkeeping (static_shapes) runs without graphs, as on CPU it must; the CUDA
 graph capture of the compiled kernels needs a GPU run (benchmarks/engine_decode.py --compile).
@@ -32,8 +32,6 @@ GREEDY = SamplingParams(temperature=0.0)
 @pytest.fixture(autouse=True)
 def traced_without_codegen(monkeypatch):
     monkeypatch.setenv(BACKEND_ENV, "aot_eager")
-
-
 
 
 @pytest.fixture(scope="module")
