@@ -26,6 +26,7 @@ import os
 import signal
 import subprocess
 import sys
+from typing import Callable, Protocol
 
 _PR_SET_PDEATHSIG = 1
 _ORPHAN_SIGNAL = signal.SIGUSR1
@@ -53,7 +54,7 @@ def exec_with_parent(parent: int, command: list[str]) -> int:
     return 1  # not reached
 
 
-def _take_group_down(child: subprocess.Popen) -> None:
+def _take_group_down(child: Child) -> None:
     group = os.getpgid(0)
     try:
         os.killpg(group, signal.SIGTERM)
@@ -66,15 +67,17 @@ def _take_group_down(child: subprocess.Popen) -> None:
     os.killpg(group, signal.SIGKILL)  # ranks outliving the launcher, and this guard
 
 
-def main(argv: list[str]) -> int:
-    if argv[:1] == ["--exec"] and len(argv) >= 4 and argv[1].isdigit() and argv[2] == "--":
-        return exec_with_parent(int(argv[1]), argv[3:])
-    if len(argv) < 3 or argv[1] != "--" or not argv[0].isdigit():
-        print("usage: python -m pipeline.job_guard [--exec] PARENT_PID -- COMMAND [ARGS...]", file=sys.stderr)
-        return 2
-    # the orchestrator's pid as it passed it: a parent that died before we could ask for the
-    # parent-death signal is noticed too (getppid would already name the new parent)
-    parent, command = int(argv[0]), argv[2:]
+class Child(Protocol):
+    """What the guard waits for: a `subprocess.Popen`, or a job forked in this process
+    (pipeline.job_server)."""
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+def guard(parent: int, start: Callable[[], Child]) -> int:
+    """Start the job (`start`) in this process's group and wait for it; take the group down if
+    `parent` (the process that asked for the job) is gone. The job's exit status, 128 + N for
+    signal N."""
     orphaned = False
 
     def on_orphan(_signum, _frame) -> None:
@@ -82,12 +85,13 @@ def main(argv: list[str]) -> int:
         orphaned = True
 
     signal.signal(_ORPHAN_SIGNAL, on_orphan)
-    # The orchestrator signals the whole group to stop a job: the guard outlives CMD to
-    # report its status. Python-level handlers (not SIG_IGN) so CMD starts with the defaults.
+    # The orchestrator signals the whole group to stop a job: the guard outlives it to report
+    # its status. Python-level handlers (not SIG_IGN): an exec'd command starts with the
+    # defaults, and a forked one restores them (job_server.run_module_as_main).
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: None)
     _ask_for_parent_death_signal()
-    child = subprocess.Popen(command)
+    child = start()
     while True:
         if orphaned or os.getppid() != parent:  # reparented: the orchestrator is gone
             _take_group_down(child)
@@ -97,6 +101,17 @@ def main(argv: list[str]) -> int:
         except subprocess.TimeoutExpired:
             continue
     return rc if rc >= 0 else 128 - rc
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--exec"] and len(argv) >= 4 and argv[1].isdigit() and argv[2] == "--":
+        return exec_with_parent(int(argv[1]), argv[3:])
+    if len(argv) < 3 or argv[1] != "--" or not argv[0].isdigit():
+        print("usage: python -m pipeline.job_guard [--exec] PARENT_PID -- COMMAND [ARGS...]", file=sys.stderr)
+        return 2
+    # the orchestrator's pid as it passed it: a parent that died before we could ask for the
+    # parent-death signal is noticed too (getppid would already name the new parent)
+    return guard(int(argv[0]), lambda: subprocess.Popen(argv[2:]))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from pipeline import console, interrupt
+from pipeline import console, interrupt, job_server
 from pipeline.hang import dump_stacks, hang_report
 from pipeline.interrupt import StageInterrupted
 from pipeline.job_output import JobOutput
@@ -159,9 +159,7 @@ def launch_job(command: list[str], stage: str, log_path: Path, resources: Resour
     output = JobOutput(stage, kind)
     show = console.current()
     interrupt.raise_if_stopping(f"stage {stage!r}")
-    guarded = [sys.executable, "-m", "pipeline.job_guard", str(os.getpid()), "--", *command]
-    proc = subprocess.Popen(guarded, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                            cwd=cwd, start_new_session=True, text=True, errors="replace", bufsize=1)
+    proc = _start(command, resources, env, cwd, frozenset(extra_env or ()))
 
     def pump() -> None:
         with open(log_path, "a", encoding="utf-8") as log:
@@ -193,7 +191,25 @@ def launch_job(command: list[str], stage: str, log_path: Path, resources: Resour
     return LaunchResult(proc.returncode, log_path, output)
 
 
-def _deadline_check(proc: subprocess.Popen, output: JobOutput, log_path: Path,
+# modules that launch ranks as processes of their own, or on other machines: never forked
+_LAUNCHERS = frozenset({"deepspeed.launcher.runner", "torch.distributed.run", "pipeline.torchrun_hosts",
+                        "pipeline.ray_launch"})
+
+
+def _start(command: list[str], resources: Resources, env: dict[str, str], cwd: str | None,
+           credentials: frozenset[str]) -> subprocess.Popen | job_server.WarmJob:
+    """The job under its guard, in a session of its own: a CPU job of this machine is forked from
+    this process's warm server (pipeline.job_server), any other starts as a process of its own."""
+    if resources.gpus_per_node == 0 and resources.nodes == 1 and command[2:3] and command[2] not in _LAUNCHERS:
+        warm = job_server.start_job(command, env, cwd, credentials)
+        if warm is not None:
+            return warm
+    guarded = [sys.executable, "-m", "pipeline.job_guard", str(os.getpid()), "--", *command]
+    return subprocess.Popen(guarded, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                            cwd=cwd, start_new_session=True, text=True, errors="replace", bufsize=1)
+
+
+def _deadline_check(proc: subprocess.Popen | job_server.WarmJob, output: JobOutput, log_path: Path,
                     deadline_s: float | None) -> Callable[[], str | None]:
     """A `_wait` check: past the deadline, the ranks' stacks dumped and the report (prefixed
     `_HUNG`); else None."""
@@ -212,7 +228,7 @@ def _deadline_check(proc: subprocess.Popen, output: JobOutput, log_path: Path,
     return check
 
 
-def _wait(proc: subprocess.Popen, must_stop: Callable[[], str | None] | None,
+def _wait(proc: subprocess.Popen | job_server.WarmJob, must_stop: Callable[[], str | None] | None,
           hung: Callable[[], str | None] = lambda: None) -> str | None:
     """Wait for the job; None when it exited by itself, else why it was stopped."""
     while True:
@@ -232,7 +248,7 @@ def _wait(proc: subprocess.Popen, must_stop: Callable[[], str | None] | None,
             return reason
 
 
-def stop_group(proc: subprocess.Popen, grace_s: float = _GRACE_S) -> None:
+def stop_group(proc: subprocess.Popen | job_server.WarmJob, grace_s: float = _GRACE_S) -> None:
     """SIGINT, then SIGTERM, then SIGKILL to the job's process group (a second stop request
     skips the waits); then SIGKILL to whatever of the group outlived the guard."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):

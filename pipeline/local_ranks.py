@@ -27,63 +27,34 @@ multi-node and Ray jobs keep their launchers (pipeline.launch.build_command).
 from __future__ import annotations
 
 import argparse
-import atexit
 import ctypes
 import importlib
 import os
-import runpy
 import signal
 import sys
 
+from pipeline.job_server import import_warm_modules, run_module_as_main
+
 RANK_NAME = "ring-rank-{}"  # a forked rank's /proc/PID/comm (at most 15 bytes)
 _PR_SET_NAME = 15
-# imported by the jobs inside `main` (lazily, for the data stages' sake): warm them here once.
-# Not MLflow (rank 0's StageLogger): outside CI its import starts a telemetry thread, and a
-# process must not fork with a thread of its own running.
-_WARM_MODULES = ("deepspeed", "transformers.modeling_utils")
 
 
 def warm_imports(entry: str) -> None:
     """Import `entry` (not as __main__: its job does not run) and the modules its job imports
-    later. MLflow is masked meanwhile, as `run_job` masks it in a rank that does not log
-    (DeepSpeed's autotuner imports it optionally); rank 0 of a tracked run imports it itself."""
-    masked = sys.modules.setdefault("mlflow", None) is None
-    try:
-        importlib.import_module(entry)
-        for name in _WARM_MODULES:
-            try:
-                importlib.import_module(name)
-            except ImportError:  # an optional stack this entry does not need
-                pass
-    finally:
-        if masked and sys.modules.get("mlflow", 0) is None:
-            del sys.modules["mlflow"]
+    later (`job_server.import_warm_modules`)."""
+    importlib.import_module(entry)
+    import_warm_modules()
 
 
 def run_rank(entry: str, args: list[str]) -> None:
     """A forked rank's body (elastic's entrypoint): the entry module as `__main__`. A job that
     fails ends the process itself (run_job's os._exit); this returns when it succeeded."""
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     _name_process(RANK_NAME.format(os.environ.get("RANK", "?")))
-    sys.argv = [entry, *args]
-    # as under `python -m`, the entry module exists only as __main__ (its imports stay warm)
-    sys.modules.pop(entry, None)
-    try:
-        runpy.run_module(entry, run_name="__main__", alter_sys=True)
-        status = 0
-    except SystemExit as done:
-        status = done.code
-    finally:
-        # what a process ending its Python runs (multiprocessing's own exit skips them): the
-        # exit handlers of the modules imported, which a fresh rank would have registered
-        # too (weakref finalizers, logging, DataLoader and verifier pools, ...)
-        atexit._run_exitfuncs()
-    if status not in (0, None):  # e.g. a job file that does not parse: nothing was started
+    status = run_module_as_main(entry, args)
+    if status != 0:  # e.g. a job file that does not parse: nothing was started
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(status if isinstance(status, int) else 1)
+        os._exit(status)
 
 
 def rank_in_name(name: str) -> str | None:

@@ -1,0 +1,369 @@
+"""A warm process that forks the CPU stage jobs of the process launching them (pipeline.launch).
+
+A stage job started as a fresh `python -m ENTRY` spends most of a small CPU stage importing
+torch, transformers' model code and DeepSpeed before its first step (~10 CPU-s on a 2-core
+machine: README "Set-up"); the tiny recipe starts ten such jobs, the suite about sixty. So the
+first CPU job a process launches starts this server (`python -m pipeline.job_server`), which
+imports them once, and that job and every later CPU job of the process are forked from it, as
+`pipeline.local_ranks` forks a job's ranks from its warm launcher.
+
+A forked job gets what `launch_job`'s Popen of `pipeline.job_guard` gave it:
+- its own session, whose leader is its guard (`job_guard.guard`: the group goes down when the
+  server is gone, and the server ends when the launching process does); the launching process
+  stops the job with `os.killpg` on the guard's pid (`WarmJob.pid`), as before;
+- stdout and stderr on the launching process's pipe; stdin /dev/null (a job in a session of its
+  own never reads the terminal);
+- its environment, working directory and argv; the default signal dispositions; the module run
+  as `__main__` (`run_module_as_main`), with its exit handlers run as it ends;
+- its exit status: the server reaps the guard and sends it back (`WarmJob.wait`).
+
+What a fork cannot give: a fresh interpreter. A server is made for one working directory and
+one environment, less the variables read when the job runs (`PER_JOB_VARIABLES` and the job's
+credentials): a job whose environment differs in any other variable, which an import may have
+read, gets a new server (the old one ends). Only for CPU jobs on one node (launch decides):
+forking a process in which CUDA may have initialised is unsafe, and this server never imports
+more than torch's CPU side. Linux only (pidfds); elsewhere, or with `RING_WARM_JOBS=off`, every
+job starts as its own process.
+"""
+from __future__ import annotations
+
+import array
+import atexit
+import importlib
+import json
+import os
+import runpy
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline import job_guard
+
+# read by the job as it runs, never by an import: they may differ from the server's own
+PER_JOB_VARIABLES = frozenset({"RING_FORWARD_ENV", "RING_COLLECTIVE_TIMEOUT_S", "OMP_NUM_THREADS"})
+# imported by the jobs inside `main` (lazily, for the data stages' sake): warmed once here and in
+# pipeline.local_ranks. Not MLflow (rank 0's StageLogger): outside CI its import starts a
+# telemetry thread, and a process must not fork with a thread of its own running.
+WARM_MODULES = ("torch", "deepspeed", "transformers.modeling_utils")
+SWITCH = "RING_WARM_JOBS"  # `off`: every CPU job starts as its own process
+_READY_TIMEOUT_S = 300.0  # the server's imports (~10 s on 2 busy cores)
+_MAX_MESSAGE = 1 << 20
+
+
+def run_module_as_main(module: str, args: list[str]) -> int:
+    """Run `module` as `__main__` with `sys.argv` = [module, *args] in a process forked from a
+    warm one (a job here, a rank in pipeline.local_ranks), as `python -m` would: default signal
+    handling; when it ends, its non-daemon threads joined and its exit handlers (atexit) run,
+    which a fork's own exit would skip (weakref finalizers, logging, verifier pools, ...). Returns
+    its exit status; an uncaught exception propagates (a job that fails usually ends the process
+    itself: run_job's os._exit)."""
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    sys.argv = [module, *args]
+    sys.modules.pop(module, None)  # as under `python -m`, the module exists only as __main__
+    status: Any = 0
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as done:
+        status = done.code
+    finally:
+        threading._shutdown()  # type: ignore[attr-defined] - what the interpreter's exit does first
+        atexit._run_exitfuncs()
+    if isinstance(status, str):  # sys.exit("message"), as Python shows it
+        print(status, file=sys.stderr)
+    return status if isinstance(status, int) else 0 if status is None else 1
+
+
+# -- the server ------------------------------------------------------------------------------------
+class _ForkedChild:
+    """`job_guard.Child` of a job forked in the guard's process."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                return os.waitstatus_to_exitcode(status)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0)
+            time.sleep(0.05)
+
+
+def _fork_job(module: str, args: list[str]) -> _ForkedChild:
+    pid = os.fork()
+    if pid != 0:
+        return _ForkedChild(pid)
+    status, interrupted = 1, False
+    try:
+        status = run_module_as_main(module, args)
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        interrupted = True
+    except BaseException:  # noqa: BLE001 - what Python prints for an uncaught exception
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    if interrupted:  # as Python ends on an uncaught Ctrl-C: by the signal itself
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(status)
+
+
+def _become_job(request: dict[str, Any], out_fd: int, server_fds: list[int]) -> None:
+    """The forked guard: the job's session, its stdio, environment and directory, then the
+    guard's loop over the job forked once more. Never returns."""
+    status = 70
+    try:
+        for fd in server_fds:
+            os.close(fd)
+        os.setsid()
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(out_fd, 1)
+        os.dup2(out_fd, 2)
+        for fd in (devnull, out_fd):
+            os.close(fd)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        threads, torch = request["env"].get("OMP_NUM_THREADS", ""), sys.modules.get("torch")
+        if torch is not None and threads.isdigit() and int(threads) > 0:
+            torch.set_num_threads(int(threads))  # what a fresh torch reads from the variable
+        module, args = request["argv"][0], request["argv"][1:]
+        status = job_guard.guard(os.getppid(), lambda: _fork_job(module, args))
+    except BaseException:  # noqa: BLE001 - reported on the job's own output
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+
+
+def import_warm_modules() -> None:
+    """WARM_MODULES imported now. MLflow is masked meanwhile, as `run_job` masks it in a rank that
+    does not log (DeepSpeed's autotuner imports it optionally); rank 0 of a tracked run imports
+    it itself."""
+    masked = sys.modules.setdefault("mlflow", None) is None
+    try:
+        for name in WARM_MODULES:
+            try:
+                importlib.import_module(name)
+            except ImportError:  # an optional stack the jobs do not need
+                pass
+    finally:
+        if masked and sys.modules.get("mlflow", 0) is None:
+            del sys.modules["mlflow"]
+
+
+def serve(control: socket.socket) -> None:
+    """Fork a guarded job per request until the launching process closes `control`."""
+    jobs: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (guard pid, its job socket)
+    while True:
+        ready, _, _ = select.select([control, *jobs], [], [])
+        for fd in ready:
+            if fd is control:
+                if not _take_request(control, jobs):
+                    return
+                continue
+            pid, job = jobs.pop(fd)
+            os.close(fd)
+            _, status = os.waitpid(pid, 0)
+            with job:
+                _send(job, {"status": os.waitstatus_to_exitcode(status)})
+
+
+def _take_request(control: socket.socket, jobs: dict[int, tuple[int, socket.socket]]) -> bool:
+    fds = array.array("i")
+    message, ancillary, _, _ = control.recvmsg(_MAX_MESSAGE, socket.CMSG_SPACE(2 * fds.itemsize))
+    if not message:
+        return False  # the launching process is gone
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
+    out_fd, job_fd = fds
+    job = socket.socket(fileno=job_fd)
+    pid = os.fork()
+    if pid == 0:
+        job.detach()
+        _become_job(json.loads(message), out_fd,
+                    [control.fileno(), job_fd, *jobs, *(s.fileno() for _, s in jobs.values())])
+    os.close(out_fd)
+    jobs[os.pidfd_open(pid)] = (pid, job)
+    _send(job, {"pid": pid})
+    return True
+
+
+def _send(sock: socket.socket, message: dict[str, Any]) -> None:
+    try:
+        sock.send(json.dumps(message).encode())
+    except OSError:
+        pass  # the launching process stopped listening (it ended)
+
+
+def _server_main(fd: int) -> int:
+    control = socket.socket(fileno=fd)
+    try:
+        import_warm_modules()
+    except BaseException as e:  # noqa: BLE001 - the launcher falls back to cold starts
+        _send(control, {"error": f"{type(e).__name__}: {e}"})
+        return 1
+    _send(control, {"ready": os.getpid()})
+    serve(control)
+    return 0
+
+
+# -- the launching process's side -------------------------------------------------------------------
+def enabled() -> bool:
+    return hasattr(os, "pidfd_open") and os.environ.get(SWITCH, "on").lower() != "off"
+
+
+@dataclass
+class _Server:
+    key: tuple
+    proc: subprocess.Popen
+    control: socket.socket
+
+    def stop(self) -> None:
+        self.control.close()  # the server's end of the line: it returns from `serve`
+        try:
+            self.proc.wait(timeout=10)  # reaped: its CPU counts as this process's children's
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+_lock = threading.Lock()
+_server: _Server | None = None
+_broken: str | None = None  # why this process starts its jobs cold (a server that failed)
+
+
+def _key(env: dict[str, str], cwd: str, per_job: frozenset[str]) -> tuple:
+    return cwd, tuple(sorted((k, v) for k, v in env.items() if k not in per_job))
+
+
+def _start_server(key: tuple, env: dict[str, str], cwd: str) -> _Server | None:
+    global _broken
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with theirs:
+        proc = subprocess.Popen([sys.executable, "-m", "pipeline.job_server", str(theirs.fileno())],
+                                env=env, cwd=cwd, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    server = _Server(key, proc, ours)
+    ours.settimeout(_READY_TIMEOUT_S)
+    try:
+        answer = json.loads(ours.recv(_MAX_MESSAGE) or b'{"error": "it exited"}')
+    except (OSError, ValueError) as e:
+        answer = {"error": str(e)}
+    ours.settimeout(None)
+    if "ready" not in answer:
+        _broken = f"the warm job server did not start ({answer.get('error')}); CPU jobs start cold"
+        server.stop()
+        return None
+    return server
+
+
+def _server_for(env: dict[str, str], cwd: str, per_job: frozenset[str]) -> _Server | None:
+    global _server
+    key = _key(env, cwd, per_job)
+    if _server is not None and (_server.key != key or _server.proc.poll() is not None):
+        _server.stop()
+        _server = None
+    if _server is None and _broken is None:
+        _server = _start_server(key, {k: v for k, v in env.items() if k not in per_job}, cwd)
+    return _server
+
+
+class WarmJob:
+    """A job forked by the server, seen as the `subprocess.Popen` of its guard: `pid` (the
+    leader of its process group), `stdout` (text, as Popen's `text=True, errors="replace"`),
+    `poll`, `wait` and `returncode`."""
+
+    def __init__(self, pid: int, stdout_fd: int, job: socket.socket) -> None:
+        self.pid, self.returncode = pid, None
+        self.stdout = open(stdout_fd, errors="replace", buffering=1)  # noqa: SIM115 - Popen's, read to EOF
+        self._job = job
+
+    def poll(self) -> int | None:
+        return self.returncode if self.returncode is not None else self._receive(0)
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None and self._receive(timeout) is None:
+            raise subprocess.TimeoutExpired(f"job {self.pid}", timeout or 0)
+        return self.returncode  # type: ignore[return-value]
+
+    def _receive(self, timeout: float | None) -> int | None:
+        if select.select([self._job], [], [], timeout)[0]:
+            message = self._job.recv(_MAX_MESSAGE)
+            # no message: the server was killed; its guard takes the job down (parent death)
+            self.returncode = json.loads(message)["status"] if message else -signal.SIGKILL
+            self._job.close()
+        return self.returncode
+
+
+def start_job(command: list[str], env: dict[str, str], cwd: str | None,
+              per_job: frozenset[str] = frozenset()) -> WarmJob | None:
+    """`command` (`python -m MODULE ARGS...` of this interpreter) forked from this process's warm
+    server with `env`, in `cwd` (None: this process's); `per_job`: the job's own variables (its
+    credentials) beside PER_JOB_VARIABLES. None when it cannot be: the caller starts it cold."""
+    if not enabled() or command[:2] != [sys.executable, "-m"] or len(command) < 3:
+        return None
+    cwd = os.path.abspath(cwd or os.getcwd())
+    read_end, write_end = os.pipe()
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        with _lock:
+            server = _server_for(env, cwd, PER_JOB_VARIABLES | per_job)
+            if server is None:
+                raise OSError(_broken)
+            request = json.dumps({"argv": command[2:], "env": env, "cwd": cwd}).encode()
+            server.control.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                                array.array("i", [write_end, theirs.fileno()]))])
+            started = json.loads(ours.recv(_MAX_MESSAGE) or b"{}")
+    except OSError:
+        os.close(read_end)
+        ours.close()
+        return None
+    finally:
+        os.close(write_end)
+        theirs.close()
+    if "pid" not in started:
+        os.close(read_end)
+        ours.close()
+        return None
+    return WarmJob(started["pid"], read_end, ours)
+
+
+def stop_server() -> None:
+    """End this process's server (it holds torch's memory), e.g. when a run is over."""
+    global _server
+    with _lock:
+        if _server is not None:
+            _server.stop()
+            _server = None
+
+
+def _forget_in_child() -> None:
+    """A fork of the launching process (multiprocessing) must not share its server's line."""
+    global _server
+    if _server is not None:
+        _server.control.close()
+        _server = None
+
+
+atexit.register(stop_server)
+os.register_at_fork(after_in_child=_forget_in_child)
+
+if __name__ == "__main__":
+    sys.exit(_server_main(int(sys.argv[1])))
