@@ -11,7 +11,10 @@ parent id (any POSIX), and when the orchestrator is gone it sends SIGTERM to the
 a few seconds, then SIGKILLs it (every rank, launcher and itself).
 
 Stopping a job on purpose is the orchestrator's business: it signals the whole group, and the
-guard itself only waits for CMD and exits with its status (128 + N for signal N).
+guard itself only waits for CMD and exits with its status (128 + N for signal N). The warm job
+server (pipeline.job_server) runs the same loop (`guard`) in the process it forks for a CPU
+job, over the job forked once more, whose parent it watches instead of the orchestrator (the
+server ends with the orchestrator).
 
 `python -m pipeline.job_guard --exec PARENT_PID -- CMD ...` is the variant without a guard
 process: it asks for SIGKILL on its parent's death and *becomes* CMD (exec; the request

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import array
 import atexit
+import contextlib
+import ctypes
 import importlib
 import json
 import os
@@ -42,7 +44,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from pipeline import job_guard
 
@@ -55,6 +57,7 @@ WARM_MODULES = ("torch", "deepspeed", "transformers.modeling_utils")
 SWITCH = "RING_WARM_JOBS"  # `off`: every CPU job starts as its own process
 _READY_TIMEOUT_S = 300.0  # the server's imports (~10 s on 2 busy cores)
 _MAX_MESSAGE = 1 << 20
+_PR_SET_NAME = 15
 
 
 def run_module_as_main(module: str, args: list[str]) -> int:
@@ -82,6 +85,34 @@ def run_module_as_main(module: str, args: list[str]) -> int:
     return status if isinstance(status, int) else 0 if status is None else 1
 
 
+def name_process(name: str) -> None:
+    """This process's short name (`/proc/PID/comm`, 15 bytes: what top and pipeline.hang read)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+        except (OSError, AttributeError):
+            pass  # only the labels miss it
+
+
+@contextlib.contextmanager
+def _short_name_kept() -> Iterator[None]:
+    """setproctitle also renames the process (its first 15 bytes): keep the name it had."""
+    with open("/proc/self/comm") as comm:
+        name = comm.read().strip()
+    try:
+        yield
+    finally:
+        name_process(name)
+
+
+def _show_as(command: list[str]) -> None:
+    """A forked process shown in ps as the command it stands for."""
+    retitle = sys.modules.get("setproctitle")
+    if retitle is not None:  # the server imported it as it started (if installed)
+        with _short_name_kept():
+            retitle.setproctitle(" ".join(command))
+
+
 # -- the server ------------------------------------------------------------------------------------
 class _ForkedChild:
     """`job_guard.Child` of a job forked in the guard's process."""
@@ -106,6 +137,7 @@ def _fork_job(module: str, args: list[str]) -> _ForkedChild:
         return _ForkedChild(pid)
     status, interrupted = 1, False
     try:
+        _show_as([sys.executable, "-m", module, *args])
         status = run_module_as_main(module, args)
     except KeyboardInterrupt:
         traceback.print_exc()
@@ -142,6 +174,8 @@ def _become_job(request: dict[str, Any], out_fd: int, server_fds: list[int]) -> 
         if torch is not None and threads.isdigit() and int(threads) > 0:
             torch.set_num_threads(int(threads))  # what a fresh torch reads from the variable
         module, args = request["argv"][0], request["argv"][1:]
+        _show_as([sys.executable, "-m", "pipeline.job_guard", str(request["parent"]), "--",
+                  sys.executable, "-m", *request["argv"]])
         status = job_guard.guard(os.getppid(), lambda: _fork_job(module, args))
     except BaseException:  # noqa: BLE001 - reported on the job's own output
         traceback.print_exc()
@@ -214,6 +248,17 @@ def _send(sock: socket.socket, message: dict[str, Any]) -> None:
 
 def _server_main(fd: int) -> int:
     control = socket.socket(fileno=fd)
+    try:
+        # the jobs' titles (`_show_as`); only the server needs it (a GPU machine's payload may go
+        # without it)
+        import setproctitle
+
+        # it finds our command line's memory through the environment block as the process
+        # started with it: now, before a job's environment replaces ours
+        with _short_name_kept():
+            setproctitle.getproctitle()
+    except ImportError:
+        pass
     try:
         import_warm_modules()
     except BaseException as e:  # noqa: BLE001 - the launcher falls back to cold starts
@@ -327,7 +372,7 @@ def start_job(command: list[str], env: dict[str, str], cwd: str | None,
             server = _server_for(env, cwd, PER_JOB_VARIABLES | per_job)
             if server is None:
                 raise OSError(_broken)
-            request = json.dumps({"argv": command[2:], "env": env, "cwd": cwd}).encode()
+            request = json.dumps({"argv": command[2:], "env": env, "cwd": cwd, "parent": os.getpid()}).encode()
             server.control.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                                 array.array("i", [write_end, theirs.fileno()]))])
             started = json.loads(ours.recv(_MAX_MESSAGE) or b"{}")

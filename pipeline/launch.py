@@ -10,7 +10,10 @@ console (pipeline.console), and a failure is explained by what the job reported.
 
 A job runs in its own session under `pipeline.job_guard`, which takes the job's process
 group down if this process dies; this process stops the group itself when the run is told
-to stop (`pipeline.interrupt`) or the stage's lease is lost.
+to stop (`pipeline.interrupt`) or the stage's lease is lost. A CPU job of this machine (a
+data stage's process, `pipeline.local_ranks`) is forked, guard and all, from this process's
+warm job server (`pipeline.job_server`: torch, transformers and DeepSpeed imported once, not
+once a stage); any other job starts as a process of its own.
 """
 from __future__ import annotations
 

@@ -10,8 +10,10 @@ forked from this process by torch's own elastic launcher (`elastic_launch`, star
 "fork", the static rendezvous on 127.0.0.1:PORT as torchrun's): the rendezvous, RANK /
 LOCAL_RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT, stopping the peers of a failed rank and
 the failure's exit code stay torch's. Each rank then runs ENTRY as `__main__` (as `python -m`
-would, `sys.argv` = ENTRY ARGS), so its `run_job` is the process's entry as before: a failed
-job still ends its rank at once with its status (stages.common.entry).
+would, `sys.argv` = ENTRY ARGS: `job_server.run_module_as_main`), so its `run_job` is the
+process's entry as before: a failed job still ends its rank at once with its status
+(stages.common.entry). This launcher is itself forked from the warm job server when the
+pipeline launches it (pipeline.job_server): then its imports are warm already.
 
 What a forked rank gets as a fresh process would: the default SIGINT / SIGTERM / SIGHUP /
 SIGQUIT handling (the elastic agent installs handlers of its own before it forks: a rank
@@ -27,16 +29,14 @@ multi-node and Ray jobs keep their launchers (pipeline.launch.build_command).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import importlib
 import os
 import signal
 import sys
 
-from pipeline.job_server import import_warm_modules, run_module_as_main
+from pipeline.job_server import import_warm_modules, name_process, run_module_as_main
 
 RANK_NAME = "ring-rank-{}"  # a forked rank's /proc/PID/comm (at most 15 bytes)
-_PR_SET_NAME = 15
 
 
 def warm_imports(entry: str) -> None:
@@ -49,7 +49,7 @@ def warm_imports(entry: str) -> None:
 def run_rank(entry: str, args: list[str]) -> None:
     """A forked rank's body (elastic's entrypoint): the entry module as `__main__`. A job that
     fails ends the process itself (run_job's os._exit); this returns when it succeeded."""
-    _name_process(RANK_NAME.format(os.environ.get("RANK", "?")))
+    name_process(RANK_NAME.format(os.environ.get("RANK", "?")))
     status = run_module_as_main(entry, args)
     if status != 0:  # e.g. a job file that does not parse: nothing was started
         sys.stdout.flush()
@@ -61,14 +61,6 @@ def rank_in_name(name: str) -> str | None:
     """The rank number in a process name `RANK_NAME` gave (None: not a forked rank's name)."""
     prefix = RANK_NAME.removesuffix("{}")
     return name.removeprefix(prefix) if name.startswith(prefix) else None
-
-
-def _name_process(name: str) -> None:
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
-        except (OSError, AttributeError):
-            pass  # only pipeline.hang's rank labels miss it
 
 
 class FirstFailure:

@@ -29,6 +29,8 @@ fi
 pin=$(mktemp)
 echo "torch==${TORCH_VERSION}+cpu" >"$pin"
 out=$(mktemp)
+# the current pins are uv's preferences: adding a dependency moves only what it must
+grep -v '^#' constraints-cpu.txt >"$out"
 "${uv[@]}" pip compile pyproject.toml --extra dev --python-version "$PYTHON_VERSION" \
   --find-links "$TORCH_WHEELS" -c "$pin" --no-annotate --no-header --quiet -o "$out"
 rm -f "$pin"

@@ -1,0 +1,139 @@
+"""CPU jobs forked from the launching process's warm server (pipeline.job_server), through the
+public launch path: what a job sees is what a fresh `python -m` under its guard saw (argv, cwd,
+its own and its credentials' variables, its session, stdin, output, exit status, process title),
+a stop or the launcher's death takes the job down, a changed environment gets a new server, and
+`RING_WARM_JOBS=off` starts every job cold. The stage tests run their CPU stages through it too."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from pipeline import job_server
+from pipeline.interrupt import StageInterrupted
+from pipeline.launch import launch_job
+from stages.common.contract import Resources, StageFailed
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+PROBE = [sys.executable, "-m", "tests.pipeline.warm_probe"]
+ONE = Resources(cpu_ranks=1)
+
+
+def _facts(log: Path) -> dict:
+    line = next(ln for ln in log.read_text().splitlines() if ln.startswith("FACTS "))
+    return json.loads(line.removeprefix("FACTS "))
+
+
+def _server_of(facts: dict) -> psutil.Process:
+    """The process the job's guard was forked from (it outlives the job)."""
+    return psutil.Process(facts["guard_parent"])
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_cpu_jobs_are_forked_from_one_warm_server_and_see_what_a_fresh_process_would(tmp_path):
+    seen = []
+    for i, credential in enumerate(["first", "second"]):
+        log = tmp_path / f"job{i}.log"
+        launch_job([*PROBE, "ok", f"n={i}"], "probe", log, ONE, extra_env={"WARM_CREDENTIAL": credential},
+                   cwd=str(tmp_path))
+        seen.append(_facts(log))
+        assert "a line on stderr" in log.read_text()
+    first, second = seen
+    assert first["torch_at_start"] and second["torch_at_start"]  # forked from a warm process
+    assert [first["argv"], second["argv"]] == [["ok", "n=0"], ["ok", "n=1"]]
+    assert first["cwd"] == second["cwd"] == str(tmp_path) and first["main"] == "__main__"
+    # a credential is the job's own variable: both jobs came from the same server
+    assert [first["credential"], second["credential"]] == ["first", "second"]
+    server = _server_of(first)
+    assert server.pid == _server_of(second).pid and server.ppid() == os.getpid()
+    assert "pipeline.job_server" in " ".join(server.cmdline())
+    for facts in seen:  # the guard leads the job's own session and group, as Popen(start_new_session) did
+        assert facts["sid"] == facts["pgid"] == facts["ppid"] != os.getsid(0)
+        assert facts["stdin"] == ""
+        assert facts["title"].startswith(f"{sys.executable} -m tests.pipeline.warm_probe ok")
+        # the job's OMP_NUM_THREADS (not the server's: it has none), as a fresh torch reads it
+        assert facts["omp"] and facts["threads"] == int(facts["omp"])
+
+
+def test_a_jobs_failure_is_its_exit_status_and_its_message(tmp_path):
+    with pytest.raises(StageFailed, match="exited with code 3") as failed:
+        launch_job([*PROBE, "exit3"], "probe", tmp_path / "exit.log", ONE)
+    assert failed.value.exit_code == 3
+    with pytest.raises(StageFailed, match="ValueError: the warm probe failed") as failed:
+        launch_job([*PROBE, "raise"], "probe", tmp_path / "raise.log", ONE)
+    assert failed.value.exit_code == 1
+    assert "Traceback" in (tmp_path / "raise.log").read_text()
+    with pytest.raises(StageFailed) as failed:  # as the guard reports a killed command: 128 + 9
+        launch_job([*PROBE, "kill"], "probe", tmp_path / "kill.log", ONE)
+    assert failed.value.exit_code == 128 + signal.SIGKILL
+
+
+def test_a_stop_takes_the_job_down(tmp_path):
+    log = tmp_path / "stop.log"
+
+    def must_stop() -> str | None:
+        return "told to" if log.exists() and "FACTS " in log.read_text() else None
+
+    with pytest.raises(StageInterrupted, match="told to"):
+        launch_job([*PROBE, "sleep"], "probe", log, ONE, must_stop=must_stop)
+    facts = _facts(log)
+    assert _gone(facts["pid"]) and _gone(facts["ppid"])
+    assert job_server._server is not None and job_server._server.proc.poll() is None
+
+
+def test_an_environment_an_import_may_read_gets_a_new_server(tmp_path, monkeypatch):
+    servers = []
+    for value in ("a", "b"):
+        monkeypatch.setenv("WARM_PROBE", value)
+        log = tmp_path / f"{value}.log"
+        launch_job([*PROBE, "ok"], "probe", log, ONE)
+        facts = _facts(log)
+        assert facts["variable"] == value
+        servers.append(facts["guard_parent"])
+    assert servers[0] != servers[1] and _gone(servers[0])  # the old one ended
+
+
+def test_the_server_and_its_job_die_with_the_launching_process(tmp_path):
+    log = tmp_path / "orphan.log"
+    script = ("import sys\nfrom pathlib import Path\nfrom pipeline.launch import launch_job\n"
+              "from stages.common.contract import Resources\n"
+              f"launch_job({[*PROBE, 'sleep']!r}, 'probe', Path({str(log)!r}), Resources(cpu_ranks=1))\n")
+    launcher = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        deadline = time.time() + 180
+        while not (log.exists() and "FACTS " in log.read_text()):
+            assert launcher.poll() is None and time.time() < deadline, "the job did not start"
+            time.sleep(0.2)
+        facts = _facts(log)
+        server = facts["guard_parent"]
+        launcher.kill()  # kill -9: nothing of it runs
+        launcher.wait()
+        deadline = time.time() + 30
+        while not all(_gone(p) for p in (server, facts["ppid"], facts["pid"])):
+            assert time.time() < deadline, "the server or its job outlived the launching process"
+            time.sleep(0.2)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+
+
+def test_switched_off_every_job_starts_as_its_own_process(tmp_path, monkeypatch):
+    monkeypatch.setenv(job_server.SWITCH, "off")
+    launch_job([*PROBE, "ok"], "probe", tmp_path / "cold.log", ONE)
+    facts = _facts(tmp_path / "cold.log")
+    assert not facts["torch_at_start"]
+    assert facts["guard_parent"] == os.getpid()  # its guard is our child, no server between
