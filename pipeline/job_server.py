@@ -48,8 +48,10 @@ from typing import Any, Iterator
 
 from pipeline import job_guard
 
-# read by the job as it runs, never by an import: they may differ from the server's own
-PER_JOB_VARIABLES = frozenset({"RING_FORWARD_ENV", "RING_COLLECTIVE_TIMEOUT_S", "OMP_NUM_THREADS"})
+# read by the job as it runs, never by an import: they may differ from the server's own. (pytest
+# sets its variable anew for every test phase in a process that launches stages in-process.)
+PER_JOB_VARIABLES = frozenset({"RING_FORWARD_ENV", "RING_COLLECTIVE_TIMEOUT_S", "OMP_NUM_THREADS",
+                               "PYTEST_CURRENT_TEST"})
 # imported by the jobs inside `main` (lazily, for the data stages' sake): warmed once here and in
 # pipeline.local_ranks. Not MLflow (rank 0's StageLogger): outside CI its import starts a
 # telemetry thread, and a process must not fork with a thread of its own running.
