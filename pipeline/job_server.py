@@ -281,6 +281,8 @@ class _Server:
     key: tuple
     proc: subprocess.Popen
     control: socket.socket
+    running: int = 0  # its jobs not yet ended
+    retired: bool = False  # a newer server took its place: it stops when its last job ends
 
     def stop(self) -> None:
         self.control.close()  # the server's end of the line: it returns from `serve`
@@ -290,14 +292,23 @@ class _Server:
             self.proc.kill()
             self.proc.wait()
 
+    def retire(self) -> None:
+        """Stop it now if no job of it runs, else when its last job ends (`job_ended`): its
+        running jobs' guards would take them down with it."""
+        self.retired = True
+        if self.running == 0:
+            self.stop()
+
+    def job_ended(self) -> None:
+        with _lock:
+            self.running -= 1
+            if self.retired and self.running == 0:
+                self.stop()
+
 
 _lock = threading.Lock()
 _server: _Server | None = None
 _broken: str | None = None  # why this process starts its jobs cold (a server that failed)
-
-
-def _key(env: dict[str, str], cwd: str, per_job: frozenset[str]) -> tuple:
-    return cwd, tuple(sorted((k, v) for k, v in env.items() if k not in per_job))
 
 
 def _start_server(key: tuple, env: dict[str, str], cwd: str) -> _Server | None:
@@ -321,14 +332,16 @@ def _start_server(key: tuple, env: dict[str, str], cwd: str) -> _Server | None:
     return server
 
 
-def _server_for(env: dict[str, str], cwd: str, per_job: frozenset[str]) -> _Server | None:
+def _server_for(common_env: dict[str, str], cwd: str) -> _Server | None:
+    """This process's server for jobs of `common_env` in `cwd` (made if need be); under _lock."""
     global _server
-    key = _key(env, cwd, per_job)
+    env = {k: v for k, v in common_env.items() if k not in PER_JOB_VARIABLES}
+    key = (cwd, tuple(sorted(env.items())))
     if _server is not None and (_server.key != key or _server.proc.poll() is not None):
-        _server.stop()
+        _server.retire()
         _server = None
     if _server is None and _broken is None:
-        _server = _start_server(key, {k: v for k, v in env.items() if k not in per_job}, cwd)
+        _server = _start_server(key, env, cwd)
     return _server
 
 
@@ -337,10 +350,10 @@ class WarmJob:
     leader of its process group), `stdout` (text, as Popen's `text=True, errors="replace"`),
     `poll`, `wait` and `returncode`."""
 
-    def __init__(self, pid: int, stdout_fd: int, job: socket.socket) -> None:
+    def __init__(self, pid: int, stdout_fd: int, job: socket.socket, server: _Server) -> None:
         self.pid, self.returncode = pid, None
         self.stdout = open(stdout_fd, errors="replace", buffering=1)  # noqa: SIM115 - Popen's, read to EOF
-        self._job = job
+        self._job, self._server = job, server
 
     def poll(self) -> int | None:
         return self.returncode if self.returncode is not None else self._receive(0)
@@ -356,32 +369,33 @@ class WarmJob:
             # no message: the server was killed; its guard takes the job down (parent death)
             self.returncode = json.loads(message)["status"] if message else -signal.SIGKILL
             self._job.close()
+            self._server.job_ended()
         return self.returncode
 
 
 def start_job(command: list[str], env: dict[str, str], cwd: str | None,
-              per_job: frozenset[str] = frozenset()) -> WarmJob | None:
+              common_env: dict[str, str]) -> WarmJob | None:
     """`command` (`python -m MODULE ARGS...` of this interpreter) forked from this process's warm
-    server with `env`, in `cwd` (None: this process's); `per_job`: the job's own variables (its
-    credentials) beside PER_JOB_VARIABLES. None when it cannot be: the caller starts it cold."""
+    server with `env`, in `cwd` (None: this process's). The server is made for `common_env`, the
+    job's environment without its own credentials, less PER_JOB_VARIABLES. None when it cannot
+    be: the caller starts the job cold."""
     if not enabled() or command[:2] != [sys.executable, "-m"] or len(command) < 3:
         return None
     cwd = os.path.abspath(cwd or os.getcwd())
     read_end, write_end = os.pipe()
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    started: dict[str, Any] = {}
     try:
         with _lock:
-            server = _server_for(env, cwd, PER_JOB_VARIABLES | per_job)
-            if server is None:
-                raise OSError(_broken)
-            request = json.dumps({"argv": command[2:], "env": env, "cwd": cwd, "parent": os.getpid()}).encode()
-            server.control.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                                array.array("i", [write_end, theirs.fileno()]))])
-            started = json.loads(ours.recv(_MAX_MESSAGE) or b"{}")
+            server = _server_for(common_env, cwd)
+            if server is not None:
+                request = json.dumps({"argv": command[2:], "env": env, "cwd": cwd, "parent": os.getpid()})
+                server.control.sendmsg([request.encode()], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                                             array.array("i", [write_end, theirs.fileno()]))])
+                started = json.loads(ours.recv(_MAX_MESSAGE) or b"{}")
+                server.running += "pid" in started
     except OSError:
-        os.close(read_end)
-        ours.close()
-        return None
+        pass  # the server went away: this job starts cold
     finally:
         os.close(write_end)
         theirs.close()
@@ -389,11 +403,11 @@ def start_job(command: list[str], env: dict[str, str], cwd: str | None,
         os.close(read_end)
         ours.close()
         return None
-    return WarmJob(started["pid"], read_end, ours)
+    return WarmJob(started["pid"], read_end, ours, server)
 
 
 def stop_server() -> None:
-    """End this process's server (it holds torch's memory), e.g. when a run is over."""
+    """End this process's server as this process exits (its CPU is counted as our children's)."""
     global _server
     with _lock:
         if _server is not None:

@@ -124,6 +124,24 @@ def _visible_gpus(resources: Resources) -> list[str] | None:
     return ids[:resources.gpus_per_node]
 
 
+def job_environment(resources: Resources, extra_env: dict[str, str] | None,
+                    progress_deadline_s: float | None) -> dict[str, str]:
+    """A job's environment: this process's, what every job gets, and `extra_env` (its credentials)."""
+    env = {**os.environ, **_CHILD_ENV, **(extra_env or {})}
+    if extra_env:  # the job's credentials reach remote nodes too (pipeline.torchrun_hosts)
+        env["RING_FORWARD_ENV"] = ",".join(sorted(extra_env))
+    if resources.gpus_per_node == 0:
+        # CPU ranks share the cores: one intra-op thread pool per rank avoids oversubscription.
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // resources.ranks_per_node)))
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    # the repo root on the path, so `python -m stages.x` works from a source checkout too
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    if progress_deadline_s:
+        env["RING_COLLECTIVE_TIMEOUT_S"] = str(progress_deadline_s + _COLLECTIVE_AFTER_DEADLINE_S)
+    return env
+
+
 @dataclass
 class LaunchResult:
     returncode: int
@@ -146,23 +164,12 @@ def launch_job(command: list[str], stage: str, log_path: Path, resources: Resour
     rank does what (pipeline.hang); its collectives time out a minute later by themselves
     (`RING_COLLECTIVE_TIMEOUT_S`, stages.common.distributed).
     """
-    env = {**os.environ, **_CHILD_ENV, **(extra_env or {})}
-    if extra_env:  # the job's credentials reach remote nodes too (pipeline.torchrun_hosts)
-        env["RING_FORWARD_ENV"] = ",".join(sorted(extra_env))
-    if resources.gpus_per_node == 0:
-        # CPU ranks share the cores: one intra-op thread pool per rank avoids oversubscription.
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // resources.ranks_per_node)))
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    # the repo root on the path, so `python -m stages.x` works from a source checkout too
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    if progress_deadline_s:
-        env["RING_COLLECTIVE_TIMEOUT_S"] = str(progress_deadline_s + _COLLECTIVE_AFTER_DEADLINE_S)
+    env = job_environment(resources, extra_env, progress_deadline_s)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     output = JobOutput(stage, kind)
     show = console.current()
     interrupt.raise_if_stopping(f"stage {stage!r}")
-    proc = _start(command, resources, env, cwd, frozenset(extra_env or ()))
+    proc = _start(command, resources, env, cwd, job_environment(resources, None, progress_deadline_s))
 
     def pump() -> None:
         with open(log_path, "a", encoding="utf-8") as log:
@@ -200,11 +207,12 @@ _LAUNCHERS = frozenset({"deepspeed.launcher.runner", "torch.distributed.run", "p
 
 
 def _start(command: list[str], resources: Resources, env: dict[str, str], cwd: str | None,
-           credentials: frozenset[str]) -> subprocess.Popen | job_server.WarmJob:
+           common_env: dict[str, str]) -> subprocess.Popen | job_server.WarmJob:
     """The job under its guard, in a session of its own: a CPU job of this machine is forked from
-    this process's warm server (pipeline.job_server), any other starts as a process of its own."""
+    this process's warm server (pipeline.job_server; `common_env`: the environment without the
+    job's credentials), any other starts as a process of its own."""
     if resources.gpus_per_node == 0 and resources.nodes == 1 and command[2:3] and command[2] not in _LAUNCHERS:
-        warm = job_server.start_job(command, env, cwd, credentials)
+        warm = job_server.start_job(command, env, cwd, common_env)
         if warm is not None:
             return warm
     guarded = [sys.executable, "-m", "pipeline.job_guard", str(os.getpid()), "--", *command]

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -105,6 +106,36 @@ def test_an_environment_an_import_may_read_gets_a_new_server(tmp_path, monkeypat
         assert facts["variable"] == value
         servers.append(facts["guard_parent"])
     assert servers[0] != servers[1] and _gone(servers[0])  # the old one ended
+
+
+def test_a_new_server_lets_the_old_ones_running_job_finish(tmp_path, monkeypatch):
+    """A job whose environment differs gets a new server while another job of the old one runs
+    (two stages of a run at once): the old job finishes as it would have, then its server ends."""
+    done, first_log = tmp_path / "done", tmp_path / "first.log"
+    outcome: dict = {}
+
+    def first() -> None:
+        try:
+            outcome["result"] = launch_job([*PROBE, "wait", str(done)], "probe", first_log, ONE)
+        except BaseException as e:  # noqa: BLE001 - the test's thread reports it
+            outcome["error"] = e
+
+    monkeypatch.setenv("WARM_PROBE", "old")
+    worker = threading.Thread(target=first)
+    worker.start()
+    deadline = time.time() + 180
+    while not (first_log.exists() and "FACTS " in first_log.read_text()):
+        assert worker.is_alive() and time.time() < deadline, outcome
+        time.sleep(0.1)
+    old_server = _facts(first_log)["guard_parent"]
+    monkeypatch.setenv("WARM_PROBE", "new")
+    launch_job([*PROBE, "ok"], "probe", tmp_path / "second.log", ONE)
+    assert _facts(tmp_path / "second.log")["guard_parent"] != old_server
+    assert worker.is_alive() and not _gone(old_server)
+    done.touch()
+    worker.join(timeout=60)
+    assert outcome.get("result") is not None and outcome["result"].returncode == 0, outcome
+    assert _gone(old_server)
 
 
 def test_the_server_and_its_job_die_with_the_launching_process(tmp_path):

@@ -1,4 +1,4 @@
-"""`python -m tests.pipeline.warm_probe [ok|exit3|raise|kill|sleep]`: a job that prints what it sees
+"""`python -m tests.pipeline.warm_probe [ok|exit3|raise|kill|sleep|wait FILE]`: a job that prints what it sees
 as one `FACTS {json}` line (to stdout; a line to stderr too), then does what it was told."""
 from __future__ import annotations
 
@@ -27,3 +27,7 @@ if what == "kill":
     os.kill(os.getpid(), 9)
 if what == "sleep":
     time.sleep(300)
+if what == "wait":  # until the file named next exists
+    deadline = time.time() + 120
+    while not os.path.exists(sys.argv[2]) and time.time() < deadline:
+        time.sleep(0.1)

@@ -30,8 +30,11 @@ pytestmark = pytest.mark.slow
 FAIL_WITHIN_S = 60  # from the engine's error to the StageFailed; a hang lasts the 3-minute deadline below
 REPO = str(Path(__file__).resolve().parents[3])
 SITECUSTOMIZE = """import os
-# a stage rank (and what it starts), or pipeline.local_ranks, which forks CPU ranks with what it imported
-if "RANK" in os.environ and "LOCAL_RANK" in os.environ or b"pipeline.local_ranks" in open("/proc/self/cmdline", "rb").read():
+# a stage rank (and what it starts), or pipeline.local_ranks, which forks CPU ranks with what it
+# imported, or the warm job server (pipeline.job_server), which forks the CPU jobs with what it imported
+cmdline = open("/proc/self/cmdline", "rb").read()
+if "RANK" in os.environ and "LOCAL_RANK" in os.environ or b"pipeline.local_ranks" in cmdline \
+        or b"pipeline.job_server" in cmdline:
     import tests.stages.rl.failing_engine  # noqa: F401  registers the test's engine
 """
 
