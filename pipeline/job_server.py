@@ -2,10 +2,11 @@
 
 A stage job started as a fresh `python -m ENTRY` spends most of a small CPU stage importing
 torch, transformers' model code and DeepSpeed before its first step (~10 CPU-s on a 2-core
-machine: README "Set-up"); the tiny recipe starts ten such jobs, the suite about sixty. So the
-first CPU job a process launches starts this server (`python -m pipeline.job_server`), which
-imports them once, and that job and every later CPU job of the process are forked from it, as
-`pipeline.local_ranks` forks a job's ranks from its warm launcher.
+machine: README "Set-up"); the tiny recipe starts seven such jobs. So the second CPU job a
+process launches starts this server (`python -m pipeline.job_server`), which imports them once,
+and that job and every later CPU job of the process are forked from it, as `pipeline.local_ranks`
+forks a job's ranks from its warm launcher. (The first job starts cold: a server costs about
+what it saves one job, so a process that launches a single job is not made slower.)
 
 A forked job gets what `launch_job`'s Popen of `pipeline.job_guard` gave it:
 - its own session, whose leader is its guard (`job_guard.guard`: the group goes down when the
@@ -17,10 +18,12 @@ A forked job gets what `launch_job`'s Popen of `pipeline.job_guard` gave it:
   as `__main__` (`run_module_as_main`), with its exit handlers run as it ends;
 - its exit status: the server reaps the guard and sends it back (`WarmJob.wait`).
 
-What a fork cannot give: a fresh interpreter. A server is made for one working directory and
-one environment, less the variables read when the job runs (`PER_JOB_VARIABLES` and the job's
-credentials): a job whose environment differs in any other variable, which an import may have
-read, gets a new server (the old one ends). Only for CPU jobs on one node (launch decides):
+What a fork cannot give: a fresh interpreter (its start-up hooks, sitecustomize, ran once, in
+the server). A server is made for one working directory and one environment, less the variables
+read when the job runs (`PER_JOB_VARIABLES` and the job's credentials): a job whose environment
+differs in any other variable, which an import may have read, gets a server of its own. The two
+most recently used are kept; one replaced ends once its running jobs have (pipeline.warm_jobs:
+the launching process's side). Only for CPU jobs on one node (launch decides):
 forking a process in which CUDA may have initialised is unsafe, and this server never imports
 more than torch's CPU side. Linux only (pidfds); elsewhere, or with `RING_WARM_JOBS=off`, every
 job starts as its own process.
@@ -43,22 +46,15 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass
 from typing import Any, Iterator
 
 from pipeline import job_guard
 
-# read by the job as it runs, never by an import: they may differ from the server's own. (pytest
-# sets its variable anew for every test phase in a process that launches stages in-process.)
-PER_JOB_VARIABLES = frozenset({"RING_FORWARD_ENV", "RING_COLLECTIVE_TIMEOUT_S", "OMP_NUM_THREADS",
-                               "PYTEST_CURRENT_TEST"})
 # imported by the jobs inside `main` (lazily, for the data stages' sake): warmed once here and in
 # pipeline.local_ranks. Not MLflow (rank 0's StageLogger): outside CI its import starts a
 # telemetry thread, and a process must not fork with a thread of its own running.
 WARM_MODULES = ("torch", "deepspeed", "transformers.modeling_utils")
-SWITCH = "RING_WARM_JOBS"  # `off`: every CPU job starts as its own process
-_READY_TIMEOUT_S = 300.0  # the server's imports (~10 s on 2 busy cores)
-_MAX_MESSAGE = 1 << 20
+MAX_MESSAGE = 1 << 20  # a request (the job's environment) or an answer, on the server's lines
 _PR_SET_NAME = 15
 
 
@@ -222,7 +218,7 @@ def serve(control: socket.socket) -> None:
 
 def _take_request(control: socket.socket, jobs: dict[int, tuple[int, socket.socket]]) -> bool:
     fds = array.array("i")
-    message, ancillary, _, _ = control.recvmsg(_MAX_MESSAGE, socket.CMSG_SPACE(2 * fds.itemsize))
+    message, ancillary, _, _ = control.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(2 * fds.itemsize))
     if not message:
         return False  # the launching process is gone
     for level, kind, data in ancillary:
@@ -270,161 +266,6 @@ def _server_main(fd: int) -> int:
     serve(control)
     return 0
 
-
-# -- the launching process's side -------------------------------------------------------------------
-def enabled() -> bool:
-    return hasattr(os, "pidfd_open") and os.environ.get(SWITCH, "on").lower() != "off"
-
-
-@dataclass
-class _Server:
-    key: tuple
-    proc: subprocess.Popen
-    control: socket.socket
-    running: int = 0  # its jobs not yet ended
-    retired: bool = False  # a newer server took its place: it stops when its last job ends
-
-    def stop(self) -> None:
-        self.control.close()  # the server's end of the line: it returns from `serve`
-        try:
-            self.proc.wait(timeout=10)  # reaped: its CPU counts as this process's children's
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-    def retire(self) -> None:
-        """Stop it now if no job of it runs, else when its last job ends (`job_ended`): its
-        running jobs' guards would take them down with it."""
-        self.retired = True
-        if self.running == 0:
-            self.stop()
-
-    def job_ended(self) -> None:
-        with _lock:
-            self.running -= 1
-            if self.retired and self.running == 0:
-                self.stop()
-
-
-_lock = threading.Lock()
-_server: _Server | None = None
-_broken: str | None = None  # why this process starts its jobs cold (a server that failed)
-
-
-def _start_server(key: tuple, env: dict[str, str], cwd: str) -> _Server | None:
-    global _broken
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    with theirs:
-        proc = subprocess.Popen([sys.executable, "-m", "pipeline.job_server", str(theirs.fileno())],
-                                env=env, cwd=cwd, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    server = _Server(key, proc, ours)
-    ours.settimeout(_READY_TIMEOUT_S)
-    try:
-        answer = json.loads(ours.recv(_MAX_MESSAGE) or b'{"error": "it exited"}')
-    except (OSError, ValueError) as e:
-        answer = {"error": str(e)}
-    ours.settimeout(None)
-    if "ready" not in answer:
-        _broken = f"the warm job server did not start ({answer.get('error')}); CPU jobs start cold"
-        server.stop()
-        return None
-    return server
-
-
-def _server_for(common_env: dict[str, str], cwd: str) -> _Server | None:
-    """This process's server for jobs of `common_env` in `cwd` (made if need be); under _lock."""
-    global _server
-    env = {k: v for k, v in common_env.items() if k not in PER_JOB_VARIABLES}
-    key = (cwd, tuple(sorted(env.items())))
-    if _server is not None and (_server.key != key or _server.proc.poll() is not None):
-        _server.retire()
-        _server = None
-    if _server is None and _broken is None:
-        _server = _start_server(key, env, cwd)
-    return _server
-
-
-class WarmJob:
-    """A job forked by the server, seen as the `subprocess.Popen` of its guard: `pid` (the
-    leader of its process group), `stdout` (text, as Popen's `text=True, errors="replace"`),
-    `poll`, `wait` and `returncode`."""
-
-    def __init__(self, pid: int, stdout_fd: int, job: socket.socket, server: _Server) -> None:
-        self.pid, self.returncode = pid, None
-        self.stdout = open(stdout_fd, errors="replace", buffering=1)  # noqa: SIM115 - Popen's, read to EOF
-        self._job, self._server = job, server
-
-    def poll(self) -> int | None:
-        return self.returncode if self.returncode is not None else self._receive(0)
-
-    def wait(self, timeout: float | None = None) -> int:
-        if self.returncode is None and self._receive(timeout) is None:
-            raise subprocess.TimeoutExpired(f"job {self.pid}", timeout or 0)
-        return self.returncode  # type: ignore[return-value]
-
-    def _receive(self, timeout: float | None) -> int | None:
-        if select.select([self._job], [], [], timeout)[0]:
-            message = self._job.recv(_MAX_MESSAGE)
-            # no message: the server was killed; its guard takes the job down (parent death)
-            self.returncode = json.loads(message)["status"] if message else -signal.SIGKILL
-            self._job.close()
-            self._server.job_ended()
-        return self.returncode
-
-
-def start_job(command: list[str], env: dict[str, str], cwd: str | None,
-              common_env: dict[str, str]) -> WarmJob | None:
-    """`command` (`python -m MODULE ARGS...` of this interpreter) forked from this process's warm
-    server with `env`, in `cwd` (None: this process's). The server is made for `common_env`, the
-    job's environment without its own credentials, less PER_JOB_VARIABLES. None when it cannot
-    be: the caller starts the job cold."""
-    if not enabled() or command[:2] != [sys.executable, "-m"] or len(command) < 3:
-        return None
-    cwd = os.path.abspath(cwd or os.getcwd())
-    read_end, write_end = os.pipe()
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    started: dict[str, Any] = {}
-    try:
-        with _lock:
-            server = _server_for(common_env, cwd)
-            if server is not None:
-                request = json.dumps({"argv": command[2:], "env": env, "cwd": cwd, "parent": os.getpid()})
-                server.control.sendmsg([request.encode()], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                                             array.array("i", [write_end, theirs.fileno()]))])
-                started = json.loads(ours.recv(_MAX_MESSAGE) or b"{}")
-                server.running += "pid" in started
-    except OSError:
-        pass  # the server went away: this job starts cold
-    finally:
-        os.close(write_end)
-        theirs.close()
-    if "pid" not in started:
-        os.close(read_end)
-        ours.close()
-        return None
-    return WarmJob(started["pid"], read_end, ours, server)
-
-
-def stop_server() -> None:
-    """End this process's server as this process exits (its CPU is counted as our children's)."""
-    global _server
-    with _lock:
-        if _server is not None:
-            _server.stop()
-            _server = None
-
-
-def _forget_in_child() -> None:
-    """A fork of the launching process (multiprocessing) must not share its server's line."""
-    global _server
-    if _server is not None:
-        _server.control.close()
-        _server = None
-
-
-atexit.register(stop_server)
-os.register_at_fork(after_in_child=_forget_in_child)
 
 if __name__ == "__main__":
     sys.exit(_server_main(int(sys.argv[1])))

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from pipeline import console, interrupt, job_server
+from pipeline import console, interrupt, warm_jobs
 from pipeline.hang import dump_stacks, hang_report
 from pipeline.interrupt import StageInterrupted
 from pipeline.job_output import JobOutput
@@ -207,12 +207,12 @@ _LAUNCHERS = frozenset({"deepspeed.launcher.runner", "torch.distributed.run", "p
 
 
 def _start(command: list[str], resources: Resources, env: dict[str, str], cwd: str | None,
-           common_env: dict[str, str]) -> subprocess.Popen | job_server.WarmJob:
+           common_env: dict[str, str]) -> subprocess.Popen | warm_jobs.WarmJob:
     """The job under its guard, in a session of its own: a CPU job of this machine is forked from
     this process's warm server (pipeline.job_server; `common_env`: the environment without the
     job's credentials), any other starts as a process of its own."""
     if resources.gpus_per_node == 0 and resources.nodes == 1 and command[2:3] and command[2] not in _LAUNCHERS:
-        warm = job_server.start_job(command, env, cwd, common_env)
+        warm = warm_jobs.start_job(command, env, cwd, common_env)
         if warm is not None:
             return warm
     guarded = [sys.executable, "-m", "pipeline.job_guard", str(os.getpid()), "--", *command]
@@ -220,7 +220,7 @@ def _start(command: list[str], resources: Resources, env: dict[str, str], cwd: s
                             cwd=cwd, start_new_session=True, text=True, errors="replace", bufsize=1)
 
 
-def _deadline_check(proc: subprocess.Popen | job_server.WarmJob, output: JobOutput, log_path: Path,
+def _deadline_check(proc: subprocess.Popen | warm_jobs.WarmJob, output: JobOutput, log_path: Path,
                     deadline_s: float | None) -> Callable[[], str | None]:
     """A `_wait` check: past the deadline, the ranks' stacks dumped and the report (prefixed
     `_HUNG`); else None."""
@@ -239,7 +239,7 @@ def _deadline_check(proc: subprocess.Popen | job_server.WarmJob, output: JobOutp
     return check
 
 
-def _wait(proc: subprocess.Popen | job_server.WarmJob, must_stop: Callable[[], str | None] | None,
+def _wait(proc: subprocess.Popen | warm_jobs.WarmJob, must_stop: Callable[[], str | None] | None,
           hung: Callable[[], str | None] = lambda: None) -> str | None:
     """Wait for the job; None when it exited by itself, else why it was stopped."""
     while True:
@@ -259,7 +259,7 @@ def _wait(proc: subprocess.Popen | job_server.WarmJob, must_stop: Callable[[], s
             return reason
 
 
-def stop_group(proc: subprocess.Popen | job_server.WarmJob, grace_s: float = _GRACE_S) -> None:
+def stop_group(proc: subprocess.Popen | warm_jobs.WarmJob, grace_s: float = _GRACE_S) -> None:
     """SIGINT, then SIGTERM, then SIGKILL to the job's process group (a second stop request
     skips the waits); then SIGKILL to whatever of the group outlived the guard."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):

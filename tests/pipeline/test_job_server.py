@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from pipeline import job_server
+from pipeline import warm_jobs
 from pipeline.interrupt import StageInterrupted
 from pipeline.launch import launch_job
 from stages.common.contract import Resources, StageFailed
@@ -26,6 +26,13 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 PROBE = [sys.executable, "-m", "tests.pipeline.warm_probe"]
 ONE = Resources(cpu_ranks=1)
+
+
+@pytest.fixture(autouse=True)
+def _not_the_first_launch(tmp_path_factory) -> None:
+    """The first CPU job a process launches starts cold (test_the_first_job_starts_cold...): the
+    tests here are about the later ones, whatever ran in this process before."""
+    launch_job([*PROBE, "ok"], "probe", tmp_path_factory.mktemp("first") / "first.log", ONE)
 
 
 def _facts(log: Path) -> dict:
@@ -93,24 +100,28 @@ def test_a_stop_takes_the_job_down(tmp_path):
         launch_job([*PROBE, "sleep"], "probe", log, ONE, must_stop=must_stop)
     facts = _facts(log)
     assert _gone(facts["pid"]) and _gone(facts["ppid"])
-    assert job_server._server is not None and job_server._server.proc.poll() is None
+    assert not _gone(facts["guard_parent"])  # the server outlives a stopped job: the next one is forked from it
 
 
-def test_an_environment_an_import_may_read_gets_a_new_server(tmp_path, monkeypatch):
+def test_an_environment_an_import_may_read_gets_a_server_of_its_own(tmp_path, monkeypatch):
+    """One server per environment, the two most recently used kept: a third environment ends the
+    least recently used one."""
     servers = []
-    for value in ("a", "b"):
+    for i, value in enumerate("abac"):
         monkeypatch.setenv("WARM_PROBE", value)
-        log = tmp_path / f"{value}.log"
+        log = tmp_path / f"{i}.log"
         launch_job([*PROBE, "ok"], "probe", log, ONE)
         facts = _facts(log)
-        assert facts["variable"] == value
+        assert facts["variable"] == value and facts["torch_at_start"]
         servers.append(facts["guard_parent"])
-    assert servers[0] != servers[1] and _gone(servers[0])  # the old one ended
+    a, b, a_again, c = servers
+    assert a == a_again and len({a, b, c}) == 3
+    assert _gone(b) and not _gone(a) and not _gone(c)
 
 
 def test_a_new_server_lets_the_old_ones_running_job_finish(tmp_path, monkeypatch):
-    """A job whose environment differs gets a new server while another job of the old one runs
-    (two stages of a run at once): the old job finishes as it would have, then its server ends."""
+    """The server of a running job is replaced (two other environments came since): the job
+    finishes as it would have, then its server ends."""
     done, first_log = tmp_path / "done", tmp_path / "first.log"
     outcome: dict = {}
 
@@ -128,9 +139,10 @@ def test_a_new_server_lets_the_old_ones_running_job_finish(tmp_path, monkeypatch
         assert worker.is_alive() and time.time() < deadline, outcome
         time.sleep(0.1)
     old_server = _facts(first_log)["guard_parent"]
-    monkeypatch.setenv("WARM_PROBE", "new")
-    launch_job([*PROBE, "ok"], "probe", tmp_path / "second.log", ONE)
-    assert _facts(tmp_path / "second.log")["guard_parent"] != old_server
+    for value in ("new", "newer"):  # two other environments: the old server is the least recently used
+        monkeypatch.setenv("WARM_PROBE", value)
+        launch_job([*PROBE, "ok"], "probe", tmp_path / f"{value}.log", ONE)
+        assert _facts(tmp_path / f"{value}.log")["guard_parent"] != old_server
     assert worker.is_alive() and not _gone(old_server)
     done.touch()
     worker.join(timeout=60)
@@ -138,10 +150,14 @@ def test_a_new_server_lets_the_old_ones_running_job_finish(tmp_path, monkeypatch
     assert _gone(old_server)
 
 
-def test_the_server_and_its_job_die_with_the_launching_process(tmp_path):
-    log = tmp_path / "orphan.log"
+def test_the_first_job_starts_cold_and_the_server_dies_with_the_launching_process(tmp_path):
+    """In a process of its own: its first CPU job starts as a process of its own (a server pays
+    from the second job on), the second is forked from the server; kill -9 of that process takes
+    the server and its running job down."""
+    cold, log = tmp_path / "cold.log", tmp_path / "warm.log"
     script = ("import sys\nfrom pathlib import Path\nfrom pipeline.launch import launch_job\n"
               "from stages.common.contract import Resources\n"
+              f"launch_job({[*PROBE, 'ok']!r}, 'probe', Path({str(cold)!r}), Resources(cpu_ranks=1))\n"
               f"launch_job({[*PROBE, 'sleep']!r}, 'probe', Path({str(log)!r}), Resources(cpu_ranks=1))\n")
     launcher = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
@@ -149,7 +165,9 @@ def test_the_server_and_its_job_die_with_the_launching_process(tmp_path):
         while not (log.exists() and "FACTS " in log.read_text()):
             assert launcher.poll() is None and time.time() < deadline, "the job did not start"
             time.sleep(0.2)
-        facts = _facts(log)
+        first, facts = _facts(cold), _facts(log)
+        assert not first["torch_at_start"] and first["guard_parent"] == launcher.pid
+        assert facts["torch_at_start"] and psutil.Process(facts["guard_parent"]).ppid() == launcher.pid
         server = facts["guard_parent"]
         launcher.kill()  # kill -9: nothing of it runs
         launcher.wait()
@@ -163,7 +181,7 @@ def test_the_server_and_its_job_die_with_the_launching_process(tmp_path):
 
 
 def test_switched_off_every_job_starts_as_its_own_process(tmp_path, monkeypatch):
-    monkeypatch.setenv(job_server.SWITCH, "off")
+    monkeypatch.setenv(warm_jobs.SWITCH, "off")
     launch_job([*PROBE, "ok"], "probe", tmp_path / "cold.log", ONE)
     facts = _facts(tmp_path / "cold.log")
     assert not facts["torch_at_start"]
