@@ -101,12 +101,13 @@ def _server_for(common_env: dict[str, str], cwd: str) -> _Server | None:
     None for the first CPU job a process launches: a server costs about what it saves one job (its
     imports), so it pays from the second job on and a process that launches one job (a
     `ring-pipeline curate` rerun of one stage) is not made slower by it."""
-    global _cpu_launches
+    global _cpu_launches, _broken
     _cpu_launches += 1
     env = {k: v for k, v in common_env.items() if k not in PER_JOB_VARIABLES}
     key = (cwd, tuple(sorted(env.items())))
     server = _servers.pop(key, None)
-    if server is not None and server.proc.poll() is not None:
+    if server is not None and server.proc.poll() is not None:  # it died (e.g. a kernel without pidfds)
+        _broken = f"the warm job server exited by itself (code {server.proc.returncode}); CPU jobs start cold"
         server.retire()
         server = None
     if server is None and (_broken is not None or _cpu_launches < 2):
