@@ -10,10 +10,11 @@ console (pipeline.console), and a failure is explained by what the job reported.
 
 A job runs in its own session under `pipeline.job_guard`, which takes the job's process
 group down if this process dies; this process stops the group itself when the run is told
-to stop (`pipeline.interrupt`) or the stage's lease is lost. A CPU job of this machine (a
-data stage's process, `pipeline.local_ranks`) is forked, guard and all, from this process's
-warm job server (`pipeline.job_server`: torch, transformers and DeepSpeed imported once, not
-once a stage); any other job starts as a process of its own.
+to stop (`pipeline.interrupt`) or the stage's lease is lost. From this process's second CPU
+job on, a CPU job of this machine (a data stage's process, `pipeline.local_ranks`) is forked,
+guard and all, from a warm job server of this process (`pipeline.job_server`: torch,
+transformers and DeepSpeed imported once, not once a stage; `pipeline.warm_jobs`); any other
+job starts as a process of its own.
 """
 from __future__ import annotations
 
@@ -169,7 +170,7 @@ def launch_job(command: list[str], stage: str, log_path: Path, resources: Resour
     output = JobOutput(stage, kind)
     show = console.current()
     interrupt.raise_if_stopping(f"stage {stage!r}")
-    proc = _start(command, resources, env, cwd, job_environment(resources, None, progress_deadline_s))
+    proc = _start(command, resources, env, cwd, progress_deadline_s)
 
     def pump() -> None:
         with open(log_path, "a", encoding="utf-8") as log:
@@ -207,11 +208,12 @@ _LAUNCHERS = frozenset({"deepspeed.launcher.runner", "torch.distributed.run", "p
 
 
 def _start(command: list[str], resources: Resources, env: dict[str, str], cwd: str | None,
-           common_env: dict[str, str]) -> subprocess.Popen | warm_jobs.WarmJob:
-    """The job under its guard, in a session of its own: a CPU job of this machine is forked from
-    this process's warm server (pipeline.job_server; `common_env`: the environment without the
-    job's credentials), any other starts as a process of its own."""
+           progress_deadline_s: float | None) -> subprocess.Popen | warm_jobs.WarmJob:
+    """The job under its guard, in a session of its own: a CPU job of this machine may be forked
+    from a warm server of this process (pipeline.warm_jobs; the server is made for the job's
+    environment without its credentials), any other starts as a process of its own."""
     if resources.gpus_per_node == 0 and resources.nodes == 1 and command[2:3] and command[2] not in _LAUNCHERS:
+        common_env = job_environment(resources, None, progress_deadline_s)
         warm = warm_jobs.start_job(command, env, cwd, common_env)
         if warm is not None:
             return warm
