@@ -14,7 +14,8 @@ A forked job gets what `launch_job`'s Popen of `pipeline.job_guard` gave it:
   stops the job with `os.killpg` on the guard's pid (`WarmJob.pid`), as before;
 - stdout and stderr on the launching process's pipe; stdin /dev/null (a job in a session of its
   own never reads the terminal);
-- its environment, working directory and argv; the default signal dispositions; the module run
+- its environment, working directory and argv; torch's thread count from its OMP_NUM_THREADS
+  (`renew_torch_threads`); the default signal dispositions; the module run
   as `__main__` (`run_module_as_main`), with its exit handlers run as it ends;
 - its exit status: the server reaps the guard and sends it back (`WarmJob.wait`).
 
@@ -83,6 +84,19 @@ def run_module_as_main(module: str, args: list[str]) -> int:
     return status if isinstance(status, int) else 0 if status is None else 1
 
 
+def renew_torch_threads(threads: int | None = None) -> None:
+    """In a process just forked from a warm one, before it starts a thread: torch's intra-op
+    thread count set to `threads` (what a fresh torch reads from OMP_NUM_THREADS), else to the
+    count it has. Setting it also replaces, now and in this one thread, the thread pool the fork
+    left behind (caffe2's pthreadpool, which every `set_num_threads` asks for): torch otherwise
+    replaces it in whichever thread asks first, and once a count was set every new thread asks at
+    its first operation. Two threads asking at once (a rank's gloo threads, a bounded store call)
+    can be handed no pool: "Invalid thread pool!", seen once in CI in a forked CPU rank."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(threads or torch.get_num_threads())
+
+
 def name_process(name: str) -> None:
     """This process's short name (`/proc/PID/comm`, 15 bytes: what top and pipeline.hang read)."""
     if sys.platform.startswith("linux"):
@@ -135,6 +149,8 @@ def _fork_job(module: str, args: list[str]) -> _ForkedChild:
         return _ForkedChild(pid)
     status, interrupted = 1, False
     try:
+        threads = os.environ.get("OMP_NUM_THREADS", "")
+        renew_torch_threads(int(threads) if threads.isdigit() and int(threads) > 0 else None)
         _show_as([sys.executable, "-m", module, *args])
         status = run_module_as_main(module, args)
     except KeyboardInterrupt:
@@ -168,9 +184,6 @@ def _become_job(request: dict[str, Any], out_fd: int, server_fds: list[int]) -> 
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        threads, torch = request["env"].get("OMP_NUM_THREADS", ""), sys.modules.get("torch")
-        if torch is not None and threads.isdigit() and int(threads) > 0:
-            torch.set_num_threads(int(threads))  # what a fresh torch reads from the variable
         module, args = request["argv"][0], request["argv"][1:]
         _show_as([sys.executable, "-m", "pipeline.job_guard", str(request["parent"]), "--",
                   sys.executable, "-m", *request["argv"]])

@@ -19,7 +19,8 @@ What a forked rank gets as a fresh process would: the default SIGINT / SIGTERM /
 SIGQUIT handling (the elastic agent installs handlers of its own before it forks: a rank
 blocked in a collective must still die of SIGTERM; the launcher's SIGCHLD handler, FirstFailure,
 is not the rank's either), and the exit handlers (atexit) of what it imported run when its
-Python ends (a failed job's os._exit skips them, as before). Its process name (`/proc/PID/comm`) is `RANK_NAME`: a fork keeps
+Python ends (a failed job's os._exit skips them, as before); torch's thread count and a thread
+pool of its own (`job_server.renew_torch_threads`). Its process name (`/proc/PID/comm`) is `RANK_NAME`: a fork keeps
 the launcher's command line and initial environment, so this is where `pipeline.hang` reads
 a rank's number from.
 
@@ -34,7 +35,7 @@ import os
 import signal
 import sys
 
-from pipeline.job_server import import_warm_modules, name_process, run_module_as_main
+from pipeline.job_server import import_warm_modules, name_process, renew_torch_threads, run_module_as_main
 
 RANK_NAME = "ring-rank-{}"  # a forked rank's /proc/PID/comm (at most 15 bytes)
 
@@ -50,6 +51,7 @@ def run_rank(entry: str, args: list[str]) -> None:
     """A forked rank's body (elastic's entrypoint): the entry module as `__main__`. A job that
     fails ends the process itself (run_job's os._exit); this returns when it succeeded."""
     name_process(RANK_NAME.format(os.environ.get("RANK", "?")))
+    renew_torch_threads()
     status = run_module_as_main(entry, args)
     if status != 0:  # e.g. a job file that does not parse: nothing was started
         sys.stdout.flush()
