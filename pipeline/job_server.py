@@ -55,6 +55,9 @@ from pipeline import job_guard
 # pipeline.local_ranks. Not MLflow (rank 0's StageLogger): outside CI its import starts a
 # telemetry thread, and a process must not fork with a thread of its own running.
 WARM_MODULES = ("torch", "deepspeed", "transformers.modeling_utils")
+# comma-separated modules to warm instead (empty: none), e.g. a heavy library of a stage kind of
+# one's own; part of the server's environment, so jobs asking for other modules get another server
+WARM_MODULES_VARIABLE = "RING_WARM_MODULES"
 MAX_MESSAGE = 1 << 20  # a request (the job's environment) or an answer, on the server's lines
 _PR_SET_NAME = 15
 
@@ -196,20 +199,26 @@ def _become_job(request: dict[str, Any], out_fd: int, server_fds: list[int]) -> 
         os._exit(status)
 
 
-def import_warm_modules() -> None:
-    """WARM_MODULES imported now. MLflow is masked meanwhile, as `run_job` masks it in a rank that
-    does not log (DeepSpeed's autotuner imports it optionally); rank 0 of a tracked run imports
-    it itself."""
+def import_warm_modules() -> list[str]:
+    """WARM_MODULES (or RING_WARM_MODULES') imported now; the names RING_WARM_MODULES gave that
+    cannot be (a default one missing is an optional stack the jobs do not need). MLflow is masked
+    meanwhile, as `run_job` masks it in a rank that does not log (DeepSpeed's autotuner imports
+    it optionally); rank 0 of a tracked run imports it itself."""
+    chosen = os.environ.get(WARM_MODULES_VARIABLE)
+    names = WARM_MODULES if chosen is None else [n.strip() for n in chosen.split(",") if n.strip()]
+    missing = []
     masked = sys.modules.setdefault("mlflow", None) is None
     try:
-        for name in WARM_MODULES:
+        for name in names:
             try:
                 importlib.import_module(name)
-            except ImportError:  # an optional stack the jobs do not need
-                pass
+            except ImportError as e:
+                if chosen is not None:
+                    missing.append(f"{name} ({e})")
     finally:
         if masked and sys.modules.get("mlflow", 0) is None:
             del sys.modules["mlflow"]
+    return missing
 
 
 def serve(control: socket.socket) -> None:
@@ -271,11 +280,11 @@ def _server_main(fd: int) -> int:
     except ImportError:
         pass
     try:
-        import_warm_modules()
+        missing = import_warm_modules()
     except BaseException as e:  # noqa: BLE001 - the launcher falls back to cold starts
         _send(control, {"error": f"{type(e).__name__}: {e}"})
         return 1
-    _send(control, {"ready": os.getpid()})
+    _send(control, {"ready": os.getpid(), "missing": missing})
     serve(control)
     return 0
 

@@ -22,7 +22,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.job_server import MAX_MESSAGE
+from pipeline.job_server import MAX_MESSAGE, WARM_MODULES_VARIABLE
 
 # read by the job as it runs, never by an import: they may differ from the server's own. (pytest
 # sets its variable anew for every test phase in a process that launches stages in-process.)
@@ -93,6 +93,9 @@ def _start_server(key: tuple, env: dict[str, str], cwd: str) -> _Server | None:
         _broken = f"the warm job server did not start ({answer.get('error')}); CPU jobs start cold"
         server.stop()
         return None
+    if answer.get("missing"):  # a slower start for every job, not a wrong one: said, not fatal
+        print(f"warning: {WARM_MODULES_VARIABLE} names modules that cannot be imported: "
+              f"{'; '.join(answer['missing'])}; the warm job server goes on without them", file=sys.stderr)
     return server
 
 

@@ -2,7 +2,9 @@
 public launch path: what a job sees is what a fresh `python -m` under its guard saw (argv, cwd,
 its own and its credentials' variables, its session, stdin, output, exit status, process title),
 a stop or the launcher's death takes the job down, a changed environment gets a new server, and
-`RING_WARM_JOBS=off` starts every job cold. The stage tests run their CPU stages through it too."""
+`RING_WARM_JOBS=off` starts every job cold. The stage tests run their CPU stages through it too.
+The tests of servers made for other environments have them warm a light module
+(`RING_WARM_MODULES`) instead of torch and transformers: ~11 CPU-s a server saved, same paths."""
 from __future__ import annotations
 
 import json
@@ -26,6 +28,7 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 PROBE = [sys.executable, "-m", "tests.pipeline.warm_probe"]
 ONE = Resources(cpu_ranks=1)
+LIGHT = "email.mime.text"  # a module no job here imports by itself
 
 
 @pytest.fixture(autouse=True)
@@ -107,12 +110,13 @@ def test_an_environment_an_import_may_read_gets_a_server_of_its_own(tmp_path, mo
     """One server per environment, the two most recently used kept: a third environment ends the
     least recently used one."""
     servers = []
+    monkeypatch.setenv("RING_WARM_MODULES", LIGHT)
     for i, value in enumerate("abac"):
         monkeypatch.setenv("WARM_PROBE", value)
         log = tmp_path / f"{i}.log"
         launch_job([*PROBE, "ok"], "probe", log, ONE)
         facts = _facts(log)
-        assert facts["variable"] == value and facts["torch_at_start"]
+        assert facts["variable"] == value and facts["email_at_start"] and not facts["torch_at_start"]
         servers.append(facts["guard_parent"])
     a, b, a_again, c = servers
     assert a == a_again and len({a, b, c}) == 3
@@ -131,6 +135,7 @@ def test_a_new_server_lets_the_old_ones_running_job_finish(tmp_path, monkeypatch
         except BaseException as e:  # noqa: BLE001 - the test's thread reports it
             outcome["error"] = e
 
+    monkeypatch.setenv("RING_WARM_MODULES", LIGHT)
     monkeypatch.setenv("WARM_PROBE", "old")
     worker = threading.Thread(target=first)
     worker.start()
@@ -159,15 +164,16 @@ def test_the_first_job_starts_cold_and_the_server_dies_with_the_launching_proces
               "from stages.common.contract import Resources\n"
               f"launch_job({[*PROBE, 'ok']!r}, 'probe', Path({str(cold)!r}), Resources(cpu_ranks=1))\n"
               f"launch_job({[*PROBE, 'sleep']!r}, 'probe', Path({str(log)!r}), Resources(cpu_ranks=1))\n")
-    launcher = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    launcher = subprocess.Popen([sys.executable, "-c", script], cwd=REPO,
+                                env={**os.environ, "PYTHONPATH": str(REPO), "RING_WARM_MODULES": LIGHT})
     try:
         deadline = time.time() + 180
         while not (log.exists() and "FACTS " in log.read_text()):
             assert launcher.poll() is None and time.time() < deadline, "the job did not start"
             time.sleep(0.2)
         first, facts = _facts(cold), _facts(log)
-        assert not first["torch_at_start"] and first["guard_parent"] == launcher.pid
-        assert facts["torch_at_start"] and psutil.Process(facts["guard_parent"]).ppid() == launcher.pid
+        assert not first["email_at_start"] and first["guard_parent"] == launcher.pid
+        assert facts["email_at_start"] and psutil.Process(facts["guard_parent"]).ppid() == launcher.pid
         server = facts["guard_parent"]
         launcher.kill()  # kill -9: nothing of it runs
         launcher.wait()
@@ -178,6 +184,21 @@ def test_the_first_job_starts_cold_and_the_server_dies_with_the_launching_proces
     finally:
         if launcher.poll() is None:
             launcher.kill()
+
+
+def test_the_modules_a_server_warms_can_be_chosen_and_one_that_cannot_be_imported_is_named(
+        tmp_path, monkeypatch, capfd):
+    monkeypatch.setenv("RING_WARM_MODULES", f" {LIGHT}, no_such_module_here ,")
+    launch_job([*PROBE, "ok"], "probe", tmp_path / "chosen.log", ONE)
+    facts = _facts(tmp_path / "chosen.log")
+    assert facts["email_at_start"] and not facts["torch_at_start"]
+    warning = capfd.readouterr().err
+    assert "RING_WARM_MODULES" in warning and "no_such_module_here" in warning and LIGHT not in warning
+    monkeypatch.setenv("RING_WARM_MODULES", "")  # none: a server that only forks
+    launch_job([*PROBE, "ok"], "probe", tmp_path / "none.log", ONE)
+    facts = _facts(tmp_path / "none.log")
+    assert not facts["email_at_start"] and not facts["torch_at_start"]
+    assert facts["guard_parent"] != os.getpid() and "RING_WARM_MODULES" not in capfd.readouterr().err
 
 
 def test_switched_off_every_job_starts_as_its_own_process(tmp_path, monkeypatch):

@@ -7,15 +7,14 @@ import os
 import sys
 import time
 
-facts = {"torch_at_start": "torch" in sys.modules, "argv": sys.argv[1:], "cwd": os.getcwd(),
+facts = {"torch_at_start": "torch" in sys.modules, "email_at_start": "email.mime.text" in sys.modules, "argv": sys.argv[1:], "cwd": os.getcwd(),
          "variable": os.environ.get("WARM_PROBE"), "omp": os.environ.get("OMP_NUM_THREADS"), "credential": os.environ.get("WARM_CREDENTIAL"),
          "pid": os.getpid(), "ppid": os.getppid(),  # the guard's parent next (the server, or the launcher)
          "guard_parent": int(open(f"/proc/{os.getppid()}/stat").read().rsplit(")", 1)[1].split()[1]), "sid": os.getsid(0), "pgid": os.getpgid(0),
          "stdin": sys.stdin.read(), "main": __name__,
          "title": open("/proc/self/cmdline").read().replace("\0", " ").strip()}
-import torch  # noqa: E402 - after the check of what was imported already
-
-facts["threads"] = torch.get_num_threads()
+if "torch" in sys.modules:  # a server that warmed torch: the thread count it left to the job
+    facts["threads"] = sys.modules["torch"].get_num_threads()
 print("FACTS " + json.dumps(facts), flush=True)
 print("a line on stderr", file=sys.stderr, flush=True)
 what = sys.argv[1] if len(sys.argv) > 1 else "ok"
