@@ -16,6 +16,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.e2e.recipes import local_recipe
+from tests.live_processes import command_line
 
 pytestmark = pytest.mark.slow
 
@@ -40,22 +41,15 @@ def _wait_for_job(proc: subprocess.Popen, tmp_path, timeout_s: float = 240) -> l
     while time.time() < deadline:
         assert proc.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
         below = psutil.Process(proc.pid).children(recursive=True)
-        jobs = [p for p in below if "stages.synthetic_data.job" in " ".join(_cmdline(p))]
+        jobs = [p for p in below if "stages.synthetic_data.job" in " ".join(command_line(p))]
         if jobs and list((tmp_path / "store" / "sig").glob("data-*/_RUNNING")):
             return below
         time.sleep(0.2)
     raise AssertionError("the stage job did not start: " + (tmp_path / "run.log").read_text()[-3000:])
 
 
-def _cmdline(p: psutil.Process) -> list[str]:
-    try:
-        return p.cmdline()
-    except psutil.Error:
-        return []
-
-
 def _alive(procs: list[psutil.Process]) -> list[str]:
-    return [" ".join(_cmdline(p))[:120] for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    return [" ".join(command_line(p))[:120] for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
 def _mlflow_statuses(tmp_path) -> dict[str, str]:
@@ -72,7 +66,7 @@ def test_signal_stops_the_job_and_publishes_nothing(tmp_path, how, embedded_pref
     proc, log = _start(tmp_path)
     try:
         below = _wait_for_job(proc, tmp_path)
-        assert any("uvicorn" in " ".join(_cmdline(p)) for p in below)  # the embedded Prefect server
+        assert any("uvicorn" in " ".join(command_line(p)) for p in below)  # the embedded Prefect server
         sent = time.time()
         if how == "sigint-to-group":  # what Ctrl-C in the terminal does
             os.killpg(proc.pid, signal.SIGINT)

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import time
 
-import psutil
 import pytest
 
 from pipeline.launch import launch_command, launch_job
 from stages.common.contract import Resources, StageFailed, StageJob
+from tests.live_processes import running_below
 
 pytestmark = pytest.mark.slow
 PROBE = "tests.pipeline.rank_kill_probe"
@@ -29,8 +29,7 @@ def _launch(tmp_path, die: str):
 
 def _no_rank_left() -> None:
     time.sleep(0.5)
-    left = [p for p in psutil.Process().children(recursive=True)
-            if PROBE in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE]
+    left = running_below(None, PROBE)
     assert not left, left
 
 

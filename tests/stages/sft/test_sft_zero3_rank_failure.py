@@ -11,6 +11,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.live_processes import running_below
+
 pytestmark = pytest.mark.slow
 
 CONFIG = {"model": "${stages.base.output}", "data": "${stages.data.output}/sft.jsonl",
@@ -82,6 +84,5 @@ def test_killing_one_rank_fails_the_stage_without_hanging(stage_env, data_artifa
     assert not worker.is_alive(), "the stage hung after a rank died"
     assert isinstance(outcome.get("error"), StageFailed), outcome
     assert time.time() - killed_at < 120
-    leftovers = [p for p in psutil.Process().children(recursive=True)
-                 if "stages.sft.job" in " ".join(p.cmdline())]
+    leftovers = running_below(None, "stages.sft.job")
     assert not leftovers, leftovers

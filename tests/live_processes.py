@@ -1,0 +1,28 @@
+"""The processes below a test's own (or another root) that still run: the stage tests check that
+a failed or stopped job left none. A child that has exited but was not reaped yet (a zombie, e.g.
+a warm job server's guard a moment before the server waits for it) or one that exits while it is
+looked at is not running, and reading its command line must not fail the check."""
+from __future__ import annotations
+
+import psutil
+
+
+def command_line(process: psutil.Process) -> list[str]:
+    """Its argv; [] once it has exited (a zombie's is no longer readable)."""
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []
+
+
+def running_below(root: psutil.Process | None, needle: str) -> list[psutil.Process]:
+    """The running (not zombie) descendants of `root` (None: this process) whose command line
+    contains `needle`."""
+    found = []
+    for process in (root or psutil.Process()).children(recursive=True):
+        try:
+            if needle in " ".join(command_line(process)) and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+        except psutil.NoSuchProcess:
+            continue
+    return found
