@@ -156,11 +156,11 @@ def _fork_job(module: str, args: list[str]) -> _ForkedChild:
         renew_torch_threads(int(threads) if threads.isdigit() and int(threads) > 0 else None)
         _show_as([sys.executable, "-m", module, *args])
         status = run_module_as_main(module, args)
-    except KeyboardInterrupt:
-        traceback.print_exc()
+    except KeyboardInterrupt as e:
+        _print_uncaught(e)
         interrupted = True
-    except BaseException:  # noqa: BLE001 - what Python prints for an uncaught exception
-        traceback.print_exc()
+    except BaseException as e:  # noqa: BLE001 - what Python prints for an uncaught exception
+        _print_uncaught(e)
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -168,6 +168,17 @@ def _fork_job(module: str, args: list[str]) -> _ForkedChild:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     os._exit(status)
+
+
+def _print_uncaught(error: BaseException) -> None:
+    """The traceback Python prints for an uncaught exception, from the job's own frames down: the
+    forking server's and runpy's above them are no part of the job (a cold `python -m` shows two
+    runpy lines there), and a reader of the stage log should not suspect the server."""
+    tb = error.__traceback__
+    while tb is not None and (tb.tb_frame.f_code.co_filename == __file__
+                              or tb.tb_frame.f_code.co_filename.startswith("<frozen runpy")):
+        tb = tb.tb_next
+    traceback.print_exception(type(error), error, tb)
 
 
 def _become_job(request: dict[str, Any], out_fd: int, server_fds: list[int]) -> None:
