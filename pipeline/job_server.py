@@ -87,17 +87,17 @@ def run_module_as_main(module: str, args: list[str]) -> int:
     return status if isinstance(status, int) else 0 if status is None else 1
 
 
-def renew_torch_threads(threads: int | None = None) -> None:
+def renew_torch_threads() -> None:
     """In a process just forked from a warm one, before it starts a thread: torch's intra-op
-    thread count set to `threads` (what a fresh torch reads from OMP_NUM_THREADS), else to the
-    count it has. Setting it also replaces, now and in this one thread, the thread pool the fork
+    thread count set to its OMP_NUM_THREADS (what a fresh torch reads), else to the count it has.
+    Setting it also replaces, now and in this one thread, the thread pool the fork
     left behind (caffe2's pthreadpool, which every `set_num_threads` asks for): torch otherwise
     replaces it in whichever thread asks first, and once a count was set every new thread asks at
     its first operation. Two threads asking at once (a rank's gloo threads, a bounded store call)
     can be handed no pool: "Invalid thread pool!", seen once in CI in a forked CPU rank."""
-    torch = sys.modules.get("torch")
+    torch, threads = sys.modules.get("torch"), os.environ.get("OMP_NUM_THREADS", "")
     if torch is not None:
-        torch.set_num_threads(threads or torch.get_num_threads())
+        torch.set_num_threads(int(threads) if threads.isdigit() and int(threads) > 0 else torch.get_num_threads())
 
 
 def name_process(name: str) -> None:
@@ -152,8 +152,7 @@ def _fork_job(module: str, args: list[str]) -> _ForkedChild:
         return _ForkedChild(pid)
     status, interrupted = 1, False
     try:
-        threads = os.environ.get("OMP_NUM_THREADS", "")
-        renew_torch_threads(int(threads) if threads.isdigit() and int(threads) > 0 else None)
+        renew_torch_threads()
         _show_as([sys.executable, "-m", module, *args])
         status = run_module_as_main(module, args)
     except KeyboardInterrupt as e:

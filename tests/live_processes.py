@@ -1,7 +1,7 @@
-"""The processes below a test's own (or another root) that still run: the stage tests check that
-a failed or stopped job left none. A child that has exited but was not reaped yet (a zombie, e.g.
-a warm job server's guard a moment before the server waits for it) or one that exits while it is
-looked at is not running, and reading its command line must not fail the check."""
+"""The processes below a test's own that still run: the stage tests check that a failed or
+stopped job left none. A child that has exited but was not reaped yet (a zombie: one was left in
+an xdist worker by a test that failed before it) or one that exits while it is looked at is not
+running, and reading its command line must not fail the check."""
 from __future__ import annotations
 
 import psutil
@@ -15,11 +15,10 @@ def command_line(process: psutil.Process) -> list[str]:
         return []
 
 
-def running_below(root: psutil.Process | None, needle: str) -> list[psutil.Process]:
-    """The running (not zombie) descendants of `root` (None: this process) whose command line
-    contains `needle`."""
+def running_below_us(needle: str) -> list[psutil.Process]:
+    """The running (not zombie) descendants of this process whose command line contains `needle`."""
     found = []
-    for process in (root or psutil.Process()).children(recursive=True):
+    for process in psutil.Process().children(recursive=True):
         try:
             if needle in " ".join(command_line(process)) and process.status() != psutil.STATUS_ZOMBIE:
                 found.append(process)

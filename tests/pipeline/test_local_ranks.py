@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.launch import launch_command, launch_job
 from stages.common.contract import Resources, StageFailed, StageJob
-from tests.live_processes import running_below
+from tests.live_processes import running_below_us
 
 pytestmark = pytest.mark.slow
 PROBE = "tests.pipeline.rank_kill_probe"
@@ -29,7 +29,7 @@ def _launch(tmp_path, die: str):
 
 def _no_rank_left() -> None:
     time.sleep(0.5)
-    left = running_below(None, PROBE)
+    left = running_below_us(PROBE)
     assert not left, left
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.live_processes import running_below
+from tests.live_processes import running_below_us
 
 pytestmark = pytest.mark.slow
 
@@ -84,5 +84,5 @@ def test_killing_one_rank_fails_the_stage_without_hanging(stage_env, data_artifa
     assert not worker.is_alive(), "the stage hung after a rank died"
     assert isinstance(outcome.get("error"), StageFailed), outcome
     assert time.time() - killed_at < 120
-    leftovers = running_below(None, "stages.sft.job")
+    leftovers = running_below_us("stages.sft.job")
     assert not leftovers, leftovers
