@@ -11,7 +11,6 @@ import queue
 import sys
 import threading
 import time
-import weakref
 from pathlib import Path
 from typing import Any, Callable
 
@@ -21,7 +20,9 @@ MAX_PARAM = 500  # MLflow's limit on a param value's length
 # metric batches handed to the sender and not yet sent: past this many, `metrics` waits, so a tracking
 # server that fails or falls behind stops the stage within a few logged steps
 METRICS_IN_FLIGHT = 8
-_LOGGERS: "weakref.WeakSet[StageLogger]" = weakref.WeakSet()  # what `flush_all` waits for
+# every metric sender of this process, what `flush_all` waits for: a logger may be gone (one per model
+# in eval, made inside a function) while its sender still holds batches
+_SENDERS: "list[MetricSender]" = []
 # the stdout protocol: `[metrics] {"step": N, ...}` and `[progress] {"done": N, "total": T, "unit": u}`
 METRICS_MARKER = "[metrics] "
 PROGRESS_MARKER = "[progress] "
@@ -67,7 +68,6 @@ class StageLogger:
         self.run_id = run_id
         self.client = mlflow_client(tracking_uri) if self.talks_to_mlflow(tracking_uri, run_id, rank) else None
         self._sender: MetricSender | None = None  # started with the first metrics sent to MLflow
-        _LOGGERS.add(self)
 
     @staticmethod
     def talks_to_mlflow(tracking_uri: str | None, run_id: str | None, rank: int) -> bool:
@@ -145,6 +145,7 @@ class MetricSender:
         self.client, self.run_id = client, run_id
         self._queue: queue.Queue = queue.Queue(maxsize=METRICS_IN_FLIGHT)
         self._error: Exception | None = None
+        _SENDERS.append(self)
         threading.Thread(target=self._send_forever, name="mlflow-metrics", daemon=True).start()
 
     def _send_forever(self) -> None:
@@ -172,10 +173,10 @@ class MetricSender:
 
 
 def flush_all() -> None:
-    """Every StageLogger of this process flushed (stages/common/entry.py, as a job ends: the sender
-    threads are daemons, so whatever they still hold at exit would be lost)."""
-    for logger in list(_LOGGERS):
-        logger.flush()
+    """Every metric sender of this process flushed (stages/common/entry.py, as a job ends: the sender
+    threads are daemons, so whatever they still hold at exit would be lost), its logger kept or not."""
+    for sender in list(_SENDERS):
+        sender.flush()
 
 
 def info(msg: str) -> None:

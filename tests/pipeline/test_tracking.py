@@ -141,7 +141,7 @@ def test_a_step_does_not_wait_for_the_tracking_server_and_the_flush_does(tracker
 def test_a_failing_tracking_server_stops_the_stage_within_a_few_steps(tracker, monkeypatch):
     from mlflow.exceptions import MlflowException
 
-    from stages.common.stage_log import _LOGGERS, METRICS_IN_FLIGHT
+    from stages.common.stage_log import _SENDERS, METRICS_IN_FLIGHT
 
     run_id = tracker.start_stage("sft", "sft", "h" * 64, {})
     log = StageLogger(tracker.uri, run_id)
@@ -159,4 +159,32 @@ def test_a_failing_tracking_server_stops_the_stage_within_a_few_steps(tracker, m
     with pytest.raises(MlflowException, match="503"):  # and the job's end says so too
         log.flush()
     assert calls == [1]  # nothing more is sent once a send failed
-    _LOGGERS.discard(log)  # a job's end flushes every logger of its process: not this test's failed one
+    _SENDERS.remove(log._sender)  # a job's end flushes every sender of its process: not this test's failed one
+
+
+def test_the_jobs_end_waits_for_the_metrics_of_a_logger_already_dropped(tracker, monkeypatch):
+    """eval makes a logger per model inside a function: the logger is gone as the job ends, its
+    sender thread may still hold the last model's batches, and they reach MLflow all the same."""
+    import gc
+    import time
+
+    from stages.common.stage_log import flush_all
+
+    run_id = tracker.start_stage("eval", "eval", "h" * 64, {})
+
+    def score_one_model():
+        log = StageLogger(tracker.uri, run_id)
+        real = log.client.log_batch
+
+        def slow_log_batch(*args, **kwargs):
+            time.sleep(0.3)  # a tracking server slower than the job's last steps
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(log.client, "log_batch", slow_log_batch)
+        for step in range(1, 4):
+            log.metrics(step, {"accuracy": step / 10})
+
+    score_one_model()
+    gc.collect()
+    flush_all()  # as run_job does once main returns
+    assert [m.value for m in tracker.client.get_metric_history(run_id, "accuracy")] == [0.1, 0.2, 0.3]
