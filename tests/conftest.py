@@ -16,11 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from stages.common import extension_cache
+
 REPO = Path(__file__).resolve().parent.parent
 SHARED_BENCHMARKS = REPO.parent / "shared" / "benchmarks"
 
 _PREFECT_HOME = pytest.StashKey[tuple]()  # (this session's PREFECT_HOME, the one it replaced)
 _OMP_THREADS = pytest.StashKey[object]()  # the OMP_NUM_THREADS this session replaced (None: unset)
+_EXTENSIONS_DIR = pytest.StashKey[object]()  # the TORCH_EXTENSIONS_DIR this session replaced (None: unset)
 _SHARED = "RING_TEST_RUN_SHARED"  # a directory of the whole run (main process and workers): tests/prefect_api.py
 
 
@@ -39,6 +42,9 @@ def pytest_configure(config):
     os.environ["PREFECT_HOME"] = home
     config.stash[_OMP_THREADS] = os.environ.get("OMP_NUM_THREADS")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # the test scripts that start DeepSpeed ranks of their own build its ops where the stages do
+    config.stash[_EXTENSIONS_DIR] = os.environ.get(extension_cache.VARIABLE)
+    extension_cache.use_environment_extension_dir()
     if not os.environ.get("PYTEST_XDIST_WORKER"):  # the run's main process; its workers inherit it
         os.environ[_SHARED] = tempfile.mkdtemp(prefix="ring-suite-")
         _compile_sources()
@@ -68,7 +74,8 @@ def pytest_unconfigure(config):
         shutil.rmtree(shared, ignore_errors=True)
     home, old = config.stash[_PREFECT_HOME]
     shutil.rmtree(home, ignore_errors=True)
-    for name, value in (("PREFECT_HOME", old), ("OMP_NUM_THREADS", config.stash[_OMP_THREADS])):
+    for name, value in (("PREFECT_HOME", old), ("OMP_NUM_THREADS", config.stash[_OMP_THREADS]),
+                        (extension_cache.VARIABLE, config.stash[_EXTENSIONS_DIR])):
         if value is None:
             os.environ.pop(name, None)
         else:

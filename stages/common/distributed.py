@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from stages.common.contract import StageError
+from stages.common.extension_cache import use_environment_extension_dir
 from stages.common.groups import Group, StandaloneGroup, WorldGroup, collective_timeout
 
 
@@ -55,6 +56,7 @@ def init_distributed(local_rank: int | None = None, *, world_of_one_without_laun
     another (module docstring); 0 < k < world size."""
     import deepspeed
 
+    use_environment_extension_dir()  # DeepSpeed's CPU backend loads (or first builds) its all-reduce op below
     on_gpu = torch.cuda.is_available()
     if world_of_one_without_launcher and "RANK" not in os.environ:
         # port 0: no other rank connects, so the store binds a port of its own choosing (a

@@ -1,6 +1,7 @@
 """Run as two processes (test_distributed_shm.py starts them as DeepSpeed's launcher would, with
 LOCAL_SIZE set): join with `init_distributed`, all-reduce through DeepSpeed's shared-memory
-kernel, and report which of this launch's workspaces are still named in /dev/shm."""
+kernel, and report which of this launch's workspaces are still named in /dev/shm, and the file
+DeepSpeed loaded that kernel from."""
 from __future__ import annotations
 
 import json
@@ -23,8 +24,9 @@ def main() -> None:
     port = os.environ["MASTER_PORT"]
     named = sorted(p for p in os.listdir("/dev/shm") if p.startswith("deepspeed_allreduce_buffer_")
                    and f"_{port}_" in p)
-    shm_op = getattr(ds_comm.comm.cdb, "shm_comm_op", None) is not None  # else this checks nothing
-    print(json.dumps({"rank": ranks.rank, "sum": t.tolist(), "named": named, "shm_op": shm_op}), flush=True)
+    shm_op = getattr(ds_comm.comm.cdb, "shm_comm_op", None)  # None: this checks nothing
+    print(json.dumps({"rank": ranks.rank, "sum": t.tolist(), "named": named,
+                      "shm_op": shm_op and shm_op.__file__}), flush=True)
     dist.barrier()
 
 
