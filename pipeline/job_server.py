@@ -2,7 +2,8 @@
 
 A stage job started as a fresh `python -m ENTRY` spends most of a small CPU stage importing
 torch, transformers' model code and DeepSpeed before its first step (~10 CPU-s on a 2-core
-machine: README "Set-up"); the tiny recipe starts seven such jobs. So the second CPU job a
+machine: README "Set-up"), and rank 0 of a tracked stage MLflow's client (~5.5 more); the tiny
+recipe starts seven such jobs. So the second CPU job a
 process launches starts this server (`python -m pipeline.job_server`), which imports them once,
 and that job and every later CPU job of the process are forked from it, as `pipeline.local_ranks`
 forks a job's ranks from its warm launcher. (The first job starts cold: a server costs about
@@ -52,9 +53,12 @@ from typing import Any, Iterator
 from pipeline import job_guard
 
 # imported by the jobs inside `main` (lazily, for the data stages' sake): warmed once here and in
-# pipeline.local_ranks. Not MLflow (rank 0's StageLogger): outside CI its import starts a
-# telemetry thread, and a process must not fork with a thread of its own running.
-WARM_MODULES = ("torch", "deepspeed", "transformers.modeling_utils")
+# pipeline.local_ranks; and MLflow's client and SQL store (SQLite is the default tracking), which
+# rank 0 of a tracked stage imports for its StageLogger: ~5.5 CPU-s a tracked job (the tiny
+# recipe: 132 -> 111 CPU-s, benchmarks/RESULTS.md). A process must not fork with a thread of its
+# own running: a server whose imports started one refuses to serve (`_threads_started`).
+WARM_MODULES = ("torch", "deepspeed", "transformers.modeling_utils", "mlflow.tracking",
+                "mlflow.store.tracking.sqlalchemy_store")
 # comma-separated modules to warm instead (empty: none), e.g. a heavy library of a stage kind of
 # one's own; part of the server's environment, so jobs asking for other modules get another server
 WARM_MODULES_VARIABLE = "RING_WARM_MODULES"
@@ -211,13 +215,14 @@ def _become_job(request: dict[str, Any], out_fd: int, server_fds: list[int]) -> 
 
 def import_warm_modules() -> list[str]:
     """WARM_MODULES (or RING_WARM_MODULES') imported now; the names RING_WARM_MODULES gave that
-    cannot be (a default one missing is an optional stack the jobs do not need). MLflow is masked
-    meanwhile, as `run_job` masks it in a rank that does not log (DeepSpeed's autotuner imports
-    it optionally); rank 0 of a tracked run imports it itself."""
+    cannot be (a default one missing is an optional stack the jobs do not need). Unless MLflow is
+    among them it is masked meanwhile, as `run_job` masks it in a rank that does not log
+    (DeepSpeed's autotuner imports it optionally); rank 0 of a tracked run imports it itself."""
     chosen = os.environ.get(WARM_MODULES_VARIABLE)
     names = WARM_MODULES if chosen is None else [n.strip() for n in chosen.split(",") if n.strip()]
     missing = []
-    masked = sys.modules.setdefault("mlflow", None) is None
+    masked = (not any(name.split(".")[0] == "mlflow" for name in names)
+              and sys.modules.setdefault("mlflow", None) is None)
     try:
         for name in names:
             try:
@@ -229,6 +234,13 @@ def import_warm_modules() -> list[str]:
         if masked and sys.modules.get("mlflow", 0) is None:
             del sys.modules["mlflow"]
     return missing
+
+
+def _threads_started() -> str:
+    """The Python threads running besides this one, by name ('' if none): a fork copies only the
+    calling thread, so a lock another thread held would stay held in every job (a library whose
+    import starts a thread: an MLflow release whose telemetry did, outside CI)."""
+    return ", ".join(t.name for t in threading.enumerate() if t is not threading.current_thread())
 
 
 def serve(control: socket.socket) -> None:
@@ -293,6 +305,10 @@ def _server_main(fd: int) -> int:
         missing = import_warm_modules()
     except BaseException as e:  # noqa: BLE001 - the launcher falls back to cold starts
         _send(control, {"error": f"{type(e).__name__}: {e}"})
+        return 1
+    if started := _threads_started():
+        _send(control, {"error": f"its imports started threads ({started}), and a process must not fork with "
+                                 f"threads of its own (drop their modules from {WARM_MODULES_VARIABLE})"})
         return 1
     _send(control, {"ready": os.getpid(), "missing": missing})
     serve(control)

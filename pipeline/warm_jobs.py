@@ -91,6 +91,7 @@ def _start_server(key: tuple, env: dict[str, str], cwd: str) -> _Server | None:
     ours.settimeout(None)
     if "ready" not in answer:
         _broken = f"the warm job server did not start ({answer.get('error')}); CPU jobs start cold"
+        print(f"warning: {_broken}", file=sys.stderr)  # slower from now on, not wrong: said, not fatal
         server.stop()
         return None
     if answer.get("missing"):  # a slower start for every job, not a wrong one: said, not fatal

@@ -65,6 +65,7 @@ def test_cpu_jobs_are_forked_from_one_warm_server_and_see_what_a_fresh_process_w
         assert "a line on stderr" in log.read_text()
     first, second = seen
     assert first["torch_at_start"] and second["torch_at_start"]  # forked from a warm process
+    assert first["mlflow_store_at_start"]  # what rank 0 of a tracked stage logs with, warm too
     assert [first["argv"], second["argv"]] == [["ok", "n=0"], ["ok", "n=1"]]
     assert first["cwd"] == second["cwd"] == str(tmp_path) and first["main"] == "__main__"
     # a credential is the job's own variable: both jobs came from the same server
@@ -202,6 +203,20 @@ def test_the_modules_a_server_warms_can_be_chosen_and_one_that_cannot_be_importe
     facts = _facts(tmp_path / "none.log")
     assert not facts["email_at_start"] and not facts["torch_at_start"]
     assert facts["guard_parent"] != os.getpid() and "RING_WARM_MODULES" not in capfd.readouterr().err
+
+
+def test_a_server_whose_imports_start_a_thread_refuses_and_jobs_start_cold(tmp_path, monkeypatch, capfd):
+    """A fork copies only its calling thread: a warm import that starts a thread (an MLflow release
+    whose telemetry did) makes the server refuse, said on stderr, and the process's jobs start cold."""
+    monkeypatch.setattr(warm_jobs, "_broken", None)  # restored after: this worker's later jobs stay warm
+    monkeypatch.setenv("RING_WARM_MODULES", f"{LIGHT},tests.pipeline.threaded_import")
+    for name in ("refused", "after"):
+        launch_job([*PROBE, "ok"], "probe", tmp_path / f"{name}.log", ONE)
+        facts = _facts(tmp_path / f"{name}.log")
+        assert facts["guard_parent"] == os.getpid() and not facts["email_at_start"]  # cold: no server between
+    warning = capfd.readouterr().err
+    assert warning.count("the warm job server did not start") == 1, warning  # said once, not at every job
+    assert "its imports started threads (started-at-import)" in warning and "RING_WARM_MODULES" in warning
 
 
 def test_switched_off_every_job_starts_as_its_own_process(tmp_path, monkeypatch):
