@@ -213,13 +213,16 @@ def _become_job(request: dict[str, Any], out_fd: int, server_fds: list[int]) -> 
         os._exit(status)
 
 
-def import_warm_modules() -> list[str]:
-    """WARM_MODULES (or RING_WARM_MODULES') imported now; the names RING_WARM_MODULES gave that
-    cannot be (a default one missing is an optional stack the jobs do not need). Unless MLflow is
-    among them it is masked meanwhile, as `run_job` masks it in a rank that does not log
-    (DeepSpeed's autotuner imports it optionally); rank 0 of a tracked run imports it itself."""
+def import_warm_modules(with_mlflow: bool = True) -> list[str]:
+    """WARM_MODULES (or RING_WARM_MODULES') imported now, MLflow's only `with_mlflow`; the names
+    RING_WARM_MODULES gave that cannot be (a default one missing is an optional stack the jobs do
+    not need). Unless MLflow is imported here it is masked meanwhile, as `run_job` masks it in a
+    rank that does not log (DeepSpeed's autotuner imports it optionally); rank 0 of a tracked run
+    imports it itself."""
     chosen = os.environ.get(WARM_MODULES_VARIABLE)
     names = WARM_MODULES if chosen is None else [n.strip() for n in chosen.split(",") if n.strip()]
+    if not with_mlflow:
+        names = [name for name in names if name.split(".")[0] != "mlflow"]
     missing = []
     masked = (not any(name.split(".")[0] == "mlflow" for name in names)
               and sys.modules.setdefault("mlflow", None) is None)

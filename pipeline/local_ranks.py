@@ -42,9 +42,11 @@ RANK_NAME = "ring-rank-{}"  # a forked rank's /proc/PID/comm (at most 15 bytes)
 
 def warm_imports(entry: str) -> None:
     """Import `entry` (not as __main__: its job does not run) and the modules its job imports
-    later (`job_server.import_warm_modules`)."""
+    later (`job_server.import_warm_modules`). Not MLflow's: only rank 0 of a tracked stage
+    imports them, so here they would only move its cost to this launcher, or add it to an
+    untracked stage (forked from the job server, this launcher has them already)."""
     importlib.import_module(entry)
-    import_warm_modules()
+    import_warm_modules(with_mlflow=False)
 
 
 def run_rank(entry: str, args: list[str]) -> None:
