@@ -215,7 +215,7 @@ def _execute_leased(target: StageTarget, store: ArtifactStore, work_root: Path, 
     try:
         for check in target.kind.pre_launch:  # e.g. the eval-suite gate (stages/common/eval_suite_gate.py)
             check(target.name, target.config, store.storage_options)
-        command, launched = _launch(target, job_path, log_path, job_env, lease)
+        command, launched = _launch(target, job_path, log_path, job_env, lease, tracked=run_id is not None)
         if lease.lost:  # lost after the job's last poll: publishing could overwrite the new holder's
             raise StageInterrupted(f"stage {target.name!r} was stopped before publishing: its lease "
                                    f"was lost: {lease.lost}")
@@ -261,12 +261,12 @@ def _execute_leased(target: StageTarget, store: ArtifactStore, work_root: Path, 
 
 
 def _launch(target: StageTarget, job_path: Path, log_path: Path, job_env: dict[str, str],
-            lease: Lease) -> tuple[list[str], LaunchResult]:
+            lease: Lease, tracked: bool) -> tuple[list[str], LaunchResult]:
     """The job's command and its run; its rendezvous port stays reserved until the job ended."""
     with launch_command(target.kind.entry, job_path, target.resources, target.launcher,
                         target.kind.distributed, target.ray) as command:
         return command, launch_job(command, target.name, log_path, target.resources, kind=target.kind.name,
-                                   extra_env=job_env, progress_deadline_s=target.progress_deadline_s,
+                                   extra_env=job_env, progress_deadline_s=target.progress_deadline_s, tracked=tracked,
                                    must_stop=lambda: lease.lost and f"its {target.url}/_RUNNING lease was "
                                                                     f"lost: {lease.lost}")
 

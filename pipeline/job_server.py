@@ -23,7 +23,8 @@ A forked job gets what `launch_job`'s Popen of `pipeline.job_guard` gave it:
 What a fork cannot give: a fresh interpreter (its start-up hooks, sitecustomize, ran once, in
 the server). A server is made for one working directory and one environment, less the variables
 read when the job runs (`PER_JOB_VARIABLES` and the job's credentials): a job whose environment
-differs in any other variable, which an import may have read, gets a server of its own. The two
+differs in any other variable, which an import may have read, gets a server of its own (not one
+that the server's own imports set to the value the job has: they were set in it all the same). The two
 most recently used are kept; one replaced ends once its running jobs have (pipeline.warm_jobs:
 the launching process's side). Only for CPU jobs on one node (launch decides):
 forking a process in which CUDA may have initialised is unsafe, and this server never imports
@@ -53,10 +54,11 @@ from typing import Any, Iterator
 from pipeline import job_guard
 
 # imported by the jobs inside `main` (lazily, for the data stages' sake): warmed once here and in
-# pipeline.local_ranks; and MLflow's client and SQL store (SQLite is the default tracking), which
-# rank 0 of a tracked stage imports for its StageLogger: ~5.5 CPU-s a tracked job (the tiny
-# recipe: 132 -> 111 CPU-s, benchmarks/RESULTS.md). A process must not fork with a thread of its
-# own running: a server whose imports started one refuses to serve (`_threads_started`).
+# pipeline.local_ranks; and, in a server for tracked jobs (`--with-mlflow`), MLflow's client and
+# SQL store (SQLite is the default tracking), which rank 0 of a tracked stage imports for its
+# StageLogger: ~5.5 CPU-s a tracked job (the tiny recipe: 132 -> 111 CPU-s, benchmarks/RESULTS.md).
+# A process must not fork with a thread of its own running: a server whose imports started one
+# refuses to serve (`_threads_started`).
 WARM_MODULES = ("torch", "deepspeed", "transformers.modeling_utils", "mlflow.tracking",
                 "mlflow.store.tracking.sqlalchemy_store")
 # comma-separated modules to warm instead (empty: none), e.g. a heavy library of a stage kind of
@@ -291,7 +293,7 @@ def _send(sock: socket.socket, message: dict[str, Any]) -> None:
         pass  # the launching process stopped listening (it ended)
 
 
-def _server_main(fd: int) -> int:
+def _server_main(fd: int, with_mlflow: bool) -> int:
     control = socket.socket(fileno=fd)
     try:
         # the jobs' titles (`_show_as`); only the server needs it (a GPU machine's payload may go
@@ -304,8 +306,9 @@ def _server_main(fd: int) -> int:
             setproctitle.getproctitle()
     except ImportError:
         pass
+    before = dict(os.environ)
     try:
-        missing = import_warm_modules()
+        missing = import_warm_modules(with_mlflow)
     except BaseException as e:  # noqa: BLE001 - the launcher falls back to cold starts
         _send(control, {"error": f"{type(e).__name__}: {e}"})
         return 1
@@ -313,10 +316,13 @@ def _server_main(fd: int) -> int:
         _send(control, {"error": f"its imports started threads ({started}), and a process must not fork with "
                                  f"threads of its own (drop their modules from {WARM_MODULES_VARIABLE})"})
         return 1
-    _send(control, {"ready": os.getpid(), "missing": missing})
+    # what the imports set (DeepSpeed's PYTORCH_NVML_BASED_CUDA_CHECK, scikit-learn's
+    # KMP_DUPLICATE_LIB_OK): the launching process's own imports set them too, later
+    set_by_imports = {k: v for k, v in os.environ.items() if before.get(k) != v}
+    _send(control, {"ready": os.getpid(), "missing": missing, "set_by_imports": set_by_imports})
     serve(control)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(_server_main(int(sys.argv[1])))
+    sys.exit(_server_main(int(sys.argv[1]), "--with-mlflow" in sys.argv[2:]))

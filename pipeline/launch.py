@@ -153,7 +153,7 @@ class LaunchResult:
 def launch_job(command: list[str], stage: str, log_path: Path, resources: Resources,
             extra_env: dict[str, str] | None = None, cwd: str | None = None,
             must_stop: Callable[[], str | None] | None = None, kind: str | None = None,
-            progress_deadline_s: float | None = None) -> LaunchResult:
+            progress_deadline_s: float | None = None, tracked: bool = False) -> LaunchResult:
     """Run the job, save its output to `log_path`, show its progress on the console.
 
     A non-zero exit raises StageFailed with what the job reported (a user error's message,
@@ -163,14 +163,15 @@ def launch_job(command: list[str], stage: str, log_path: Path, resources: Resour
     A job that prints no step, progress or heartbeat line for `progress_deadline_s` is hung:
     its ranks' stacks are dumped into the log, the job is stopped and StageFailed says which
     rank does what (pipeline.hang); its collectives time out a minute later by themselves
-    (`RING_COLLECTIVE_TIMEOUT_S`, stages.common.distributed).
+    (`RING_COLLECTIVE_TIMEOUT_S`, stages.common.distributed). A `tracked` job logs to MLflow: a
+    warm job server started for it warms MLflow's client too (pipeline.job_server).
     """
     env = job_environment(resources, extra_env, progress_deadline_s)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     output = JobOutput(stage, kind)
     show = console.current()
     interrupt.raise_if_stopping(f"stage {stage!r}")
-    proc = _start(command, resources, env, cwd, progress_deadline_s)
+    proc = _start(command, resources, env, cwd, progress_deadline_s, tracked)
 
     def pump() -> None:
         with open(log_path, "a", encoding="utf-8") as log:
@@ -208,13 +209,13 @@ _LAUNCHERS = frozenset({"deepspeed.launcher.runner", "torch.distributed.run", "p
 
 
 def _start(command: list[str], resources: Resources, env: dict[str, str], cwd: str | None,
-           progress_deadline_s: float | None) -> subprocess.Popen | warm_jobs.WarmJob:
+           progress_deadline_s: float | None, tracked: bool) -> subprocess.Popen | warm_jobs.WarmJob:
     """The job under its guard, in a session of its own: a CPU job of this machine may be forked
     from a warm server of this process (pipeline.warm_jobs; the server is made for the job's
     environment without its credentials), any other starts as a process of its own."""
     if resources.gpus_per_node == 0 and resources.nodes == 1 and command[2:3] and command[2] not in _LAUNCHERS:
         common_env = job_environment(resources, None, progress_deadline_s)
-        warm = warm_jobs.start_job(command, env, cwd, common_env)
+        warm = warm_jobs.start_job(command, env, cwd, common_env, tracked)
         if warm is not None:
             return warm
     guarded = [sys.executable, "-m", "pipeline.job_guard", str(os.getpid()), "--", *command]

@@ -73,13 +73,18 @@ _servers: dict[tuple, _Server] = {}
 _KEPT = 2
 _cpu_launches = 0  # the CPU jobs this process asked to start: its first one starts cold
 _broken: str | None = None  # why this process starts its jobs cold (a server that failed)
+# variables the servers' warm imports set, with their values: the same imports in this process
+# set them too, as it goes on (a test that imports DeepSpeed). A server whose imports set one
+# ends with what a server started with it has, so they are no part of a server's key.
+_set_by_imports: dict[str, str] = {}
 
 
-def _start_server(key: tuple, env: dict[str, str], cwd: str) -> _Server | None:
+def _start_server(key: tuple, env: dict[str, str], cwd: str, tracked: bool) -> _Server | None:
     global _broken
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     with theirs:
-        proc = subprocess.Popen([sys.executable, "-m", "pipeline.job_server", str(theirs.fileno())],
+        proc = subprocess.Popen([sys.executable, "-m", "pipeline.job_server", str(theirs.fileno()),
+                                 *(["--with-mlflow"] if tracked else [])],
                                 env=env, cwd=cwd, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     server = _Server(key, proc, ours)
@@ -94,20 +99,22 @@ def _start_server(key: tuple, env: dict[str, str], cwd: str) -> _Server | None:
         print(f"warning: {_broken}", file=sys.stderr)  # slower from now on, not wrong: said, not fatal
         server.stop()
         return None
+    _set_by_imports.update(answer.get("set_by_imports", {}))
     if answer.get("missing"):  # a slower start for every job, not a wrong one: said, not fatal
         print(f"warning: {WARM_MODULES_VARIABLE} names modules that cannot be imported: "
               f"{'; '.join(answer['missing'])}; the warm job server goes on without them", file=sys.stderr)
     return server
 
 
-def _server_for(common_env: dict[str, str], cwd: str) -> _Server | None:
+def _server_for(common_env: dict[str, str], cwd: str, tracked: bool) -> _Server | None:
     """This process's server for jobs of `common_env` in `cwd`, made if need be; under _lock.
     None for the first CPU job a process launches: a server costs about what it saves one job (its
     imports), so it pays from the second job on and a process that launches one job (a
-    `ring-pipeline curate` rerun of one stage) is not made slower by it."""
+    `ring-pipeline curate` rerun of one stage) is not made slower by it. A server made for a
+    `tracked` job warms MLflow too (a pipeline run's jobs are all tracked or none)."""
     global _cpu_launches, _broken
     _cpu_launches += 1
-    env = {k: v for k, v in common_env.items() if k not in PER_JOB_VARIABLES}
+    env = {k: v for k, v in common_env.items() if k not in PER_JOB_VARIABLES and _set_by_imports.get(k) != v}
     key = (cwd, tuple(sorted(env.items())))
     server = _servers.pop(key, None)
     if server is not None and server.proc.poll() is not None:  # it died (e.g. a kernel without pidfds)
@@ -117,7 +124,7 @@ def _server_for(common_env: dict[str, str], cwd: str) -> _Server | None:
     if server is None and (_broken is not None or _cpu_launches < 2):
         return None
     if server is None:
-        server = _start_server(key, env, cwd)
+        server = _start_server(key, env, cwd, tracked)
         if server is None:
             return None
     _servers[key] = server
@@ -155,11 +162,12 @@ class WarmJob:
 
 
 def start_job(command: list[str], env: dict[str, str], cwd: str | None,
-              common_env: dict[str, str]) -> WarmJob | None:
+              common_env: dict[str, str], tracked: bool = False) -> WarmJob | None:
     """`command` (`python -m MODULE ARGS...` of this interpreter) forked from this process's warm
     server with `env`, in `cwd` (None: this process's). The server is made for `common_env`, the
-    job's environment without its own credentials, less PER_JOB_VARIABLES. None when it cannot
-    be: the caller starts the job cold."""
+    job's environment without its own credentials, less PER_JOB_VARIABLES; for a `tracked` job
+    (it logs to MLflow) it warms MLflow's client too. None when it cannot be: the caller starts
+    the job cold."""
     if not enabled() or command[:2] != [sys.executable, "-m"] or len(command) < 3:
         return None
     cwd = os.path.abspath(cwd or os.getcwd())
@@ -168,7 +176,7 @@ def start_job(command: list[str], env: dict[str, str], cwd: str | None,
     started: dict[str, Any] = {}
     try:
         with _lock:
-            server = _server_for(common_env, cwd)
+            server = _server_for(common_env, cwd, tracked)
             if server is not None:
                 request = json.dumps({"argv": command[2:], "env": env, "cwd": cwd, "parent": os.getpid()})
                 server.control.sendmsg([request.encode()], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,

@@ -60,12 +60,12 @@ def test_cpu_jobs_are_forked_from_one_warm_server_and_see_what_a_fresh_process_w
     for i, credential in enumerate(["first", "second"]):
         log = tmp_path / f"job{i}.log"
         launch_job([*PROBE, "ok", f"n={i}"], "probe", log, ONE, extra_env={"WARM_CREDENTIAL": credential},
-                   cwd=str(tmp_path))
+                   cwd=str(tmp_path), tracked=True)
         seen.append(_facts(log))
         assert "a line on stderr" in log.read_text()
     first, second = seen
     assert first["torch_at_start"] and second["torch_at_start"]  # forked from a warm process
-    assert first["mlflow_store_at_start"]  # what rank 0 of a tracked stage logs with, warm too
+    assert first["mlflow_store_at_start"]  # a server for tracked jobs: what rank 0 logs with, warm too
     assert [first["argv"], second["argv"]] == [["ok", "n=0"], ["ok", "n=1"]]
     assert first["cwd"] == second["cwd"] == str(tmp_path) and first["main"] == "__main__"
     # a credential is the job's own variable: both jobs came from the same server
@@ -125,6 +125,20 @@ def test_an_environment_an_import_may_read_gets_a_server_of_its_own(tmp_path, mo
     a, b, a_again, c = servers
     assert a == a_again and len({a, b, c}) == 3
     assert _gone(b) and not _gone(a) and not _gone(c)
+
+
+def test_a_variable_the_servers_imports_set_does_not_make_a_new_server(tmp_path, monkeypatch):
+    """An import in the launching process sets a variable after its server started: the same
+    import did so in the server, so its jobs keep their server; another value gets another one."""
+    monkeypatch.setenv("RING_WARM_MODULES", f"{LIGHT},tests.pipeline.sets_variable")
+    monkeypatch.delenv("WARM_SET_BY_IMPORT", raising=False)
+    servers = []
+    for name, value in (("before", None), ("same", "set by the import"), ("other", "set otherwise")):
+        if value:
+            monkeypatch.setenv("WARM_SET_BY_IMPORT", value)
+        launch_job([*PROBE, "ok"], "probe", tmp_path / f"{name}.log", ONE)
+        servers.append(_facts(tmp_path / f"{name}.log")["guard_parent"])
+    assert servers[0] == servers[1] != servers[2] and os.getpid() not in servers
 
 
 def test_a_new_server_lets_the_old_ones_running_job_finish(tmp_path, monkeypatch):
