@@ -20,8 +20,8 @@ MAX_PARAM = 500  # MLflow's limit on a param value's length
 # metric batches handed to the sender and not yet sent: past this many, `metrics` waits, so a tracking
 # server that fails or falls behind stops the stage within a few logged steps
 METRICS_IN_FLIGHT = 8
-# every metric sender of this process, what `flush_all` waits for: a logger may be gone (one per model
-# in eval, made inside a function) while its sender still holds batches
+# the metric senders handed batches since the last `flush_all`, what it waits for: a logger may be gone
+# (one per model in eval, made inside a function) while its sender still holds batches
 _SENDERS: "list[MetricSender]" = []
 # the stdout protocol: `[metrics] {"step": N, ...}` and `[progress] {"done": N, "total": T, "unit": u}`
 METRICS_MARKER = "[metrics] "
@@ -145,7 +145,6 @@ class MetricSender:
         self.client, self.run_id = client, run_id
         self._queue: queue.Queue = queue.Queue(maxsize=METRICS_IN_FLIGHT)
         self._error: Exception | None = None
-        _SENDERS.append(self)
         threading.Thread(target=self._send_forever, name="mlflow-metrics", daemon=True).start()
 
     def _send_forever(self) -> None:
@@ -165,6 +164,8 @@ class MetricSender:
 
     def send(self, metrics: list[Any]) -> None:
         self._raise_failure()
+        if self not in _SENDERS:
+            _SENDERS.append(self)
         self._queue.put(metrics)  # waits while METRICS_IN_FLIGHT batches are unsent
 
     def flush(self) -> None:
@@ -174,9 +175,11 @@ class MetricSender:
 
 def flush_all() -> None:
     """Every metric sender of this process flushed (stages/common/entry.py, as a job ends: the sender
-    threads are daemons, so whatever they still hold at exit would be lost), its logger kept or not."""
-    for sender in list(_SENDERS):
-        sender.flush()
+    threads are daemons, so whatever they still hold at exit would be lost), its logger kept or not.
+    Each is forgotten once flushed: a process that runs several jobs (a test's in-process ones)
+    neither keeps them all nor meets an earlier job's tracking failure again."""
+    while _SENDERS:
+        _SENDERS.pop(0).flush()
 
 
 def info(msg: str) -> None:

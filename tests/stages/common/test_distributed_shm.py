@@ -23,7 +23,8 @@ def test_cpu_ranks_leave_no_shared_memory_behind():
     repo = Path(__file__).resolve().parents[3]
     with reserved_port() as reserved:  # until rank 0's store has bound it
         port = str(reserved)
-        env = {**{k: v for k, v in os.environ.items() if k != VARIABLE}, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
+        inherited = {k: v for k, v in os.environ.items() if k != VARIABLE}  # the rank picks its own directory
+        env = {**inherited, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
                "WORLD_SIZE": "2", "LOCAL_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
         script = str(Path(__file__).with_name("shm_ranks.py"))
         procs = [subprocess.Popen([sys.executable, script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
