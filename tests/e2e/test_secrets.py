@@ -94,7 +94,9 @@ def mlflow_server(tmp_path):
              "_MLFLOW_SERVER_ARTIFACT_ROOT": "mlflow-artifacts:/",
              "_MLFLOW_SERVER_ARTIFACT_DESTINATION": str(tmp_path / "mlflow-server-artifacts"),
              "_MLFLOW_SERVER_SERVE_ARTIFACTS": "true"}
-    old = {k: os.environ.get(k) for k in names}
+    # restored after, MLFLOW_TRACKING_URI too: the server's store lookup sets it in this process
+    # (left, it pointed the worker's later tests, and the stage jobs they start, at this test's DB)
+    old = {k: os.environ.get(k) for k in [*names, "MLFLOW_TRACKING_URI"]}
     os.environ.update(names)
     from mlflow.server import app
 
