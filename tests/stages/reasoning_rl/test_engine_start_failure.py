@@ -39,18 +39,26 @@ if "RANK" in os.environ and "LOCAL_RANK" in os.environ or b"pipeline.local_ranks
 """
 
 
+@pytest.fixture(scope="module")
+def engine_site(tmp_path_factory) -> Path:
+    """The sitecustomize's directory, one for both cases: the same PYTHONPATH, so the second
+    case's job is forked from the warm job server the first one started (a PYTHONPATH of its
+    own would start another: ~15 CPU-s)."""
+    site = tmp_path_factory.mktemp("site")
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    return site
+
+
 @pytest.mark.parametrize("placement, fail_ranks", [({"gpus": 1}, [1]), ({}, [0, 1])],
                          ids=["split-one-engine-rank", "colocated-every-rank"])
-def test_an_engine_that_fails_to_start_fails_the_stage_at_once(tiny_policy, tmp_path, monkeypatch,
+def test_an_engine_that_fails_to_start_fails_the_stage_at_once(tiny_policy, engine_site, tmp_path, monkeypatch,
                                                                placement, fail_ranks):
     from pipeline.execute import run_stage
     from stages.common.contract import Resources, StageFailed
 
-    site, trace = tmp_path / "site", tmp_path / "trace"
-    site.mkdir()
+    trace = tmp_path / "trace"
     trace.mkdir()
-    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(site), REPO, os.environ.get("PYTHONPATH"))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(engine_site), REPO, os.environ.get("PYTHONPATH"))
                                                      if p))
     config = rl_config(tiny_policy, progress_deadline_min=3)
     config["rollout"] = {"engine": NAME, "device": "auto", "max_batch": 8, **placement,
