@@ -25,9 +25,10 @@ from typing import Any
 from pipeline.job_server import MAX_MESSAGE, WARM_MODULES_VARIABLE
 
 # read by the job as it runs, never by an import: they may differ from the server's own. (pytest
-# sets its variable anew for every test phase in a process that launches stages in-process.)
+# sets its variable anew for every test phase in a process that launches stages in-process; the
+# compile switches are read when a model is compiled: stages.common.compile_layers, fused_loss.)
 PER_JOB_VARIABLES = frozenset({"RING_FORWARD_ENV", "RING_COLLECTIVE_TIMEOUT_S", "OMP_NUM_THREADS",
-                               "PYTEST_CURRENT_TEST"})
+                               "PYTEST_CURRENT_TEST", "RING_COMPILE_BACKEND", "RING_COMPILE_LOSS"})
 SWITCH = "RING_WARM_JOBS"  # `off`: every CPU job starts as its own process
 _READY_TIMEOUT_S = 300.0  # the server's imports (~10 s on 2 busy cores)
 

@@ -22,7 +22,9 @@ import pytest
 from pipeline import warm_jobs
 from pipeline.interrupt import StageInterrupted
 from pipeline.launch import launch_job
+from stages.common.compile_layers import BACKEND_ENV
 from stages.common.contract import Resources, StageFailed
+from stages.common.fused_loss import LOSS_COMPILE_ENV
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -55,9 +57,11 @@ def _gone(pid: int) -> bool:
         return True
 
 
-def test_cpu_jobs_are_forked_from_one_warm_server_and_see_what_a_fresh_process_would(tmp_path):
+def test_cpu_jobs_are_forked_from_one_warm_server_and_see_what_a_fresh_process_would(tmp_path, monkeypatch):
     seen = []
-    for i, credential in enumerate(["first", "second"]):
+    for i, (credential, backend) in enumerate([("first", None), ("second", "aot_eager")]):
+        if backend:  # a variable read when the job runs, not by an import: the same server
+            monkeypatch.setenv(BACKEND_ENV, backend)
         log = tmp_path / f"job{i}.log"
         launch_job([*PROBE, "ok", f"n={i}"], "probe", log, ONE, extra_env={"WARM_CREDENTIAL": credential},
                    cwd=str(tmp_path), tracked=True)
@@ -70,6 +74,7 @@ def test_cpu_jobs_are_forked_from_one_warm_server_and_see_what_a_fresh_process_w
     assert first["cwd"] == second["cwd"] == str(tmp_path) and first["main"] == "__main__"
     # a credential is the job's own variable: both jobs came from the same server
     assert [first["credential"], second["credential"]] == ["first", "second"]
+    assert second["compile_backend"] == "aot_eager" and first["compile_backend"] != "aot_eager"
     server = _server_of(first)
     assert server.pid == _server_of(second).pid and server.ppid() == os.getpid()
     assert "pipeline.job_server" in " ".join(server.cmdline())
@@ -79,6 +84,12 @@ def test_cpu_jobs_are_forked_from_one_warm_server_and_see_what_a_fresh_process_w
         assert facts["title"].startswith(f"{sys.executable} -m tests.pipeline.warm_probe ok")
         # the job's OMP_NUM_THREADS (not the server's: it has none), as a fresh torch reads it
         assert facts["omp"] and facts["threads"] == int(facts["omp"])
+
+
+def test_the_compile_switches_are_per_job_variables():
+    """They are read when a model is compiled, never by an import: a job that sets them needs no
+    server of its own (warm_jobs keeps their names as strings, to import nothing of the stages)."""
+    assert {BACKEND_ENV, LOSS_COMPILE_ENV} <= warm_jobs.PER_JOB_VARIABLES
 
 
 def test_a_jobs_failure_is_its_exit_status_and_its_message(tmp_path):

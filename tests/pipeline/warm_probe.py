@@ -10,6 +10,7 @@ import time
 facts = {"torch_at_start": "torch" in sys.modules, "email_at_start": "email.mime.text" in sys.modules,
          "mlflow_store_at_start": "mlflow.store.tracking.sqlalchemy_store" in sys.modules, "argv": sys.argv[1:], "cwd": os.getcwd(),
          "variable": os.environ.get("WARM_PROBE"), "omp": os.environ.get("OMP_NUM_THREADS"), "credential": os.environ.get("WARM_CREDENTIAL"),
+         "compile_backend": os.environ.get("RING_COMPILE_BACKEND"),
          "pid": os.getpid(), "ppid": os.getppid(),  # the guard's parent next (the server, or the launcher)
          "guard_parent": int(open(f"/proc/{os.getppid()}/stat").read().rsplit(")", 1)[1].split()[1]), "sid": os.getsid(0), "pgid": os.getpgid(0),
          "stdin": sys.stdin.read(), "main": __name__,
