@@ -21,9 +21,12 @@ from stages.common import extension_cache
 REPO = Path(__file__).resolve().parent.parent
 SHARED_BENCHMARKS = REPO.parent / "shared" / "benchmarks"
 
-_PREFECT_HOME = pytest.StashKey[tuple]()  # (this session's PREFECT_HOME, the one it replaced)
-_OMP_THREADS = pytest.StashKey[object]()  # the OMP_NUM_THREADS this session replaced (None: unset)
-_EXTENSIONS_DIR = pytest.StashKey[object]()  # the TORCH_EXTENSIONS_DIR this session replaced (None: unset)
+_PREFECT_HOME = pytest.StashKey[str]()  # this session's PREFECT_HOME (removed at its end)
+_REPLACED = pytest.StashKey[dict]()  # the variables this session set: the values they had (None: unset)
+# moto's test credentials, for the whole session (s3_server): no test reaches real AWS with the
+# developer's own keys, and every test sees one environment whatever ran before it in its worker
+# (set by the first S3 test, they gave the worker's later stage jobs a second warm job server)
+TEST_AWS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 _SHARED = "RING_TEST_RUN_SHARED"  # a directory of the whole run (main process and workers): tests/prefect_api.py
 
 
@@ -38,13 +41,14 @@ def pytest_configure(config):
     second OpenMP thread on a busy core spins instead of helping the tiny models (the in-process
     torch tests took ~25% longer beside a 2-rank stage with torch's default of one thread per core)."""
     home = tempfile.mkdtemp(prefix=f"ring-prefect-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-")
-    config.stash[_PREFECT_HOME] = (home, os.environ.get("PREFECT_HOME"))
+    config.stash[_PREFECT_HOME] = home
+    config.stash[_REPLACED] = {name: os.environ.get(name) for name in
+                               ("PREFECT_HOME", "OMP_NUM_THREADS", extension_cache.VARIABLE, *TEST_AWS)}
     os.environ["PREFECT_HOME"] = home
-    config.stash[_OMP_THREADS] = os.environ.get("OMP_NUM_THREADS")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     # the test scripts that start DeepSpeed ranks of their own build its ops where the stages do
-    config.stash[_EXTENSIONS_DIR] = os.environ.get(extension_cache.VARIABLE)
     extension_cache.use_environment_extension_dir()
+    os.environ.update(TEST_AWS)
     if not os.environ.get("PYTEST_XDIST_WORKER"):  # the run's main process; its workers inherit it
         os.environ[_SHARED] = tempfile.mkdtemp(prefix="ring-suite-")
         _compile_sources()
@@ -72,10 +76,8 @@ def pytest_unconfigure(config):
         shared = Path(os.environ.pop(_SHARED))
         prefect_api.stop(shared)
         shutil.rmtree(shared, ignore_errors=True)
-    home, old = config.stash[_PREFECT_HOME]
-    shutil.rmtree(home, ignore_errors=True)
-    for name, value in (("PREFECT_HOME", old), ("OMP_NUM_THREADS", config.stash[_OMP_THREADS]),
-                        (extension_cache.VARIABLE, config.stash[_EXTENSIONS_DIR])):
+    shutil.rmtree(config.stash[_PREFECT_HOME], ignore_errors=True)
+    for name, value in config.stash[_REPLACED].items():
         if value is None:
             os.environ.pop(name, None)
         else:
@@ -126,9 +128,9 @@ def embedded_prefect_home(prefect_template) -> Path:
 
 @pytest.fixture
 def no_aws_credentials(monkeypatch, tmp_path):
-    """No AWS credentials from anywhere (environment, files, instance metadata). The s3_server
-    fixture puts test credentials in the environment for the worker's whole session: with
-    them, resolving a real s3:// URL (no network here) waits out botocore's retries."""
+    """No AWS credentials from anywhere (environment, files, instance metadata). The session's
+    environment has moto's test credentials (TEST_AWS): with them, resolving a real s3:// URL
+    (no network here) waits out botocore's retries."""
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
@@ -148,7 +150,8 @@ def unreachable_port():
 
 @pytest.fixture(scope="session")
 def s3_server():
-    """moto's S3 server on a free loopback port; yields fsspec storage options for s3fs."""
+    """moto's S3 server on a free loopback port; yields fsspec storage options for s3fs. The
+    environment has its credentials for the whole session (TEST_AWS)."""
     from moto.server import ThreadedMotoServer
 
     from stages.common.ports import reserved_port
@@ -156,19 +159,10 @@ def s3_server():
     with reserved_port() as port:  # until the server listens on it
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
         server.start()
-    creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-             "AWS_DEFAULT_REGION": "us-east-1"}
-    old = {k: os.environ.get(k) for k in creds}
-    os.environ.update(creds)
     endpoint = f"http://127.0.0.1:{port}"
-    yield {"endpoint_url": endpoint, "key": "testing", "secret": "testing",
-           "client_kwargs": {"region_name": "us-east-1"}}
+    yield {"endpoint_url": endpoint, "key": TEST_AWS["AWS_ACCESS_KEY_ID"], "secret": TEST_AWS["AWS_SECRET_ACCESS_KEY"],
+           "client_kwargs": {"region_name": TEST_AWS["AWS_DEFAULT_REGION"]}}
     server.stop()
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
 
 
 @pytest.fixture
