@@ -4,13 +4,15 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+from tests.mlflow_db import tracking_uri
+
 
 def local_recipe(root: Path, name: str, stages: str) -> Path:
     """`root/name.yaml` with the given `stages:` body (YAML, unindented)."""
     path = root / f"{name}.yaml"
     path.write_text(f'name: {name}\n'
                     f'storage: {{url: "file://{root}/store"}}\n'
-                    f'tracking: {{uri: "sqlite:///{root}/mlflow.db"}}\n'
+                    f'tracking: {{uri: "{tracking_uri(root)}"}}\n'
                     f'defaults: {{work_dir: "{root}/work"}}\n'
                     "stages:\n" + textwrap.indent(textwrap.dedent(stages), "  "))
     return path

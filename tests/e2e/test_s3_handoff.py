@@ -8,6 +8,7 @@ import pytest
 import s3fs
 
 from pipeline.flow import pipeline_flow
+from tests.mlflow_db import tracking_uri
 
 pytestmark = pytest.mark.slow
 
@@ -21,7 +22,7 @@ def test_stages_hand_off_through_s3(tmp_path, s3_bucket, prefect_harness, monkey
         storage:
           url: {bucket_url}/runs
           options: {json.dumps(opts)}
-        tracking: {{uri: "sqlite:///{tmp_path}/mlflow.db"}}
+        tracking: {{uri: "{tracking_uri(tmp_path)}"}}
         stages:
           data:
             kind: synthetic_data

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from pipeline.artifacts import ArtifactStore
 from pipeline.cli import app
 from stages.common.artifact_inputs import ArtifactError, read_manifest
+from tests.mlflow_db import tracking_uri
 
 runner = CliRunner()
 
@@ -77,7 +78,7 @@ def test_failed_publish_writes_failed_note_and_a_clean_message(tmp_path):
     from stages.common.artifact_inputs import StorageError
 
     config = {"files": {"sft.jsonl": {"generator": "arithmetic_cot", "n": 5}}}
-    storage, uri = f"file://{tmp_path}/store", f"sqlite:///{tmp_path}/mlflow.db"
+    storage, uri = f"file://{tmp_path}/store", tracking_uri(tmp_path)
     target = adhoc_target("synthetic_data", config, stage="data", storage=storage)
     # the store refuses the upload: where the log directory goes, a file is in the way
     stage_dir = tmp_path / "store" / "adhoc" / target.url.rsplit("/", 1)[-1]

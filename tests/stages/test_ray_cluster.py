@@ -22,6 +22,7 @@ import yaml
 
 from benchmarks._ray_cluster import Node, local_ray_cluster, rank_process
 from tests.conftest import REPO
+from tests.mlflow_db import tracking_uri
 
 ray = pytest.importorskip("ray")
 pytestmark = [pytest.mark.slow, pytest.mark.long_pole]  # stage runs on a cluster it starts: minutes
@@ -45,7 +46,7 @@ def _recipe(root: Path, address: str, base_dir: Path, data_dir: Path, policy: di
     rl = {**tiny["reasoning_rl"], "model": str(policy["model"]), "data": str(policy["data"]), "steps": RL_STEPS,
           "checkpoint_every": RL_STEPS, "rollout": {**tiny["reasoning_rl"]["rollout"], "device": "auto", "gpus": 1}}
     recipe = {"name": "raytiny", "storage": {"url": f"file://{root}/store", "keep_checkpoints": 1},
-              "tracking": {"uri": f"sqlite:///{root}/mlflow.db"},
+              "tracking": {"uri": tracking_uri(root)},
               "defaults": {"work_dir": str(root / "work"), "launcher": "ray",
                            "ray": {"address": address, "placement_timeout_s": 60},
                            "resources": {"nodes": 2, "cpu_ranks": 1}},

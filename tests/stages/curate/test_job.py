@@ -5,6 +5,7 @@ import pytest
 
 from tests.data_curation.conftest import read_jsonl
 from tests.data_curation.test_cli import bench_yaml, corpus
+from tests.mlflow_db import tracking_uri
 
 
 @pytest.mark.slow
@@ -23,7 +24,7 @@ def test_curate_stage_reuses_step_cache_across_stage_hashes(tmp_path, bench_dir,
     kw = dict(stage="curate", storage=str(store), launcher="local", work_root=tmp_path / "work")
     with pytest.raises(StageFailed, match="run the full curation"):
         run_stage("curate", rerun_config(base, only=["decontaminate"]), **kw)
-    first = run_stage("curate", base, tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", **kw)
+    first = run_stage("curate", base, tracking_uri=tracking_uri(tmp_path), **kw)
     from mlflow.tracking import MlflowClient
 
     logged = {a.path for a in MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").list_artifacts(first.run_id, "curation")}

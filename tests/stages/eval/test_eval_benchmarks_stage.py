@@ -14,6 +14,7 @@ import pytest
 from stages.common.contract import StageError
 from stages.eval.benchmarks import GSM8K_EXTRACTION
 from stages.eval.harness import require_lm_eval
+from tests.mlflow_db import tracking_uri
 
 BENCH = Path(__file__).resolve().parents[3].parent / "shared" / "benchmarks"  # ../shared/benchmarks
 TASK = {"task": "local_sums", "output_type": "generate_until", "doc_to_text": "Q: {{question}}\nA:",
@@ -40,7 +41,7 @@ def test_eval_stage_scores_gsm8k_as_it_is_and_a_local_lm_eval_task(stage_env, ba
                                  "extraction": GSM8K_EXTRACTION},
                        "harness": {"lm_eval": TASK, "data": str(data), "max_new_tokens": 4, "batch_size": 4}},
               "max_new_tokens": 8, "prompt_max_len": 512, "rollout": {"device": "cpu"}, "verifier_workers": 0}
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = tracking_uri(tmp_path)
     run = run_stage("eval", config, stage="eval_bench", storage=stage_env["storage"], recipe=stage_env["recipe"],
                     upstream={"base": base_artifact.url}, work_root=stage_env["work_root"], tracking_uri=uri)
     summary = run.summary

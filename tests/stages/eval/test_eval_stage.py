@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.mlflow_db import tracking_uri
+
 pytestmark = pytest.mark.slow
 
 ROWS, SAMPLES, MAX_NEW = 12, 4, 24
@@ -53,7 +55,7 @@ def test_eval_scores_two_models_greedy_and_sampled(stage_env, base_artifact, bas
               "decodings": {"greedy": {}, "sampled": {"temperature": 1.0, "samples": SAMPLES, "pass_at": [1, SAMPLES]}},
               "max_new_tokens": MAX_NEW, "prompt_max_len": 64, "rollout": {"device": "cpu", "max_batch": 16},
               "verifier_workers": 0}
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = tracking_uri(tmp_path)
     run = run_stage("eval", config, stage="eval", storage=stage_env["storage"], recipe=stage_env["recipe"],
                     upstream={"base": base_artifact.url}, work_root=stage_env["work_root"], tracking_uri=uri)
     summary = run.summary

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.mlflow_db import tracking_uri
+
 pytestmark = pytest.mark.slow
 
 
@@ -93,7 +95,7 @@ def test_stage_runs_c3po_icepop_resumes_after_kill_and_publishes(tiny_policy, tm
         run_stage("reasoning_rl", config, resources=Resources(cpu_ranks=2), launcher="torchrun", **kw)
 
     # 3) run_stage: resumes, finishes, publishes
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = tracking_uri(tmp_path)
     kw.update(resources=resources, tracking_uri=uri, launcher="torchrun")
     run = run_stage("reasoning_rl", config, **kw)
     assert run.status == "ran" and run.url == url
