@@ -6,16 +6,20 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
-import torch.multiprocessing as mp
 
 from stages.common.ports import reserved_port
 from stages.rl.prompt_sampler import PromptSampler
 from tests.stages.rl import dp_workers
 from tests.stages.rl.tiny_model import build_model, save_model
 
+REPO = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.slow  # it starts gloo ranks (CONTRIBUTING: tests that launch processes)
 
 C3PO = {"rollouts_per_prompt": 3, "max_new_tokens": 24, "pool_capacity": 12, "token_budget": 40,
@@ -28,10 +32,13 @@ def model_dir(tmp_path_factory) -> str:
 
 
 def spawn(fn, world: int, tmp_path, model_dir: str, extra) -> list[dict]:
-    """`fn(rank, world, port, model_dir, out, extra)` on `world` gloo ranks; what each wrote."""
+    """`fn(rank, world, port, model_dir, out, extra)` on `world` gloo ranks (forked by one fresh
+    process: dp_world.py); what each wrote."""
     with reserved_port() as port:  # until rank 0's store has bound it
-        mp.start_processes(fn, args=(world, port, model_dir, str(tmp_path), extra), nprocs=world,
-                           start_method="spawn")
+        out = subprocess.run([sys.executable, "-m", "tests.stages.rl.dp_world", fn.__name__, str(world), str(port),
+                              model_dir, str(tmp_path), json.dumps(extra)], cwd=REPO, capture_output=True, text=True,
+                             env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
 
 
