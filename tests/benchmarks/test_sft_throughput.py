@@ -101,8 +101,12 @@ def test_learner_case_smoke_writes_every_variant(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_lora_adds_the_twin_of_each_learner_variant(tmp_path):
+def test_lora_adds_the_twin_of_each_learner_variant(tmp_path, monkeypatch):
     """`--lora`: the learner's step with rank-16 adapters next to the full one (issue 35's table)."""
+    from stages.common.compile_layers import BACKEND_ENV
+
+    # what the smoke sets, restored after the test: left set, it changed this worker's later tests
+    monkeypatch.setenv(BACKEND_ENV, "aot_eager")
     assert sft_throughput.main(["--smoke", "--only", "learner", "--learner-variants", "causal", "--lora",
                                 "--out", str(tmp_path)]) == 0
     learner = json.loads((tmp_path / "sft_throughput.json").read_text())["cases"]["learner"]["tiny"]
