@@ -475,6 +475,11 @@ def test_vllm_engine_glue_against_a_fake_vllm(monkeypatch, model_dir):
 
     mod, fake, _ = install(monkeypatch)
     assert "vllm" in base.ENGINES and not base.UNAVAILABLE
+    for name in ("VLLM_ALLOW_INSECURE_SERIALIZATION", "VLLM_WORKER_MULTIPROC_METHOD"):
+        # the engine sets them in its process: recorded as unset first, so they are unset again
+        # after the test (left set, they changed the worker's later tests and stage jobs)
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     monkeypatch.setenv("LOCAL_RANK", "3")  # the stage launcher's: not for vLLM's processes
     eng = open_engine(mod, model_dir, max_batch=4, max_len=64, seed=3)
     assert eng.llm.kw["logprobs_mode"] == "processed_logprobs" and eng.llm.kw["max_num_seqs"] == 4
