@@ -11,35 +11,24 @@ orchestrator make a new database (tests/e2e/test_tiny_recipe.py), as a user's fi
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import shutil
-import sqlite3
 from pathlib import Path
+
+from tests.suite_templates import built_once
 
 DB_NAME = "mlflow.db"
 
 
 def template(shared: Path) -> Path:
     """The run's migrated database (made now if no process of the run has made it yet)."""
-    done = shared / "mlflow-template" / DB_NAME
-    with open(shared / "mlflow-template.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
-        if done.exists():
-            return done
-        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+    return built_once(shared, "mlflow-template", DB_NAME, _migrate)
 
-        building = shared / "mlflow-template.building"
-        shutil.rmtree(building, ignore_errors=True)  # a build that failed half-way
-        building.mkdir()
-        db = building / DB_NAME
-        store = SqlAlchemyStore(f"sqlite:///{db}", str(building / "mlruns"))
-        store.engine.dispose()
-        with contextlib.closing(sqlite3.connect(db)) as con:  # all of it in the one file that is copied
-            con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        building.rename(done.parent)  # complete or absent: a reader never sees half a database
-        return done
+
+def _migrate(directory: Path) -> None:
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    SqlAlchemyStore(f"sqlite:///{directory / DB_NAME}", str(directory / "mlruns")).engine.dispose()
 
 
 def tracking_uri(directory: Path, name: str = DB_NAME) -> str:

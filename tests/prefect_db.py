@@ -13,14 +13,13 @@ servers themselves are started as before (migrate-on-start on, their usual setti
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import shutil
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.suite_templates import built_once
 
 DB_NAME = "prefect.db"  # where Prefect keeps its database in PREFECT_HOME by default
 _MIGRATE = ("import asyncio\n"
@@ -30,25 +29,17 @@ _MIGRATE = ("import asyncio\n"
 
 def template(shared: Path) -> Path:
     """The run's migrated database (made now if no process of the run has made it yet)."""
-    done = shared / "prefect-template" / DB_NAME
-    with open(shared / "prefect-template.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
-        if done.exists():
-            return done
-        building = shared / "prefect-template.building"
-        shutil.rmtree(building, ignore_errors=True)  # a build that failed half-way
-        building.mkdir()
-        db = building / DB_NAME
-        env = {**os.environ, "PREFECT_HOME": str(building),
-               "PREFECT_SERVER_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{db}"}
-        env.pop("PREFECT_API_URL", None)
-        out = subprocess.run([sys.executable, "-c", _MIGRATE], env=env, capture_output=True, text=True)
-        if out.returncode != 0 or not db.exists():
-            raise RuntimeError(f"migrating the suite's template Prefect database failed:\n{out.stderr[-3000:]}")
-        with contextlib.closing(sqlite3.connect(db)) as con:  # all of it in the one file that is copied
-            con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        building.rename(done.parent)  # complete or absent: a reader never sees half a database
-        return done
+    return built_once(shared, "prefect-template", DB_NAME, _migrate)
+
+
+def _migrate(directory: Path) -> None:
+    db = directory / DB_NAME
+    env = {**os.environ, "PREFECT_HOME": str(directory),
+           "PREFECT_SERVER_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{db}"}
+    env.pop("PREFECT_API_URL", None)
+    out = subprocess.run([sys.executable, "-c", _MIGRATE], env=env, capture_output=True, text=True)
+    if out.returncode != 0 or not db.exists():
+        raise RuntimeError(f"migrating the suite's template Prefect database failed:\n{out.stderr[-3000:]}")
 
 
 def seed(home: Path, migrated: Path) -> None:
