@@ -31,7 +31,7 @@ def model_dir(tmp_path_factory) -> str:
     return str(save_model(build_model(), tmp_path_factory.mktemp("tiny_dp")))
 
 
-def spawn(fn, world: int, tmp_path, model_dir: str, extra) -> list[dict]:
+def run_world(fn, world: int, tmp_path, model_dir: str, extra) -> list[dict]:
     """`fn(rank, world, port, model_dir, out, extra)` on `world` gloo ranks (forked by one fresh
     process: dp_world.py); what each wrote."""
     with reserved_port() as port:  # until rank 0's store has bound it
@@ -45,7 +45,7 @@ def spawn(fn, world: int, tmp_path, model_dir: str, extra) -> list[dict]:
 @pytest.fixture(scope="module")
 def colocated(model_dir, tmp_path_factory) -> list[dict]:
     """Two ranks, each an engine (and a trainer): scheduler shards, then the weight sync."""
-    return spawn(dp_workers.colocated, 2, tmp_path_factory.mktemp("colocated"), model_dir, C3PO)
+    return run_world(dp_workers.colocated, 2, tmp_path_factory.mktemp("colocated"), model_dir, C3PO)
 
 
 @pytest.fixture
@@ -112,7 +112,7 @@ def test_sync_deals_the_step_groups_round_robin(shards):
 @pytest.fixture(scope="module")
 def split_launch(model_dir, tmp_path_factory) -> list[dict]:
     """Three ranks: two trainers in a world of their own, one engine rank in another."""
-    return spawn(dp_workers.split, 3, tmp_path_factory.mktemp("split"), model_dir, None)
+    return run_world(dp_workers.split, 3, tmp_path_factory.mktemp("split"), model_dir, None)
 
 
 def test_every_engine_holds_the_trainers_weights_bit_for_bit_after_a_sync(colocated, split_launch):
