@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from stages.common import extension_cache
+from tests.suite_templates import RUN_SHARED, run_shared
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_BENCHMARKS = REPO.parent / "shared" / "benchmarks"
@@ -27,7 +28,6 @@ _REPLACED = pytest.StashKey[dict]()  # the variables this session set: the value
 # developer's own keys, and every test sees one environment whatever ran before it in its worker
 # (set by the first S3 test, they gave the worker's later stage jobs a second warm job server)
 TEST_AWS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-_SHARED = "RING_TEST_RUN_SHARED"  # a directory of the whole run (main process and workers): tests/prefect_api.py
 
 
 def pytest_configure(config):
@@ -50,7 +50,7 @@ def pytest_configure(config):
     extension_cache.use_environment_extension_dir()
     os.environ.update(TEST_AWS)
     if not os.environ.get("PYTEST_XDIST_WORKER"):  # the run's main process; its workers inherit it
-        os.environ[_SHARED] = tempfile.mkdtemp(prefix="ring-suite-")
+        os.environ[RUN_SHARED] = tempfile.mkdtemp(prefix="ring-suite-")
         _compile_sources()
 
 
@@ -73,7 +73,7 @@ def pytest_unconfigure(config):
     if not os.environ.get("PYTEST_XDIST_WORKER"):  # after every worker has finished
         from tests import prefect_api
 
-        shared = Path(os.environ.pop(_SHARED))
+        shared = Path(os.environ.pop(RUN_SHARED))
         prefect_api.stop(shared)
         shutil.rmtree(shared, ignore_errors=True)
     shutil.rmtree(config.stash[_PREFECT_HOME], ignore_errors=True)
@@ -103,7 +103,7 @@ def prefect_api() -> str:
     `ring-pipeline run`, or use `prefect_harness` (tests/e2e) for flows run in this process."""
     from tests import prefect_api as server
 
-    return server.shared_api(Path(os.environ[_SHARED]))
+    return server.shared_api(run_shared())
 
 
 @pytest.fixture(scope="session")
@@ -112,7 +112,7 @@ def prefect_template() -> Path:
     (`prefect_db.seed`) where a server will start, so that its start has no migrations to run."""
     from tests import prefect_db
 
-    return prefect_db.template(Path(os.environ[_SHARED]))
+    return prefect_db.template(run_shared())
 
 
 @pytest.fixture(scope="session")

@@ -11,11 +11,10 @@ orchestrator make a new database (tests/e2e/test_tiny_recipe.py), as a user's fi
 """
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
-from tests.suite_templates import built_once
+from tests.suite_templates import built_once, run_shared
 
 DB_NAME = "mlflow.db"
 
@@ -37,5 +36,5 @@ def tracking_uri(directory: Path, name: str = DB_NAME) -> str:
     db = directory / name
     if not db.exists():
         directory.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(template(Path(os.environ["RING_TEST_RUN_SHARED"])), db)
+        shutil.copyfile(template(run_shared()), db)
     return f"sqlite:///{db}"

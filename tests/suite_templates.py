@@ -5,10 +5,19 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import shutil
 import sqlite3
 from pathlib import Path
 from typing import Callable
+
+# names the run's shared directory: made by the run's main process (tests/conftest.py), inherited
+# by its workers, removed at the run's end
+RUN_SHARED = "RING_TEST_RUN_SHARED"
+
+
+def run_shared() -> Path:
+    return Path(os.environ[RUN_SHARED])
 
 
 def built_once(shared: Path, name: str, filename: str, build: Callable[[Path], None]) -> Path:
