@@ -24,13 +24,14 @@ def test_curate_stage_reuses_step_cache_across_stage_hashes(tmp_path, bench_dir,
     kw = dict(stage="curate", storage=str(store), launcher="local", work_root=tmp_path / "work")
     with pytest.raises(StageFailed, match="run the full curation"):
         run_stage("curate", rerun_config(base, only=["decontaminate"]), **kw)
-    first = run_stage("curate", base, tracking_uri=tracking_uri(tmp_path), **kw)
+    uri = tracking_uri(tmp_path)
+    first = run_stage("curate", base, tracking_uri=uri, **kw)
     from mlflow.tracking import MlflowClient
 
-    logged = {a.path for a in MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").list_artifacts(first.run_id, "curation")}
+    logged = {a.path for a in MlflowClient(uri).list_artifacts(first.run_id, "curation")}
     assert logged == {"curation/report.json", "curation/report.md", "curation/report.html",
                       "curation/contamination.json"}
-    metrics = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(first.run_id).data.metrics
+    metrics = MlflowClient(uri).get_run(first.run_id).data.metrics
     assert metrics["contamination.decontaminate.gsm8k.items_found"] == 1
     assert first.summary["removed_by_step"] == {"exact_dedup": 1, "near_dedup": 0, "decontaminate": 1,
                                                 "domain_tag": 0}
