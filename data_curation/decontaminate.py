@@ -36,7 +36,7 @@ from pydantic import Field
 
 from data_curation._base import bump
 from data_curation.benchmark_index import FILTER_SIZE, TEMPLATE_MIN_WORDS, BenchmarkIndex, masked_text
-from data_curation.benchmarks import BenchmarkSpec, resolve_benchmarks
+from data_curation.benchmarks import BenchmarkList, BenchmarkSpec, resolve_benchmarks
 from data_curation.discovery import discover
 from data_curation.hashing import TokenBatch, masked_word_hashes, ngram_hashes
 from data_curation.normalize import NormalizeConfig, Normalizer
@@ -50,8 +50,7 @@ METHOD_RANK = {"exact": 4, "containment": 3, "ngram": 2, "partial": 1}
 
 class DecontaminateConfig(StepConfig):
     step: Literal["decontaminate"] = "decontaminate"
-    benchmarks: list[BenchmarkSpec] | str = Field(
-        description="benchmark entries, or the path/URL of a YAML list of them")
+    benchmarks: BenchmarkList
     check: list[Literal["prompt", "response"]] = Field(["prompt", "response"], min_length=1)
     exact: bool = True
     containment: bool = True
@@ -88,7 +87,7 @@ class DecontaminateConfig(StepConfig):
 def _content_identity(spec: BenchmarkSpec, ctx: RunContext) -> list[Any]:
     """sha256 of local benchmark files; size/etag/mtime of remote ones and dataset dirs."""
     out: list[Any] = []
-    for s in discover([spec.path], ctx.storage_options):
+    for s in discover([spec.data_input()], ctx.storage_options):
         if is_local(s.url) and s.fmt != "hf":
             h = hashlib.sha256()
             with open(local_path(s.url), "rb") as f:

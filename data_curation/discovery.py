@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from pydantic import Field
@@ -35,6 +36,9 @@ class DataInput(Strict):
     split: str | None = Field(None, description="the split to read, where the input has splits "
                               "(a saved DatasetDict, split-named files, a hub dataset)")
     revision: str | None = Field(None, description="hub dataset ids only: branch, tag or commit")
+    # out of the stage hash at its default (pipeline/plan.py): inputs written before it keep their hashes
+    config: str | None = Field(None, json_schema_extra={"hash_unless_default": True}, description=(
+        "hub dataset ids only: the dataset's configuration (subset), e.g. `main` of openai/gsm8k"))
 
 
 def as_input(value: "str | DataInput") -> DataInput:
@@ -95,11 +99,15 @@ def discover(inputs: "list[str | DataInput]", storage_options: dict | None = Non
         raw, split = inp.path, inp.split
         if is_hub_id(raw):
             local, _ = hub_snapshot(raw, "dataset", inp.revision)
+            if inp.config is not None:
+                out.extend(_discover_hub_config(local, raw, inp.config, split))
+                continue
             out.extend(_discover_dir(*filesystem("file://" + local), lambda p: "file://" + p, raw, split))
             continue
-        if inp.revision is not None:
-            raise CurationError(f"input {raw}: `revision` selects a version of a hub dataset (org/name), "
-                                "not of a path")
+        for key in ("revision", "config"):
+            if getattr(inp, key) is not None:
+                raise CurationError(f"input {raw}: `{key}` selects a version or subset of a hub dataset "
+                                    "(org/name), not of a path")
         url = normalise_url(raw)
         fs, path = filesystem(url, storage_options)
         proto = url.split("://", 1)[0]
@@ -157,6 +165,41 @@ def _discover_dir(fs, path: str, to_url, raw: str, split: str | None) -> list[So
     for p in files:
         fmt, comp = _file_format(p)
         out.append(Source(to_url(p), fmt, file_identity(fs.info(p)), compression=comp))
+    return out
+
+
+def _discover_hub_config(local: str, raw: str, config: str, split: str | None) -> list[Source]:
+    """The files of configuration `config` of a hub dataset snapshot: as its dataset card's
+    `configs:` metadata lists them (what `datasets.load_dataset(raw, config)` reads), else the
+    snapshot's directory of that name (the layout of the hub's parquet exports)."""
+    from datasets.data_files import DataFilesDict, sanitize_patterns
+    from datasets.utils.metadata import MetadataConfigs
+    from huggingface_hub import DatasetCard
+
+    root = Path(local)
+    readme = root / "README.md"
+    configs = MetadataConfigs.from_dataset_card_data(DatasetCard.load(readme).data) if readme.is_file() else {}
+    fs, _ = filesystem("file://" + local)
+    if config not in configs:
+        if (root / config).is_dir():
+            return _discover_dir(fs, str(root / config), lambda p: "file://" + p, f"{raw} ({config})", split)
+        known = sorted(set(configs) | {p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")})
+        raise CurationError(f"input {raw}: the dataset has no configuration {config!r}; it has {known}")
+    meta = configs[config]
+    base = root / meta.get("data_dir", "")
+    patterns = sanitize_patterns(meta["data_files"]) if meta.get("data_files") else None
+    if patterns is None:
+        return _discover_dir(fs, str(base), lambda p: "file://" + p, f"{raw} ({config})", split)
+    by_split = {str(k): sorted(str(f) for f in v)
+                for k, v in DataFilesDict.from_patterns(patterns, base_path=str(base)).items() if v}
+    chosen = _choose_split(f"{raw} ({config})", "a hub dataset configuration", list(by_split), split) \
+        if split is not None or len(by_split) > 1 else next(iter(by_split))
+    out = []
+    for p in by_split[chosen]:
+        fmt, comp = _file_format(p) or (None, None)
+        if fmt is None:
+            raise CurationError(f"input {raw} ({config}): cannot read {p} (expected .jsonl/.json, .parquet, .arrow)")
+        out.append(Source("file://" + p, fmt, file_identity(fs.info(p)), compression=comp))
     return out
 
 

@@ -18,6 +18,8 @@ the upstream hashes instead) contributes a fingerprint of its content:
 - file inside an installed Python package (`pkg://<package>/<file>`, data_curation/package_files.py):
   the installing distribution's name and version and the sha256 its RECORD declares for the
   file (nothing is hashed); a file no RECORD lists is fingerprinted as a local file;
+- hub-named benchmark set (`benchmark <name>`, data_curation/benchmarks.py): its local copy under
+  RING_BENCHMARKS_DIR by content, else the commit of its snapshot in the hub cache;
 - installed library a kind declares its results depend on (`StageKind.input_packages`, input
   `installed <distribution>`): the distribution's installed version (kept on the fingerprint
   too, `version`: the jobs' ranks check theirs against it, pipeline.execute.planned_packages).
@@ -35,6 +37,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+from data_curation.benchmarks import BENCHMARKS_DIR_ENV, BenchmarkSource, hub_benchmarks
+from data_curation.hub import hub_snapshot
 from data_curation.package_files import PackageFileError, resolve
 from data_curation.urls import filesystem, normalise_url
 from stages.common.artifact_inputs import StorageError, sha256_file, storage_errors
@@ -205,6 +209,29 @@ def distribution_fingerprint(name: str) -> Fingerprint:
 
 
 PACKAGE_INPUT = "installed "  # the input key of a distribution a kind declares: `installed <name>`
+BENCHMARK_INPUT = "benchmark "  # the input key of a hub-named benchmark set: `benchmark <name>`
+
+
+def benchmark_fingerprint(name: str, source: BenchmarkSource, hash_max_bytes: int) -> Fingerprint:
+    """A hub-named benchmark set where this machine reads it: its local copy under
+    RING_BENCHMARKS_DIR (by content), else the hub cache's commit; `missing` (the summary
+    saying what to do) when it is in neither. Online, the check downloads it into the cache."""
+    problem = source.unavailable(name)
+    if problem is not None:
+        return Fingerprint("missing", _digest(["missing benchmark", name]), problem)
+    where = source.hub_input(name)
+    if where.path != source.hub:
+        local = local_fingerprint(where.path, hash_max_bytes)
+        return Fingerprint(local.kind, local.digest, f"{BENCHMARKS_DIR_ENV} copy of {source.hub}: {local.summary}")
+    _, commit = hub_snapshot(source.hub, "dataset", source.revision)
+    return Fingerprint("hub", _digest([source.hub, commit, source.config, source.split]),
+                       f"hub {source.hub} at commit {commit[:12]} (local cache)")
+
+
+def benchmark_inputs(config: Any, storage_options: dict[str, Any], hash_max_bytes: int) -> dict[str, Fingerprint]:
+    """`benchmark <name>` -> its fingerprint, for every hub-named benchmark set the config reads."""
+    return {f"{BENCHMARK_INPUT}{name}": benchmark_fingerprint(name, source, hash_max_bytes)
+            for name, source in sorted(hub_benchmarks(config, storage_options).items())}
 
 
 def package_inputs(names: Iterable[str]) -> dict[str, Fingerprint]:

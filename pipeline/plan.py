@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from data_curation.urls import join
 from pipeline.artifacts import ArtifactStore
-from pipeline.fingerprints import Fingerprint, fingerprint_inputs, package_inputs
+from pipeline.fingerprints import BENCHMARK_INPUT, Fingerprint, benchmark_inputs, fingerprint_inputs, package_inputs
 from pipeline.recipe import Recipe, iter_references, topological_order
 from stages.common.contract import AUTO_LEGACY, Launcher, RaySettings, Resources, StageConfig
 from stages.common.store_writes import WritePolicy
@@ -61,6 +61,7 @@ def input_fingerprints(kind: StageKind, config: StageConfig, storage_options: di
     """The config's external inputs, and the installed libraries the kind says its results
     depend on (`StageKind.input_packages`)."""
     inputs = fingerprint_inputs(result_config(config), storage_options, hash_max_bytes, tolerate_errors)
+    inputs.update(benchmark_inputs(config, storage_options, hash_max_bytes))
     if kind.input_packages is not None:
         inputs.update(package_inputs(kind.input_packages(config)))
     return inputs
@@ -175,6 +176,15 @@ class Plan:
         if from_:
             selected = [n for n in selected if n in self.downstream([from_])]
         return selected, forced
+
+    def unavailable_benchmarks(self, names: Iterable[str], forced: Iterable[str] = ()) -> list[str]:
+        """Per hub-named benchmark set that a stage of `names` still to run cannot read here
+        (neither in the hub cache nor under RING_BENCHMARKS_DIR): the stage and what to do.
+        A run checks this before any stage starts."""
+        wanted, rerun = set(names), set(forced)
+        return [f"stage {s.name}: {fp.summary}" for s in self.stages
+                if s.name in wanted and (not s.done or s.name in rerun)
+                for key, fp in s.inputs.items() if key.startswith(BENCHMARK_INPUT) and fp.kind == "missing"]
 
 
 def plan_stage(recipe: str, name: str, cfg: StageConfig, upstream: dict[str, tuple[str, str]],

@@ -60,8 +60,10 @@ def benchmark_rows(fetch: Callable[[str], Path], name: str, spec) -> list[dict[s
     """The rows of benchmark set `name` (a config.BenchmarkSet) in the RL format, in file order."""
     extract = ANSWER_EXTRACTORS[spec.answer_extractor]
     what = f"eval set {name!r}"
+    if spec.hub is not None and (problem := spec.unavailable(name)):
+        raise DataError(problem)  # neither in the hub cache nor under RING_BENCHMARKS_DIR
     rows: list[dict[str, Any]] = []
-    for path in spec.paths:
+    for path in spec.inputs(name):
         for row in input_rows(fetch, path, what):
             data = row.data
             if not isinstance(data, dict):
@@ -85,5 +87,5 @@ def benchmark_rows(fetch: Callable[[str], Path], name: str, spec) -> list[dict[s
             if spec.limit is not None and len(rows) == spec.limit:
                 return rows
     if not rows:
-        raise DataError(f"{what} {spec.paths} holds no rows")
+        raise DataError(f"{what} {spec.hub or spec.paths} holds no rows")
     return rows

@@ -18,6 +18,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from data_curation.benchmarks import BenchmarkSource
+from data_curation.discovery import DataInput
 from stages.common.contract import StageConfig, Strict
 from stages.registry import StageKind, register
 from stages.rl.settings import GenerationSettings
@@ -39,12 +41,16 @@ class EvalSet(Strict):
 
     @property
     def paths(self) -> list[str]:
-        return [self.path] if isinstance(self.path, str) else list(self.path)
+        return [] if self.path is None else [self.path] if isinstance(self.path, str) else list(self.path)
 
 
-class BenchmarkSet(EvalSet):
-    """A benchmark file as it is (stages/eval/benchmarks.py): which fields hold the question
-    and the answer, how the gold answer is read, the verifier domain and the prompt."""
+class BenchmarkSet(EvalSet, BenchmarkSource):
+    """A benchmark as it is (stages/eval/benchmarks.py), from a file or the Hugging Face Hub
+    (`hub`, `config`, `split`; under RING_BENCHMARKS_DIR, `<set name>.jsonl`): which fields
+    hold the question and the answer, how the gold answer is read, the verifier domain and
+    the prompt."""
+
+    path: str | list[str] | None = Field(None, description="jsonl/json/parquet file(s) or dir(s) (or `hub`)")
 
     question_field: str = Field(description="the field holding the question (gsm8k: question; math500: problem)")
     answer_field: str = Field(description="the field holding the answer (gsm8k: answer; minerva_math: solution)")
@@ -56,6 +62,15 @@ class BenchmarkSet(EvalSet):
     extraction: dict[str, Any] | None = Field(None, description="the verifier's answer extraction options per row "
                                               "(verifiers/extract.py), e.g. GSM8K: {strategies: [hashes, boxed, "
                                               "answer_is, bare, last_number]} to read its '#### N' answers")
+
+    @model_validator(mode="after")
+    def _source(self) -> "BenchmarkSet":
+        self._one_source(self.path is not None)
+        return self
+
+    def inputs(self, name: str) -> "list[str | DataInput]":
+        """What set `name` reads: its paths, or its hub dataset (or the local copy standing in for it)."""
+        return [self.hub_input(name)] if self.hub is not None else self.paths
 
     @field_validator("extraction")
     @classmethod

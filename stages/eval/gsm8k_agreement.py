@@ -7,7 +7,7 @@ last number-like string), then exact_match with the task's regexes_to_ignore
 (`harness.gsm8k_scorer`). Every row where a filter's score differs from ours is listed with
 both extractions, so each disagreement can be explained.
 
-    python -m stages.eval.gsm8k_agreement EVAL_STAGE_DIR --set gsm8k --gold ../shared/benchmarks/gsm8k.jsonl
+    python -m stages.eval.gsm8k_agreement EVAL_STAGE_DIR --set gsm8k --gold "$RING_BENCHMARKS_DIR/gsm8k.jsonl"
         [--model rl] [--decoding greedy] [--out report.json] [--show 20]
     python -m stages.eval.gsm8k_agreement GENERATIONS.jsonl [--gold ...] [--id-field idx] [--extraction JSON]
 

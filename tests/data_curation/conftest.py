@@ -3,15 +3,11 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-SHARED_BENCH = REPO.parent / "shared" / "benchmarks"
-
 
 @pytest.fixture(scope="session")
-def bench_dir() -> Path:
-    if not (SHARED_BENCH / "gsm8k.jsonl").exists():
-        pytest.skip("../shared/benchmarks is not available")
-    return SHARED_BENCH
+def bench_dir(benchmark_sets: Path) -> Path:
+    """The public benchmark sets (RING_BENCHMARKS_DIR, tests/conftest.py); skips where none is given."""
+    return benchmark_sets
 
 
 def bench_rows(bench_dir: Path, name: str) -> list[dict]:

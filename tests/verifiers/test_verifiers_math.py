@@ -1,17 +1,17 @@
 import json
 import random
 import re
-from pathlib import Path
 
 import pytest
 
+from data_curation.benchmarks import benchmarks_dir
+from tests.conftest import NO_BENCHMARKS
 from verifiers import verify
 from verifiers.extract import ExtractionOptions, NoAnswer, extract_answer, final_text, find_boxed
 from verifiers.math_answer import math_equal
 from verifiers.math_gen import generate_arithmetic
 
 pytestmark = pytest.mark.timeout(60)
-BENCH = Path(__file__).resolve().parents[3] / "shared" / "benchmarks"
 
 
 def m(answer, response, **row):
@@ -88,10 +88,11 @@ def test_arithmetic_generator():
         assert verify(row, f"<think>easy</think> {val + 1}").score == 0
 
 
-# ---- the shared benchmarks: each reference answer rewritten must verify, perturbed must not
+# ---- the public benchmarks (RING_BENCHMARKS_DIR: tests/conftest.py): each reference answer
+# rewritten must verify, perturbed must not
 def _answers(name: str) -> list[str]:
     out = []
-    for line in (BENCH / name).read_text().splitlines():
+    for line in (benchmarks_dir() / name).read_text().splitlines():
         row = json.loads(line)
         if name == "gsm8k.jsonl":
             out.append(row["answer"].split("####")[-1].strip())
@@ -126,7 +127,7 @@ def _perturb(ans: str) -> str | None:
     return ans[: m_.start()] + str((d + 1) % 10 if d != 9 else 7) + ans[m_.end():]
 
 
-@pytest.mark.skipif(not BENCH.exists(), reason="../shared/benchmarks not present")
+@pytest.mark.skipif(benchmarks_dir() is None, reason=NO_BENCHMARKS)
 @pytest.mark.parametrize("name,limit", [("aime24.jsonl", None), ("aime25.jsonl", None), ("amc23.jsonl", None),
                                         ("gsm8k.jsonl", 150), ("math500.jsonl", 300), ("minerva_math.jsonl", 80)])
 def test_benchmark_answers(name, limit):

@@ -1,4 +1,5 @@
-"""The shared benchmark files as they are, read as eval rows through a set's field mapping:
+"""The public benchmark sets as they are, named by hub id and read from their local copies under
+RING_BENCHMARKS_DIR (tests/conftest.py: skipped where none is given), as eval rows through a set's field mapping:
 every row of every file yields its gold answer, the verifier accepts the gold in a box and
 refuses a wrong one, and bad rows or mappings are named with file, line and field."""
 from __future__ import annotations
@@ -15,7 +16,6 @@ from stages.eval.benchmarks import GSM8K_EXTRACTION, benchmark_rows, gsm8k_gold
 from stages.eval.config import BenchmarkSet, EvalConfig, EvalSet, LmEvalSet
 from verifiers import verify
 
-BENCH = Path(__file__).resolve().parents[3].parent / "shared" / "benchmarks"  # ../shared/benchmarks
 GSM8K_PROMPT = "{question}\nPut your final answer after '####'."
 # file -> (mapping, rows, the first row's gold)
 SETS = {
@@ -35,13 +35,22 @@ def _fetch(p: str) -> Path:
     return Path(p)
 
 
+# the hub ids of recipes/benchmarks.yaml; the copies are found by set name under RING_BENCHMARKS_DIR
+HUB = {"gsm8k": {"hub": "openai/gsm8k", "config": "main", "split": "test"},
+       "math500": {"hub": "HuggingFaceH4/MATH-500", "split": "test"},
+       "minerva_math": {"hub": "math-ai/minervamath", "split": "test"},
+       "amc23": {"hub": "math-ai/amc23", "split": "test"},
+       "aime24": {"hub": "HuggingFaceH4/aime_2024", "split": "train"},
+       "aime25": {"hub": "math-ai/aime25", "split": "test"}}
+
+
 def _set(name: str, **extra) -> BenchmarkSet:
     mapping, _, _ = SETS[name]
-    return BenchmarkSet(path=str(BENCH / f"{name}.jsonl"), **{**mapping, **extra})
+    return BenchmarkSet(**HUB[name], **{**mapping, **extra})
 
 
 @pytest.mark.parametrize("name", sorted(SETS))
-def test_every_shared_benchmark_reads_as_it_is(name):
+def test_every_public_benchmark_reads_as_it_is(name, benchmark_sets):
     _, n, first_gold = SETS[name]
     rows = benchmark_rows(_fetch, name, _set(name))
     assert len(rows) == n and len({str(r["id"]) for r in rows}) == n
@@ -55,7 +64,7 @@ def test_every_shared_benchmark_reads_as_it_is(name):
         assert verify(row, f"So the answer is \\boxed{{{gold} + 1}}.").score == 0.0, (row["id"], gold)
 
 
-def test_gsm8k_set_reads_its_own_answer_format():
+def test_gsm8k_set_reads_its_own_answer_format(benchmark_sets):
     rows = benchmark_rows(_fetch, "gsm8k", _set("gsm8k", limit=3))
     assert len(rows) == 3 and rows[0]["id"] == 0
     assert rows[0]["prompt"].startswith("Janet") and rows[0]["prompt"].endswith("after '####'.")

@@ -16,7 +16,6 @@ from stages.eval.benchmarks import GSM8K_EXTRACTION
 from stages.eval.harness import require_lm_eval
 from tests.mlflow_db import tracking_uri
 
-BENCH = Path(__file__).resolve().parents[3].parent / "shared" / "benchmarks"  # ../shared/benchmarks
 TASK = {"task": "local_sums", "output_type": "generate_until", "doc_to_text": "Q: {{question}}\nA:",
         "doc_to_target": "{{target}}", "generation_kwargs": {"until": ["\n"], "do_sample": False},
         "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}],
@@ -25,7 +24,7 @@ TASK = {"task": "local_sums", "output_type": "generate_until", "doc_to_text": "Q
 
 
 @pytest.mark.slow
-def test_eval_stage_scores_gsm8k_as_it_is_and_a_local_lm_eval_task(stage_env, base_artifact, tmp_path):
+def test_eval_stage_scores_gsm8k_as_it_is_and_a_local_lm_eval_task(stage_env, base_artifact, tmp_path, benchmark_sets):
     pytest.importorskip("lm_eval")
     from mlflow.tracking import MlflowClient
 
@@ -36,7 +35,7 @@ def test_eval_stage_scores_gsm8k_as_it_is_and_a_local_lm_eval_task(stage_env, ba
     data.write_text("".join(json.dumps({"question": f"{i} + 1", "target": "[invalid]" if i % 2 else str(i + 1)}) + "\n"
                             for i in range(4)))
     config = {"models": {"base": "${stages.base.output}"},
-              "sets": {"gsm8k": {"path": str(BENCH / "gsm8k.jsonl"), "limit": 3, "question_field": "question",
+              "sets": {"gsm8k": {"hub": "openai/gsm8k", "config": "main", "split": "test", "limit": 3, "question_field": "question",
                                  "answer_field": "answer", "answer_extractor": "gsm8k", "id_field": "idx",
                                  "extraction": GSM8K_EXTRACTION},
                        "harness": {"lm_eval": TASK, "data": str(data), "max_new_tokens": 4, "batch_size": 4}},
@@ -88,9 +87,9 @@ def test_task_without_its_required_keys_is_named(tmp_path):
     assert ok["generation_kwargs"]["max_gen_toks"] == 5 and ok["generation_kwargs"]["until"] == ["\n"]
 
 
-def test_shipped_gsm8k_task_is_lm_evals_own_scoring_over_local_data():
+def test_shipped_gsm8k_task_is_lm_evals_own_scoring_over_local_data(tmp_path):
     """recipes/lm_eval/gsm8k_local.yaml scores as lm-eval's gsm8k task does (the filters and
-    metric the agreement check applies), over the shared GSM8K file."""
+    metric the agreement check applies), over a local GSM8K file."""
     import yaml
 
     from stages.eval.config import LmEvalSet
@@ -99,7 +98,7 @@ def test_shipped_gsm8k_task_is_lm_evals_own_scoring_over_local_data():
     pytest.importorskip("lm_eval")
     repo = Path(__file__).resolve().parents[3]
     ours = _task_config(LmEvalSet(lm_eval=str(repo / "recipes/lm_eval/gsm8k_local.yaml"),
-                                  data=str(BENCH / "gsm8k.jsonl")), "g", lambda p: Path(p))
+                                  data=str(tmp_path / "gsm8k.jsonl")), "g", lambda p: Path(p))
     _, theirs = gsm8k_scorer()
     for key in ("filter_list", "metric_list", "doc_to_text", "doc_to_target", "output_type"):
         assert ours[key] == theirs[key], key

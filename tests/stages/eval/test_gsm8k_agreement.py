@@ -120,7 +120,7 @@ def _eval_stage_dir(tmp_path, extraction):
             for m in ("sft", "rl") for i, r in enumerate(["#### 18", many])]
     rows.append({"model": "rl", "set": "heldout", "decoding": "greedy", "id": 0, "response": "x"})
     (stage / "responses.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    gsm8k = {"path": "../shared/benchmarks/gsm8k.jsonl", "question_field": "question", "answer_field": "answer",
+    gsm8k = {"hub": "openai/gsm8k", "config": "main", "split": "test", "question_field": "question", "answer_field": "answer",
              "answer_extractor": "gsm8k", **({"extraction": extraction} if extraction is not None else {})}
     (stage / "manifest.json").write_text(json.dumps({"kind": "eval", "config": {"sets": {"gsm8k": gsm8k}},
                                                      "files": [{"path": "responses.jsonl"}]}))

@@ -23,7 +23,18 @@ from tests.stages.conftest import RLHF_MATH, RLHF_PAIRS, TWO
 from tests.stages.stage_kill import kill_after_first_checkpoint
 
 REPO = Path(__file__).resolve().parents[3]
-GSM8K = REPO.parent / "shared" / "benchmarks" / "gsm8k.jsonl"
+# rows in GSM8K's format (a question; a worked answer ending "#### N"), the project's own problems
+GSM8K_STYLE = [{"question": f"A farm has {a} hens. {b} are sold and {c} are given away; each hen left lays "
+                            f"{k} eggs. How many eggs are laid?",
+                "answer": f"{a}-{b}-{c}={a - b - c} hens are left.\n{a - b - c}*{k}={(a - b - c) * k}\n#### {(a - b - c) * k}",
+                "idx": i}
+               for i, (a, b, c, k) in enumerate([(16, 3, 4, 2), (20, 5, 5, 3), (12, 2, 1, 4), (30, 10, 6, 2),
+                                                 (9, 1, 1, 5)])]
+
+
+def _write_gsm8k_style(path: Path) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in GSM8K_STYLE))
+    return path
 GOOD = "<think>ok</think>answer"
 
 
@@ -182,7 +193,7 @@ def test_prompt_rows_of_every_format():
 
 
 def test_reasoning_rows_from_gsm8k_fields():
-    raw = [json.loads(line) for line in GSM8K.read_text().splitlines()[:5]]
+    raw = [dict(r) for r in GSM8K_STYLE]
     ev = ReasoningEvalSettings(data="gsm8k.jsonl", limit=3, prompt_field="question", answer_field="answer",
                                answer_regex=r"####\s*(.+)$", instruction="Put the answer in \\boxed{}.")
     rows = reasoning_rows(raw, ev, "gsm8k.jsonl")
@@ -259,7 +270,7 @@ def test_general_rl_killed_after_checkpoint_resumes(tiny_rm, rlhf_data, base_art
         "c3po": {"pool_capacity": 8, "token_budget": 48}, "lr": 1e-4, "micro_batch_tokens": 1024,
         "rollout": {"max_batch": 8}, "verifier_workers": 0, "checkpoint_every": 3, "sample_rollouts": 0,
         "reward": {"rm_device": "cpu", "rm_batch_size": 8},
-        "reasoning_eval": {"data": str(GSM8K), "limit": 3, "prompt_field": "question", "answer_field": "answer",
+        "reasoning_eval": {"data": str(_write_gsm8k_style(root / "gsm8k_style.jsonl")), "limit": 3, "prompt_field": "question", "answer_field": "answer",
                            "answer_regex": r"####\s*(.+)$", "max_new_tokens": 16},
     }
     recipe = "grlresume"
