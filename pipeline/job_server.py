@@ -56,7 +56,7 @@ from pipeline import job_guard
 # imported by the jobs inside `main` (lazily, for the data stages' sake): warmed once here and in
 # pipeline.local_ranks; and, in a server for tracked jobs (`--with-mlflow`), MLflow's client and
 # SQL store (SQLite is the default tracking), which rank 0 of a tracked stage imports for its
-# StageLogger: ~5.5 CPU-s a tracked job (the tiny recipe: 132 -> 111 CPU-s, benchmarks/RESULTS.md).
+# StageLogger: ~5.5 CPU-s a tracked job (the tiny recipe on 2 cores: 132 -> 111 CPU-s in all).
 # A process must not fork with a thread of its own running: a server whose imports started one
 # refuses to serve (`_threads_started`).
 WARM_MODULES = ("torch", "deepspeed", "transformers.modeling_utils", "mlflow.tracking",

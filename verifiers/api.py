@@ -6,8 +6,8 @@ Workers are forked from a forkserver that has already imported ``verifiers``. A 
 gets its first row only once it says it is ready: its start-up (multiprocessing imports the
 parent's ``__main__`` module in it, e.g. a stage entry and all it imports) is not charged to
 a row's time, and a worker that cannot start within ``WORKER_START_TIMEOUT_S`` is an error
-(round 8 on an H100: workers importing vLLM through the stage's main module outlived every
-row's timeout, so every row scored 0 "verifier timeout" and the stage crawled). Each row
+(on an H100, workers importing vLLM through the stage's main module outlived every row's
+timeout, so every row scored 0 "verifier timeout" and the stage crawled). Each row
 gets ``timeout_s``: the worker enforces it in-process (SIGALRM), and the parent kills a
 worker that is still busy ``timeout_s + grace`` after dispatch (C-level hangs, crashes),
 records score 0 with the reason and starts a fresh worker. Order is preserved.

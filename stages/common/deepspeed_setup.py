@@ -23,10 +23,11 @@ def ds_config(zero_stage: int, grad_clip: float, precision: str, *, micro_batch:
     precision.PRECISION_HELP): "bf16-mixed" keeps the weights in fp32 (load them so) and
     runs the engine's forward under torch.autocast, so the torch AdamW steps the weights
     themselves; DeepSpeed's bf16 mode instead wraps the optimizer with fp32 master copies it
-    keeps in step with per-parameter copies and checks (benchmarks/RESULTS.md, round 7's SFT
-    profile). `train_batch_size` is set only when `world` is given (stages that let DeepSpeed
-    count micro-batches); the optimizer is a torch AdamW passed in (DS's own CPU Adam is a JIT
-    build), hence `zero_allow_untested_optimizer`."""
+    keeps in step with per-parameter copies and checks (an SFT step's profile at 1.5B on an
+    H100: thousands of copies and a norm, amax and amin kernel per parameter;
+    benchmarks/sft_throughput.py measures it). `train_batch_size` is set only when `world` is
+    given (stages that let DeepSpeed count micro-batches); the optimizer is a torch AdamW passed
+    in (DS's own CPU Adam is a JIT build), hence `zero_allow_untested_optimizer`."""
     zero: dict[str, Any] = {"stage": zero_stage}
     if zero_stage == 3:
         zero["stage3_gather_16bit_weights_on_model_save"] = True

@@ -102,9 +102,9 @@ def wait_for_every_rank() -> None:
     A split launch waits over all its ranks, not over each role world: NCCL opens a group's
     communicator at the group's first collective, through the launch's store, and that store
     lives in rank 0's process. A role world can reach the end without any collective (the
-    second rank of a TP=2 engine only lends its GPU to the engine), so its end barrier opened
-    its communicator just as rank 0, past its own role's barrier, exited and took the store
-    along: round 20's split TP=2 run failed so after its last step. `everyone`'s communicator
+    second rank of a TP=2 engine only lends its GPU to the engine), so its end barrier opens
+    its communicator just as rank 0, past its own role's barrier, exits and takes the store
+    along: a split TP=2 run on GPUs fails so after its last step. `everyone`'s communicator
     has carried every step, and rank 0 stays in it until the last rank arrives."""
     if _split_launch_everyone is not None:
         _split_launch_everyone.barrier()

@@ -13,8 +13,8 @@ job exits 1 (SystemExit). The process group, when `main` joined one, is left.
 
 After a failure the traceback or message is printed *before* the group is left, and leaving
 it is bounded: a peer may still be inside a collective that will never complete, and NCCL's
-teardown then waits for it forever, with the cause still unprinted (round 6's 4-GPU resume
-hung exactly so: three ranks in `destroy_process_group`, the fourth in a ZeRO-3 all-gather).
+teardown then waits for it forever, with the cause still unprinted (a 4-GPU resume hung
+exactly so: three ranks in `destroy_process_group`, the fourth in a ZeRO-3 all-gather).
 Past `LEAVE_GROUP_S` the process exits without it; the launcher sees the exit and stops the
 peers.
 
@@ -23,7 +23,7 @@ every non-daemon thread, joins every multiprocessing child and runs every finali
 failed may have left those behind, never to end: a rollout engine that fails to start can
 (vLLM's engine core is a non-daemon child process). Every rank of an RL stage whose engines all
 failed so sat in its exit until the progress deadline (tests/stages/reasoning_rl/
-test_engine_start_failure.py; round 17's split TP=2 run on GPUs hung after vLLM's failed start).
+test_engine_start_failure.py; a split TP=2 run on GPUs hung so after vLLM's failed start).
 The process's children are stopped first (an engine's processes hold GPU memory), its output
 flushed, then `os._exit` with the job's status. Only when run_job is the process's entry
 (`argv` None: the job's own command line); a caller that passes `argv` (a test) gets the status back.

@@ -55,9 +55,9 @@ class Group:
 
     def barrier(self) -> None:
         """Return once every member has called it. The host reads the reduced value: an NCCL
-        all-reduce only orders the GPU stream, and returns to the host at once (round 7, 4
-        GPUs: ranks 1-3 read a checkpoint file rank 0 had not restored yet, because this
-        barrier let them through; gloo on CPU blocks either way)."""
+        all-reduce only orders the GPU stream, and returns to the host at once (without
+        the read, ranks 1-3 of 4 GPUs read a checkpoint file rank 0 had not restored yet; gloo on
+        CPU blocks either way)."""
         done = torch.zeros(1, device=self.device)
         self.all_reduce_(done)
         done.item()

@@ -118,7 +118,7 @@ def apply_lora(model: torch.nn.Module, settings: LoraSettings, always_train: tup
         warnings.simplefilter("ignore")
         # adapters in the base layer's dtype: peft's default upcasts them to fp32 in a bf16 model,
         # and every adapted layer then copies its input to fp32 (saved for backward): +6 GiB and
-        # 0.57x the learner's tokens/s at 0.5B on an H200 (RESULTS.md, issue 35). DeepSpeed's bf16
+        # 0.57x the learner's tokens/s at 0.5B on an H200 (benchmarks/sft_throughput.py --lora). DeepSpeed's bf16
         # mode casts them to bf16 anyway (its optimizer keeps the fp32 masters); fp32 models keep fp32.
         get_peft_model(model, peft_config(settings, plan), autocast_adapter_dtype=False)  # wraps in place
     if hasattr(model, "enable_input_require_grads"):

@@ -29,9 +29,9 @@ def sdpa_without_cudnn():
 
     cuDNN's attention (SDPA's first choice on Hopper in torch 2.11) builds an execution plan for
     every new shape; the RL learner's micro batches and the rollout engine's prefills have a new
-    shape almost every call. On one H100 (benchmarks/RESULTS.md, round 10c) leaving it out cut
-    C3PO++'s prefills from 0.82 to 0.27 s a step and the learner's update from 1.45 to 0.93 s;
-    with a repeated shape (plan cached) it made no difference."""
+    shape almost every call. On one H100 leaving it out cuts C3PO++'s prefills from 0.82 to 0.27 s
+    a step and the learner's update from 1.45 to 0.93 s (benchmarks/c3po_speedup.py --no-cudnn-sdpa);
+    with a repeated shape (plan cached) it makes no difference."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
@@ -53,7 +53,7 @@ def choose_attention(requested: str, on_gpu: bool, field: str = "attn_implementa
 
     Packed batches take flex_attention over sdpa's dense block-diagonal mask because the `sft`
     stage trained 1.55x faster with it (benchmarks/sft_throughput.py, H100, Qwen2-1.5B shape at
-    4096 tokens: 13.4k vs 8.7k tokens/s; RESULTS.md, round 4)."""
+    4096 tokens: 13.4k vs 8.7k tokens/s)."""
     if requested == "auto":
         if not on_gpu:
             return "sdpa"

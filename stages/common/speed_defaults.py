@@ -1,6 +1,6 @@
-"""What `auto` means for the training stages' speed settings: the fastest configuration that
-benchmarks/RESULTS.md measured for the hardware, the model size, the sequence length and the
-number of GPUs (issue 36). Decided once, before launch, by the pipeline (pipeline/speed.py
+"""What `auto` means for the training stages' speed settings: the fastest configuration measured
+(benchmarks/sft_throughput.py) for the hardware, the model size, the sequence length and the
+number of GPUs. Decided once, before launch, by the pipeline (pipeline/speed.py
 gathers the facts, `resolve_speed` decides, the job gets the values in its config and the
 manifest records them as `resolved_speed`); a setting the user wrote is never changed.
 
@@ -8,12 +8,12 @@ The settings: `zero_stage`, `precision`, `compile_layers`, `attn_implementation`
 `micro_batch_size` (sft packs per micro batch; `grad_accum` is re-split so that the packs per
 optimizer step stay what the config says), `gradient_checkpointing` (on only when the
 estimated memory needs it), and sft's `loss_chunk_tokens`, `async_micro_batches` and
-`lean_optimizer_step` (round 20's faster step). A kind resolves the ones its config has (its
+`lean_optimizer_step` (measured together: a faster step). A kind resolves the ones its config has (its
 `StageKind.speed` names the profile: sft, reward_model, rl).
 
 Every rule below is a row of `RULES`: a name, the setting, when it applies, the value, and
-`because`: the RESULTS.md measurement that chose it (or, where none exists, that it keeps what
-the stage did before). The first rule of a setting that applies wins.
+`because`: the measurement that chose it (shape, card, tokens/s; or, where none exists, that it
+keeps what the stage did before). The first rule of a setting that applies wins.
 
 Stage hashes: a setting left at `auto` hashes as the value it had before `auto` existed
 (`contract.auto_setting`), so recipes keep their hashes; the resolved values are not hashed,
@@ -32,9 +32,8 @@ MEMORY_BUDGET = 0.85  # of a GPU's memory: the CUDA context, NCCL buffers and fr
 # Activation bytes per token, decoder layer and hidden unit, fitted to the sft stage's measured peaks
 # (Qwen2-1.5B shape, bf16-mixed, chunked loss, one head chunk per micro batch) after the 22.9 GiB of
 # weights, gradients and AdamW state and the 2.9 GiB of autocast's bf16 weight copies
-# (AUTOCAST_COPY_BYTES): compiled layers 35.9 GiB at 4,096 tokens per micro batch (RESULTS.md round
-# 8), 48.1 at 8,192 (round 10b), 70.3 at 16,384 (round 20), 108.9 at 32,768 (round 22): 62-68, the
-# largest taken; eager layers 40.5 GiB at 4,096 (round 8): ~90.
+# (AUTOCAST_COPY_BYTES): compiled layers 35.9 GiB at 4,096 tokens per micro batch, 48.1 at 8,192,
+# 70.3 at 16,384, 108.9 at 32,768: 62-68, the largest taken; eager layers 40.5 GiB at 4,096: ~90.
 ACT_BYTES_COMPILED, ACT_BYTES_EAGER = 68, 90
 AUTOCAST_COPY_BYTES = 2  # per parameter under bf16-mixed: each weight's bf16 copy, alive through forward and backward
 # With gradient checkpointing a layer keeps only its input (fp32 under autocast) and one layer's
@@ -160,7 +159,8 @@ def _planned_precision(s: Situation, zero: int) -> str:
 
 
 def _zero_candidates(s: Situation) -> list[int]:
-    """ZeRO stages in the order of measured speed for the precision (RESULTS.md rounds 7-8)."""
+    """ZeRO stages in the order of measured speed for the precision (1.5B@4096 on an H100: the
+    numbers of the rule `fastest-zero-that-fits`)."""
     mixed = s.config.get("precision") in ("auto", "bf16-mixed", "fp32") and s.profile != "rl"
     order = [0, 1, 2, 3] if mixed else [1, 0, 2, 3]
     return [z for z in order if not (z == 3 and s.config.get("compile_layers") is True)]
@@ -207,8 +207,9 @@ def _packs_split(s: Situation, packs: int) -> bool:
 
 
 def _one_head_chunk(s: Situation) -> bool:
-    """Rounds 20 and 22's micro batches: 4 or 8 packs that fit without gradient checkpointing (the
-    estimate's activation bytes hold the head's chunk only without it)."""
+    """The fastest measured micro batches (FOUR_PACK_STEP, EIGHT_PACK_STEP): 4 or 8 packs that fit
+    without gradient checkpointing (the estimate's activation bytes hold the head's chunk only
+    without it)."""
     mb = s.config.get("micro_batch_size")
     return s.gpu and mb in (4, 8) and s.is_set("gradient_checkpointing", False) and _packs_fit(s, mb)
 
@@ -227,33 +228,33 @@ def _needs_checkpointing(s: Situation) -> bool:
 KEEP_CPU = "CPU ranks: what the stage ran before `auto` existed (the tiny recipe is unchanged)"
 KEEP_UNKNOWN = ("the pipeline cannot see this stage's GPUs before launch (launcher ray, several nodes, or "
                 "none visible here): the value before `auto` existed")
-ROUND20_STEP = ("1.5B@4096, 8 packs a step, one H200 (round 20): async_micro_batches + lean_optimizer_step + 4 "
-                "packs per micro batch with loss_chunk_tokens 16,384 ran 51,758 tok/s (48.6% MFU, peak 70.3 GiB) "
-                "vs round 16's defaults (2 packs) 47,096 (44.3%, 48.1 GiB), the same training (losses within "
-                "2.5e-5 over 11 steps); the three were measured only together")
-ROUND22_STEP = ("1.5B@4096, 8 packs a step, one H200, two loans (round 22): 8 packs per micro batch (one micro "
-                "batch a step, loss_chunk_tokens 32,768) ran 55,099 tok/s (51.8% MFU, peak 108.9 GiB) vs 4 packs' "
-                "53,510 (50.3%, 70.3 GiB) on one, 55,424 and 55,756 (52.1-52.4%) vs 53,787 (50.5%) on the other; the "
-                "same training (losses within 7.4e-5 relative over 13 steps)")
+FOUR_PACK_STEP = ("1.5B@4096, 8 packs a step, one H200: async_micro_batches + lean_optimizer_step + 4 packs per "
+                  "micro batch with loss_chunk_tokens 16,384 ran 51,758 tok/s (48.6% MFU, peak 70.3 GiB) vs the "
+                  "earlier defaults (2 packs) 47,096 (44.3%, 48.1 GiB), the same training (losses within 2.5e-5 over "
+                  "11 steps); the three are measured only together")
+EIGHT_PACK_STEP = ("1.5B@4096, 8 packs a step, one H200, two machines: 8 packs per micro batch (one micro batch a "
+                   "step, loss_chunk_tokens 32,768) ran 55,099 tok/s (51.8% MFU, peak 108.9 GiB) vs 4 packs' 53,510 "
+                   "(50.3%, 70.3 GiB) on one, 55,424 and 55,756 (52.1-52.4%) vs 53,787 (50.5%) on the other; the "
+                   "same training (losses within 7.4e-5 relative over 13 steps)")
 RULES: tuple[Rule, ...] = (
     # -- zero_stage ---------------------------------------------------------------------------
     Rule("cpu-zero2", "zero_stage", _cpu, lambda s: 2, KEEP_CPU),
     Rule("unknown-zero2", "zero_stage", _unknown, lambda s: 2, KEEP_UNKNOWN),
     Rule("fastest-zero-that-fits", "zero_stage", lambda s: s.gpu, _fastest_zero,
-         "1.5B@4096 on one H100: ZeRO-0 + bf16-mixed 20,633 tok/s vs ZeRO-1 + bf16-mixed 15,637 (round 8); "
-         "with DeepSpeed's bf16 optimizer ZeRO-1 14,638 > ZeRO-0 13,206 > ZeRO-2 12,051 (round 7); the "
-         "first stage of that order whose estimated memory fits, ZeRO-2/3 partitioning state over ranks "
-         "(ZeRO-3 scaled 94.3% on 4 H200s, round 6). Several GPUs at ZeRO-0/1: not measured yet (issue 36)"),
+         "1.5B@4096 on one H100: ZeRO-0 + bf16-mixed 20,633 tok/s vs ZeRO-1 + bf16-mixed 15,637; with "
+         "DeepSpeed's bf16 optimizer ZeRO-1 14,638 > ZeRO-0 13,206 > ZeRO-2 12,051; the first stage of that "
+         "order whose estimated memory fits, ZeRO-2/3 partitioning state over ranks (ZeRO-3 scaled 94.3% on "
+         "4 H200s). Several GPUs at ZeRO-0/1: not measured yet"),
     # -- precision ----------------------------------------------------------------------------
     Rule("cpu-fp32", "precision", _cpu, lambda s: "fp32", KEEP_CPU + " (bf16 needs a GPU)"),
     Rule("unknown-auto", "precision", _unknown, lambda s: "auto",
          "GPUs unknown before launch: the job decides on its device, as before (bf16 on GPU, fp32 on CPU)"),
     Rule("zero0-bf16-mixed", "precision", lambda s: s.gpu and s.is_set("zero_stage", 0), lambda s: "bf16-mixed",
          "1.5B@4096, ZeRO-0, one H100: bf16-mixed 20,633 tok/s vs bf16 (DeepSpeed's optimizer wrapper, "
-         "ZeRO-1) 17,732; compiled: 26,936 vs 20,378 (round 8)", ("sft", "reward_model")),
+         "ZeRO-1) 17,732; compiled: 26,936 vs 20,378", ("sft", "reward_model")),
     Rule("gpu-bf16", "precision", lambda s: s.gpu, lambda s: "bf16",
-         "under ZeRO-1 bf16-mixed was slower than bf16: 15,637 vs 17,732 tok/s (round 8); the RL kinds have "
-         "no bf16-mixed"),
+         "under ZeRO-1 bf16-mixed is slower than bf16: 15,637 vs 17,732 tok/s (1.5B@4096, one H100); the RL "
+         "kinds have no bf16-mixed"),
     # -- compile_layers -----------------------------------------------------------------------
     Rule("cpu-eager", "compile_layers", _cpu, lambda s: False,
          KEEP_CPU + " (inductor's C++ build of CPU graphs takes minutes)"),
@@ -261,8 +262,8 @@ RULES: tuple[Rule, ...] = (
     Rule("zero3-eager", "compile_layers", lambda s: s.is_set("zero_stage", 3), lambda s: False,
          "compiled layers do not run ZeRO-3's parameter hooks (compile_layers.check_zero_stage)"),
     Rule("gpu-compiled", "compile_layers", lambda s: s.gpu, lambda s: True,
-         "sft 1.5B@4096 bf16-mixed on one H100: 19,017 -> 26,936 tok/s compiled (1.42x, round 8); RL learner "
-         "0.5B 42,659 -> 52,141 (1.22x, round 9), 1.5B 21,529 -> 27,340 (1.27x, round 10b)"),
+         "sft 1.5B@4096 bf16-mixed on one H100: 19,017 -> 26,936 tok/s compiled (1.42x); RL learner "
+         "0.5B 42,659 -> 52,141 (1.22x), 1.5B 21,529 -> 27,340 (1.27x)"),
     # -- attn_implementation (sft, reward_model) ------------------------------------------------
     Rule("cpu-sdpa", "attn_implementation", _cpu, lambda s: "sdpa", KEEP_CPU),
     Rule("unknown-auto", "attn_implementation", _unknown, lambda s: "auto",
@@ -273,42 +274,41 @@ RULES: tuple[Rule, ...] = (
     Rule("packed-flex", "attn_implementation", lambda s: s.gpu and s.config.get("packing", False),
          lambda s: "flex_attention",
          "sft 1.5B@4096 on an H100: FlexAttention's document mask 13,376 tok/s vs sdpa's dense mask 8,662 "
-         "(1.55x, round 4)", ("sft",)),
+         "(1.55x)", ("sft",)),
     Rule("gpu-sdpa", "attn_implementation", lambda s: s.gpu, lambda s: "sdpa",
          "unpacked rows need no document mask: sdpa (choose_attention's choice before)"),
     # -- micro_batch_size (sft packs, reward_model pairs) ------------------------------------------
     Rule("eight-packs", "micro_batch_size", lambda s: _packs_split(s, 8), lambda s: 8,
-         ROUND22_STEP + "; only where the estimate fits 8 packs of <= 4,096 tokens (an H200 at 1.5B; not an "
+         EIGHT_PACK_STEP + "; only where the estimate fits 8 packs of <= 4,096 tokens (an H200 at 1.5B; not an "
          "80 GiB H100); grad_accum divided by 8: the same packs per step"),
     Rule("four-packs", "micro_batch_size", lambda s: _packs_split(s, 4), lambda s: 4,
-         ROUND20_STEP + "; only where the estimate fits 4 packs of <= 4,096 tokens (on an 80 GiB H100 they ran "
-         "out of memory, round 10c); grad_accum quartered: the same packs per step"),
+         FOUR_PACK_STEP + "; only where the estimate fits 4 packs of <= 4,096 tokens (on an 80 GiB H100 they run "
+         "out of memory); grad_accum quartered: the same packs per step"),
     Rule("two-packs", "micro_batch_size", lambda s: _packs_split(s, 2), lambda s: 2,
-         "1.5B@4096, 8 packs a step, one H100: 2 packs per micro batch 39,808 tok/s vs 1 pack 31,108 (round "
-         "10a); auto's choice in round 16 (46,884 tok/s, 44.1% MFU on an H200) and round 20's stage_defaults "
-         "(47,096); where 4 packs do not fit (out of memory on an H100, round 10c); grad_accum halves: the same "
-         "packs per step"),
+         "1.5B@4096, 8 packs a step, one H100: 2 packs per micro batch 39,808 tok/s vs 1 pack 31,108; with the "
+         "stage's other defaults 46,884-47,096 tok/s (44.1-44.3% MFU) on an H200; where 4 packs do not fit "
+         "(out of memory on an H100); grad_accum halves: the same packs per step"),
     Rule("one-item", "micro_batch_size", lambda s: True, lambda s: 1,
          "the value before `auto` existed (larger micro batches not measured for this case)"),
     # -- gradient_checkpointing -------------------------------------------------------------------
     Rule("memory-needs-checkpointing", "gradient_checkpointing", lambda s: s.gpu and _needs_checkpointing(s),
          lambda s: True,
-         "the estimated peak exceeds the GPU's budget without it (4 packs of 4,096 at 1.5B ran out of memory "
-         "on an H100, round 10c); recomputation costs ~1/3 more compute, so only then"),
+         "the estimated peak exceeds the GPU's budget without it (4 packs of 4,096 at 1.5B run out of memory "
+         "on an H100); recomputation costs ~1/3 more compute, so only then"),
     Rule("no-checkpointing", "gradient_checkpointing", lambda s: True, lambda s: False,
          "fits without recomputation (or CPU / unknown GPUs: the value before `auto` existed)"),
-    # -- sft's loss_chunk_tokens, async_micro_batches, lean_optimizer_step (round 20) ---------------
+    # -- sft's loss_chunk_tokens, async_micro_batches, lean_optimizer_step (measured together) -----
     Rule("one-head-chunk", "loss_chunk_tokens", _one_head_chunk,
          lambda s: max(LOSS_CHUNK_BEFORE, s.micro_tokens()),
-         ROUND20_STEP + "; " + ROUND22_STEP + ": the loss over the micro batch in one head chunk (no recomputed "
+         FOUR_PACK_STEP + "; " + EIGHT_PACK_STEP + ": the loss over the micro batch in one head chunk (no recomputed "
          "chunk)", ("sft",)),
     Rule("chunk-8192", "loss_chunk_tokens", lambda s: True, lambda s: LOSS_CHUNK_BEFORE,
-         "the value before `auto` existed: at 2 packs of 4,096 tokens one chunk already (rounds 10, 16)",
+         "the value before `auto` existed: at 2 packs of 4,096 tokens one chunk already",
          ("sft",)),
     Rule("cpu-sync", "async_micro_batches", _cpu, lambda s: False, KEEP_CPU, ("sft",)),
     Rule("unknown-sync", "async_micro_batches", _unknown, lambda s: False, KEEP_UNKNOWN, ("sft",)),
-    Rule("gpu-async", "async_micro_batches", lambda s: s.gpu, lambda s: True, ROUND20_STEP, ("sft",)),
-    Rule("lean-step", "lean_optimizer_step", _lean_step_applies, lambda s: True, ROUND20_STEP, ("sft",)),
+    Rule("gpu-async", "async_micro_batches", lambda s: s.gpu, lambda s: True, FOUR_PACK_STEP, ("sft",)),
+    Rule("lean-step", "lean_optimizer_step", _lean_step_applies, lambda s: True, FOUR_PACK_STEP, ("sft",)),
     Rule("deepspeed-step", "lean_optimizer_step", lambda s: True, lambda s: False,
          "CPU ranks, unknown GPUs, ZeRO-1 to ZeRO-3 or DeepSpeed's bf16 mode (its optimizer wrapper clips: "
          "the lean step does not apply there): the value before `auto` existed", ("sft",)),

@@ -85,7 +85,7 @@ class SupervisedSettings(OptimizerSettings):
         "stop after this many optimizer steps; overrides `epochs` (the data repeats as needed)"))
     micro_batch_size: Literal["auto"] | Annotated[int, Field(ge=1)] = auto_setting(1, description=(
         "items per rank per micro step (sft: packed sequences; reward_model: pairs); auto = what was measured "
-        "fastest (sft on a GPU: 4 packs of up to 4,096 tokens where the memory estimate fits them, round 20, "
+        "fastest (sft on a GPU: 4 packs of up to 4,096 tokens where the memory estimate fits them, "
         "else 2 when they fit, grad_accum divided so the packs per optimizer step stay grad_accum; else 1)"))
     grad_accum: int = Field(1, ge=1, description="micro steps per optimizer step (with micro_batch_size auto: "
                                                  "items per rank per optimizer step, re-split when auto picks more "

@@ -141,7 +141,7 @@ def reasoning_rows(rows: list[Any], settings: Any, source: str) -> list[dict]:
         reference = a if isinstance(a, (dict, list)) else {"answer": str(a)}
         prompt = q + (("\n" + settings.instruction) if settings.instruction else "")
         # a row's own domain wins unless the recipe named one: RL-format rows (e.g. reasoning_gym's)
-        # scored by the math verifier read as wrong answers (round 12's guard did so)
+        # scored by the math verifier read as wrong answers
         own = row.get("domain") if "domain" not in settings.model_fields_set else None
         domain = own if isinstance(own, str) and own else settings.domain
         out.append({"id": str(row.get("id", row.get("idx", i))), "domain": domain,

@@ -20,7 +20,7 @@ verifier scored gets no RM term unless `rm_on_verified`: a z-scored RM term has 
 every group while a 0/1 verifier's is at most 0.5, so on checkable rows (math, instruction
 constraints) the learned model would outweigh the check, and the policy would chase the RM's
 taste where the answer is known (on an H100 this cost 3.5-11 points of held-out math accuracy
-in general RL: benchmarks/RESULTS.md, round 5). GRPO then
+in general RL, measured by benchmarks/gpu_learning.py). GRPO then
 group-normalises the combined reward again for the advantage (stages/rl/loss.py), so only the
 relative weights of the terms matter within a group.
 

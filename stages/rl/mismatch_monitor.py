@@ -1,4 +1,4 @@
-"""Warnings when the train-inference mismatch jumps (issue 34): what the paper's Figure of
+"""Warnings when the train-inference mismatch jumps: what the paper's Figure of
 a collapsing run shows first, before the reward falls. Pure, like verifiers/monitor.py's
 reward monitor: the trainer prints each warning as `<stage>: warning: mismatch monitor: ...`
 (a line the console shows even when quiet) and the metrics are in MLflow (`icepop/`,

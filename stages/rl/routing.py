@@ -1,5 +1,5 @@
 """MoE routing in the learner: the rollout engine's expert choices measured against the
-trainer's, and replayed in the trainer ("routing replay", R3; issue 34).
+trainer's, and replayed in the trainer ("routing replay", R3).
 
 In an MoE policy the train-inference mismatch has a discrete part: the trainer's forward and
 the engine's (another code path, another dtype, FP8 weights) can put a token's hidden state

@@ -42,7 +42,7 @@ SLEEP_OPTION = {"vllm": "enable_sleep_mode"}
 # The learner's micro batch when the recipe does not size it. One rollout per micro batch
 # (prompt_max_len + max_len, the old default) made a step of 256 short rollouts ~100
 # forward/backward calls, each paying DeepSpeed's fixed cost: 6 of a 7.5 s step on an H100
-# for a 24M model (benchmarks/RESULTS.md, round 5). 16k padded tokens per GPU is what the GPU
+# for a 24M model (recipes/gpu-small.yaml's RL). 16k padded tokens per GPU is what the GPU
 # benchmarks use for a 0.5B policy and verl's default token cap per micro batch; a longer
 # rollout still gets a micro batch of its own. A large policy without gradient checkpointing
 # may need less (activations grow with the micro batch's tokens): set micro_batch_tokens.

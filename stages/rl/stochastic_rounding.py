@@ -1,10 +1,10 @@
 """Stochastic rounding of the trainer's fp32 weights into a bf16 rollout engine
-(`rollout.sync_rounding: stochastic`, issue 34).
+(`rollout.sync_rounding: stochastic`).
 
 Why: AdamW moves a weight by about lr per step, far below bf16's spacing (2^-8 of the weight),
 so a bf16 copy rounded to nearest at every sync stays where it was while the fp32 trainer
-drifts away: the train-inference mismatch grows through a run (benchmarks/RESULTS.md, "Round 12:
-why the mismatch grows"). Rounded stochastically the copy is unbiased, E[bf16] = fp32, and
+drifts away: the train-inference mismatch grows through a run (benchmarks/mismatch_growth.py
+measures it). Rounded stochastically the copy is unbiased, E[bf16] = fp32, and
 follows the trainer on average; the CPU experiment cut the mismatch KL 2.8x at step 8.
 
 The rounding (`stochastic_round_bf16`): bf16 is the top 16 bits of the fp32 pattern, so adding a

@@ -75,7 +75,7 @@ class SFTConfig(StageConfig, supervised_settings(
     loss_chunk_tokens: Literal["auto"] | Annotated[int, Field(ge=1)] = auto_setting(8192, description=(
         "tokens per chunk of the LM-head + cross-entropy: the full-vocabulary logits of a micro batch are "
         "never held at once (stages/common/fused_loss.py); auto = one chunk over a micro batch of 4 packs of up "
-        "to 4,096 tokens on a GPU whose memory estimate fits them (16,384 tokens: round 20's measured row), "
+        "to 4,096 tokens on a GPU whose memory estimate fits them (16,384 tokens, measured on an H200), "
         "else 8,192"))
     async_micro_batches: Literal["auto"] | bool = auto_setting(False, added_later=True, description=(
         "no device sync between a step's micro batches, so the host queues the next one while the GPU "
@@ -83,15 +83,15 @@ class SFTConfig(StageConfig, supervised_settings(
         "every engine step), the step's micro batches copied to the GPU at its start (a pageable copy "
         "waits for the GPU), and with flex_attention the document mask built on the GPU from the position "
         "ids (transformers' builder reads on the host whether a row holds several samples). The same "
-        "training; auto = on with GPUs (measured with lean_optimizer_step and 4 packs per micro batch in "
-        "round 20: benchmarks/RESULTS.md, issue 36), off on CPU ranks"))
+        "training; auto = on with GPUs (measured with lean_optimizer_step and 4 packs per micro batch: "
+        "benchmarks/sft_throughput.py), off on CPU ranks"))
     lean_optimizer_step: Literal["auto"] | bool = auto_setting(False, added_later=True, description=(
         "at ZeRO-0 with bf16-mixed or fp32 (elsewhere DeepSpeed's optimizer wrapper clips, and this does "
         "nothing): clip with torch's foreach clip_grad_norm_ (a few multi-tensor kernels instead of "
         "DeepSpeed's norm and multiply per parameter), skip DeepSpeed's gradient all-reduce on a world of "
         "one rank (a flatten and copy back of every gradient) and read the loss and gradient norm in one "
         "host sync at the step's end instead of two. The same update to float rounding; auto = on with GPUs "
-        "where it applies (measured with async_micro_batches and 4 packs per micro batch in round 20), "
+        "where it applies (measured with async_micro_batches and 4 packs per micro batch), "
         "else off"))
     profile: ProfileSettings | None = cosmetic(None, description=(
         "torch.profiler over some optimizer steps of rank 0 (e.g. {start_step: 5, steps: 2}): an operator "

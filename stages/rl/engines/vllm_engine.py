@@ -34,12 +34,12 @@ vLLM nor a GPU and drives this module against a stand-in of the same API
   not depend on the batch it ran in (as on the torch engine). vLLM 0.26 samples seeded requests
   on its native path, one `exponential_` kernel per seeded request per decode step
   (vllm/v1/sample/ops/topk_topp_sampler.py:195-202); that is not what makes its step slow here:
-  `LLM.generate` without seeds took the same ~12.5 ms a step at batch 256 (round 17, RESULTS.md
-  "Issue 32"). `rollout.options {request_seeds: false}` submits requests unseeded (vLLM's batched
-  sampler, the engine's own seed only, which the RL stage makes differ between engines:
-  rollouts.py), and a resumed run no longer replays the same tokens (its engines restart their
-  noise stream).
-- Log-probs make vLLM's step slow here: 12.5 ms at 0.5B with `logprobs=0`, 6.7 without (round 20),
+  `LLM.generate` without seeds takes the same ~12.5 ms a step at batch 256 on an H200
+  (benchmarks/vllm_decode.py's `native_unseeded` runner). `rollout.options {request_seeds:
+  false}` submits requests unseeded (vLLM's batched sampler, the engine's own seed only, which
+  the RL stage makes differ between engines: rollouts.py), and a resumed run no longer replays
+  the same tokens (its engines restart their noise stream).
+- Log-probs make vLLM's step slow here: 12.5 ms at 0.5B with `logprobs=0`, 6.7 without (H200),
   a dict and a `Logprob` per token. `rollout.options {flat_logprobs: true}`: vLLM's FlatLogprobs
   (flat lists; `_sampled_logprobs` reads both); not measured on a GPU yet, hence off by default.
 - Weights: `engine.collective_rpc(fn, kwargs=...)` runs `fn(worker, ...)` on every worker: CUDA
@@ -94,7 +94,7 @@ def _installed_vllm() -> tuple[str | None, str | None]:
     """(vLLM's version, None), or (None, why it is not there), without importing it: importing
     vLLM takes seconds and probes CUDA, and every process that imports the engine registry
     would pay it (the stage entries, and with them the verifier workers, which multiprocessing
-    starts by importing the stage's main module: round 8, benchmarks/RESULTS.md)."""
+    starts by importing the stage's main module: on an H100 that outlived every row's timeout)."""
     loaded = sys.modules.get("vllm")
     if loaded is not None:
         return getattr(loaded, "__version__", "0"), None
@@ -195,7 +195,7 @@ def _multicast_off_defaults(engine_kwargs: dict) -> dict:
     """Engine options a tensor-parallel engine needs on a host whose NVLink multicast is turned off
     (NCCL_NVLS_ENABLE=0 or TORCH_SYMM_MEM_DISABLE_MULTICAST=1): vLLM 0.26 fuses each all-reduce with
     the RMSNorm after it through FlashInfer's MNNVL all-reduce, which uses multicast memory, and
-    its TP=2 engine died in its first forward with an illegal memory access there (round 17). The
+    a TP=2 engine on such a host has died in its first forward with an illegal memory access. The
     fusion is turned off unless the user gives a compilation_config of their own."""
     multicast_off = (os.environ.get("NCCL_NVLS_ENABLE") == "0"
                      or os.environ.get("TORCH_SYMM_MEM_DISABLE_MULTICAST") == "1")
@@ -239,7 +239,7 @@ class VllmEngine(SyncTiming):
         if not torch.cuda.is_available():
             raise RuntimeError("vllm engine: no CUDA device is visible")
         if "in_process" in engine_kwargs:
-            raise ValueError("vllm engine: rollout.options in_process is gone (issue 32): the engine always runs "
+            raise ValueError("vllm engine: rollout.options in_process is gone: the engine always runs "
                              "vLLM's multi-process engine and syncs weights over CUDA IPC; remove the option")
         self.gpus = engine_gpus(device, int(engine_kwargs.get("tensor_parallel_size", 1)))
         self.device = torch.device("cuda", torch.device(device).index or 0)
@@ -270,8 +270,8 @@ class VllmEngine(SyncTiming):
         os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
         # The engine's processes are started fresh, never forked: this process's CUDA is often up
         # (the trainer's, a test's), and a forked engine core cannot use it. vLLM switches to spawn
-        # by itself when it notices, but did not in two processes of round 17, whose engine cores
-        # died ("Cannot re-initialize CUDA in forked subprocess"). A user's own setting stays.
+        # by itself when it notices, but not always: engine cores forked so have died ("Cannot
+        # re-initialize CUDA in forked subprocess"). A user's own setting stays.
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         self._loop = LoopThread()
 
@@ -401,7 +401,7 @@ class VllmEngine(SyncTiming):
                 idle = idle + 1 if not finished and not self.llm.output_processor.has_unfinished_requests() else 0
                 if idle >= 2:  # twice: an output handed over as the wait timed out is not a loss
                     # vLLM holds none of our live requests: waiting on would wait for ever
-                    # (the stage's first generate went silent on an H100 twice, rounds 5b and 7)
+                    # (the stage's first generate has gone silent so on an H100)
                     raise RuntimeError(f"vllm engine: {len(pending)} request(s) vanished from vLLM's scheduler "
                                        f"unfinished (e.g. {tasks[next(iter(pending))]!r})")
         finally:

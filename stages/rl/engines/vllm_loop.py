@@ -41,7 +41,7 @@ class LoopThread:
         """Cancel the loop's tasks and let them end, then stop it. vLLM's shutdown only asks for its
         output handler's cancellation (call_soon_threadsafe); a loop stopped right after never ran
         it: "Task was destroyed but it is pending!" and "Event loop is closed" from the handler at
-        every engine's close (round 20's contract run)."""
+        every engine's close (the engine contract's tests on vLLM)."""
         if self.loop.is_running() and threading.current_thread() is not self._thread:
             try:
                 self.run(_cancel_other_tasks(), timeout=CANCEL_TIMEOUT_S)

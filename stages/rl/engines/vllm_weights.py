@@ -34,8 +34,9 @@ ALIGN = 256  # byte offset of every tensor in the staging buffer: any dtype's vi
 
 @dataclass
 class SyncReport:
-    """One sync's bytes, buckets and wall time, and where the time went (round 13 measured a fixed
-    ~60 ms a sync at 0.5B and 1.5B alike, far above the copy bound; these name the part): the
+    """One sync's bytes, buckets and wall time, and where the time went (a sync costs a fixed
+    ~60 ms at 0.5B and 1.5B alike on an H200, far above the copy bound; benchmarks/vllm_decode.py's
+    `sync` runner measures it; these name the part): the
     sender's copies into the staging buffer (`copy_seconds`, with the synchronize before each
     bucket leaves), the `collective_rpc` round trips (`rpc_seconds`), and inside them the workers'
     mapping of the buffer (`map_seconds`) and vLLM's `load_weights` (`load_seconds`; the slowest

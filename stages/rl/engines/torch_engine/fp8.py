@@ -1,4 +1,4 @@
-"""FP8 rollouts in the torch engine (`rollout.dtype: fp8`, issue 34): the linear layers of
+"""FP8 rollouts in the torch engine (`rollout.dtype: fp8`): the linear layers of
 every decoder layer hold their weights as scaled e4m3 (`torch.float8_e4m3fn`) and multiply in
 FP8 through `torch._scaled_mm` (the Hopper / Ada FP8 tensor cores), activations quantised on
 the fly per call. What verl, slime, NeMo-RL and AReaL do to speed up generation; it also

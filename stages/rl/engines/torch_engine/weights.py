@@ -16,7 +16,7 @@ def on_device(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) 
     the rotary frequencies (`inv_freq`) stay fp32, as the trainer has them (transformers' loader
     and DeepSpeed's bf16 mode keep them so). `model.to(dtype)` rounded them to bf16, 0.33%
     relative, which turns the rotation between positions 400 apart by up to 0.56 rad (SmolLM2,
-    theta 1e5): the engine ran another function than the trainer (RESULTS.md, round 12)."""
+    theta 1e5): the engine runs another function than the trainer."""
     model.to(device=device)
     for p in model.parameters():
         if p.dtype != dtype:
