@@ -20,6 +20,7 @@ from pipeline.loader import RecipeError, check_endpoints, load_recipe
 from pipeline.orchestrate import run_recipe
 from pipeline.plan import make_plan
 from pipeline.recipe import Recipe
+from pipeline.shipped_recipes import ShippedRecipeError, locate, shipped_names, write_recipes
 from pipeline.speed import resolve_stage_speed
 from pipeline.status import stage_state
 from pipeline.tracking import PipelineTracker, timestamped
@@ -53,7 +54,15 @@ def _main(ctx: typer.Context,
     """Run the Ring-1T training recipe as one declarative pipeline."""
     ctx.with_resource(secrets.redact_console())  # no credential of a recipe reaches the terminal
 
-RecipeArg = typer.Argument(..., help="recipe YAML file")
+def _locate_recipe(recipe: Path) -> Path:
+    try:
+        return locate(recipe)
+    except ShippedRecipeError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
+RecipeArg = typer.Argument(..., help="recipe YAML file, or the name of a shipped recipe (e.g. tiny)",
+                           callback=_locate_recipe)
 SetOpt = typer.Option([], "--set", help="override a recipe value: KEY.PATH=VALUE (repeatable)")
 
 
@@ -78,6 +87,18 @@ def _plan(recipe):
         return make_plan(recipe)
     except ArtifactError as e:  # store unreachable, bad credentials, an input that cannot be listed
         _fail(str(e), 2)
+
+
+@app.command()
+def init(directory: Path = typer.Argument(Path("."), help="where to write recipes/ (default: here)"),
+         force: bool = typer.Option(False, "--force", help="overwrite recipe files that exist")) -> None:
+    """Write the shipped recipes into DIRECTORY/recipes/, to read, copy and edit."""
+    try:
+        written = write_recipes(directory, overwrite=force)
+    except ShippedRecipeError as e:
+        _fail(f"init: {e}", 2)
+    typer.echo(f"wrote {len(written)} files to {directory / 'recipes'}: {', '.join(shipped_names())}")
+    typer.echo(f"next: cd {directory} && ring-pipeline run recipes/tiny.yaml")
 
 
 @app.command()
@@ -180,9 +201,13 @@ def run(recipe: Path = RecipeArg, set_: list[str] = SetOpt,
     r = _load(recipe, set_, probe=True)
     p = _plan(r)
     try:
-        p.select(only, from_, force)
+        selected, forced = p.select(only, from_, force)
     except KeyError as e:
         _fail(str(e.args[0]), 2)
+    unavailable = p.unavailable_benchmarks(selected, forced)
+    if unavailable:
+        _fail("benchmark sets this run needs cannot be read here; no stage was started:\n"
+              + "\n".join(f"  {line}" for line in unavailable), 2)
     params = {"recipe_path": str(recipe.resolve()), "overrides": list(set_), "only": only or None,
               "from_stage": from_, "force": force or None, "wait_if_running": not no_wait}
     verbosity = Verbosity.QUIET if quiet else Verbosity.VERBOSE if verbose else Verbosity.NORMAL

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from data_curation.discovery import DataInput
 from stages.common.contract import Strict
 from stages.common.kind_metrics import Curve
 from stages.common.training_settings import with_defaults
@@ -64,7 +65,8 @@ class ReasoningEvalSettings(Strict):
     first `limit` rows of gsm8k.jsonl: prompt_field "question", answer_field "answer",
     answer_regex "####\\s*(.+)$". Rows in RL format (prompt/reference) need no mapping."""
 
-    data: str
+    data: str | DataInput = Field(description="rows: a path / URL, or {path, split, config} (a hub dataset such "
+                                  "as {path: openai/gsm8k, config: main, split: test})")
     limit: int | None = Field(128, ge=1, description="the first N rows (null = all)")
     prompt_field: str = "prompt"
     answer_field: str = "reference"
@@ -75,6 +77,13 @@ class ReasoningEvalSettings(Strict):
     instruction: str = Field("", description="appended to each question (e.g. the answer format)")
     max_new_tokens: int | None = Field(None, ge=1, description="default: the stage's max_len")
     temperature: float = Field(0.0, ge=0, description="0 = greedy")
+
+    @property
+    def source(self) -> str:
+        """The data as reports name it: the path, or `id[split]` of a hub dataset."""
+        if isinstance(self.data, str):
+            return self.data
+        return self.data.path + "".join(f"[{v}]" for v in (self.data.config, self.data.split) if v)
 
     @field_validator("answer_regex")
     @classmethod

@@ -32,15 +32,15 @@ def load_reasoning_set(ctx: RLContext) -> dict[str, Any]:
     ev = cfg.reasoning_eval
     what = "reasoning_eval data"
     raw = [row.data for row in input_rows(ctx.job.fetch, ev.data, what)]
-    rows = reasoning_rows(raw, ev, ev.data)
+    rows = reasoning_rows(raw, ev, ev.source)
     unknown = sorted({r["domain"] for r in rows} - set(VERIFIERS))
     if unknown:
-        named = "reasoning_eval.domain" if "domain" in ev.model_fields_set else f"the rows of {ev.data}"
+        named = "reasoning_eval.domain" if "domain" in ev.model_fields_set else f"the rows of {ev.source}"
         raise StageError(f"{named}: domain(s) {unknown} have no verifier; known: {sorted(VERIFIERS)}")
     kept, ids, _ = render_prompts([{**r, "messages": [{"role": "user", "content": r["prompt"]}]} for r in rows],
                                   ctx.tokenizer, cfg.prompt_max_len)
     if not kept:
-        raise StageError(f"reasoning_eval data {ev.data}: every prompt is longer than prompt_max_len="
+        raise StageError(f"reasoning_eval data {ev.source}: every prompt is longer than prompt_max_len="
                          f"{cfg.prompt_max_len} tokens")
     return {"rows": [{k: v for k, v in r.items() if k != "messages"} for r in kept], "prompt_ids": ids,
             "skipped": len(rows) - len(kept), "domains": sorted({r["domain"] for r in rows})}
@@ -89,7 +89,7 @@ class ReasoningGuard(RLHooks):
         if self.rank == 0:
             self.ctx.log.metrics(0, {f"reasoning_eval/{k}_before": v for k, v in self.before.items()})
             info(f"general_rl: reasoning set before training: accuracy {self.before['accuracy']:.4f} "
-                 f"on {int(self.before['n'])} rows of {ev.data} "
+                 f"on {int(self.before['n'])} rows of {ev.source} "
                  f"({self.eval_set['skipped']} longer than prompt_max_len skipped)")
 
     def after_training(self, trainer: "RLTrainer") -> dict[str, Any]:
@@ -101,7 +101,7 @@ class ReasoningGuard(RLHooks):
             return {}
         before = self.before
         delta = after["accuracy"] - before["accuracy"]
-        guard = {"data": ev.data, "domain": ", ".join(self.eval_set["domains"]), "rows": int(after["n"]),
+        guard = {"data": ev.source, "domain": ", ".join(self.eval_set["domains"]), "rows": int(after["n"]),
                  "accuracy_before": before["accuracy"], "accuracy_after": after["accuracy"], "delta": delta,
                  "response_len_before": before["response_len_mean"], "response_len_after": after["response_len_mean"],
                  "truncated_before": before["truncated_fraction"], "truncated_after": after["truncated_fraction"]}

@@ -1,11 +1,12 @@
-"""The README's main job: `ring-pipeline run recipes/tiny.yaml`, the whole paper pipeline on
-CPU with 2 ranks, then a second run that skips everything, then decontamination alone
-against a new benchmark list."""
+"""The README's main job, as a stranger does it: in a clone of the repository in an empty
+directory (nothing beside it, no benchmarks directory, an empty offline hub cache, the clone's
+own code), every shipped recipe validates and plans, and `ring-pipeline run recipes/tiny.yaml`
+runs the whole paper pipeline on CPU with 2 ranks reading nothing outside the clone; then a
+second run that skips everything, then decontamination alone against a new benchmark list."""
 from __future__ import annotations
 
 import glob
 import json
-import os
 import re
 import subprocess
 import sys
@@ -14,7 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipeline.shipped_recipes import shipped_names
 from tests.conftest import REPO
+from tests.e2e.clone import clone_repository, paths_outside, stranger_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.long_pole]  # the recipe end to end: ~4-5 minutes
 
@@ -22,15 +25,24 @@ STAGES = ["data", "curate", "base", "sft", "reasoning_rl", "reward_model", "gene
 SFT_STEPS = yaml.safe_load((REPO / "recipes" / "tiny.yaml").read_text())["stages"]["sft"]["max_steps"]
 
 
-def _cli(*args, tmp_path, timeout=900, prefect_api=None):
-    """`ring-pipeline` on the tiny recipe in tmp_path; with its embedded Prefect server unless
-    `prefect_api` names a server (the suite's shared one, where the embedded one is not the claim)."""
-    env = {**os.environ, "PREFECT_API_URL": prefect_api} if prefect_api else None
-    overrides = ["--set", f"storage.url=file://{tmp_path}/store",
-                 "--set", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
-                 "--set", f"defaults.work_dir={tmp_path}/work",
-                 "--set", "storage.keep_checkpoints=1"]
-    out = subprocess.run([sys.executable, "-m", "pipeline.cli", *args, *overrides], cwd=REPO,
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory) -> Path:
+    """The repository cloned into an empty directory: every command below runs there."""
+    return clone_repository(tmp_path_factory.mktemp("stranger"))
+
+
+def _cli(*args, tmp_path, cwd, timeout=900, prefect_api=None, overrides=True):
+    """`ring-pipeline` in the clone `cwd`, its store, MLflow DB and work dir in tmp_path; with the
+    embedded Prefect server unless `prefect_api` names a server (the suite's shared one, where the
+    embedded one is not the claim)."""
+    env = stranger_env(tmp_path)
+    if prefect_api:
+        env["PREFECT_API_URL"] = prefect_api
+    sets = ["--set", f"storage.url=file://{tmp_path}/store",
+            "--set", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+            "--set", f"defaults.work_dir={tmp_path}/work",
+            "--set", "storage.keep_checkpoints=1"] if overrides else []
+    out = subprocess.run([sys.executable, "-m", "pipeline.cli", *args, *sets], cwd=cwd,
                          capture_output=True, text=True, timeout=timeout, env=env)
     return out.returncode, out.stdout + out.stderr
 
@@ -41,11 +53,32 @@ def _manifest(tmp_path, stage):
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory, embedded_prefect_home):
+def tiny_run(tmp_path_factory, embedded_prefect_home, clone):
     tmp_path = tmp_path_factory.mktemp("tiny")
-    rc, out = _cli("run", "recipes/tiny.yaml", tmp_path=tmp_path)
+    rc, out = _cli("run", "recipes/tiny.yaml", tmp_path=tmp_path, cwd=clone)
     assert rc == 0, out[-6000:]
     return tmp_path, out
+
+
+def test_every_shipped_recipe_validates_and_plans_in_the_clone(clone, tmp_path):
+    names = shipped_names()
+    assert {"tiny", "gpu-small", "ring1t", "smollm2-reasoning"} <= set(names)
+    for name in names:
+        rc, out = _cli("validate", "--offline", f"recipes/{name}.yaml", tmp_path=tmp_path, cwd=clone, overrides=False)
+        assert rc == 0, (name, out[-3000:])
+        rc, out = _cli("plan", f"recipes/{name}.yaml", tmp_path=tmp_path, cwd=clone)
+        assert rc == 0 and "1. " in out, (name, out[-3000:])
+
+
+def test_the_tiny_run_read_nothing_outside_the_clone(tiny_run, clone):
+    tmp_path, _ = tiny_run
+    for stage in STAGES:
+        manifest = _manifest(tmp_path, stage)
+        # every external input the plan fingerprinted, and every path in the stage's config, is in
+        # the clone or where the command line put the store and work dirs
+        assert paths_outside(list(manifest.get("inputs", {})), [clone]) == [], (stage, manifest.get("inputs"))
+        assert paths_outside(manifest["config"], [clone, tmp_path]) == [], (stage, manifest["config"])
+        assert not any(key.startswith("benchmark ") for key in manifest.get("inputs", {})), stage
 
 
 def test_whole_recipe_runs_and_each_stage_does_its_job(tiny_run):
@@ -59,6 +92,9 @@ def test_whole_recipe_runs_and_each_stage_does_its_job(tiny_run):
     assert sft["final_loss"] < sft["first_loss"] - 2.0  # the tiny model learns the task
     curate = _manifest(tmp_path, "curate")["summary"]
     assert curate["kept"] + curate["removed"] + curate["quarantined"] == curate["input_rows"]
+    # the decontamination gate ran against the recipe's own held-out set and removed SFT rows holding its problems
+    assert curate["contamination_items_found"]["decontaminate.reasoning_eval"] >= 1
+    assert curate["removed_by_step"]["decontaminate"] >= curate["contamination_items_found"]["decontaminate.reasoning_eval"]
     rl = _manifest(tmp_path, "reasoning_rl")["summary"]
     assert rl["steps"] == 6 and rl["carried_over_finished"] >= 1  # C3PO++ carried rollouts over
     rm = _manifest(tmp_path, "reward_model")["summary"]
@@ -93,7 +129,7 @@ def test_the_console_fits_on_one_screen(tiny_run):
     headline = {ln.split()[0]: ln for ln in lines if " done in " in ln}
     assert re.search(r"loss [\d.]+ -> [\d.]+", headline["sft"])
     assert "reward/mean" in headline["reasoning_rl"] and "eval/accuracy" in headline["reward_model"]
-    assert "kept 200" in headline["curate"]
+    assert f"kept {_manifest(tmp_path, 'curate')['summary']['kept']}," in headline["curate"]
 
 
 def test_tracking_has_a_parent_run_and_a_nested_run_per_stage(tiny_run):
@@ -130,12 +166,12 @@ def test_tracking_has_a_parent_run_and_a_nested_run_per_stage(tiny_run):
     assert _manifest(tmp_path, "curate")["hash"][:12] == inputs["curate/curated.jsonl"].digest
 
 
-def test_second_run_skips_every_stage_and_status_says_done(tiny_run, prefect_api):
+def test_second_run_skips_every_stage_and_status_says_done(tiny_run, prefect_api, clone):
     from mlflow.tracking import MlflowClient
 
     tmp_path, _ = tiny_run
     # the first run was on the embedded server; this one skips on the suite's shared server
-    rc, out = _cli("run", "recipes/tiny.yaml", tmp_path=tmp_path, prefect_api=prefect_api)
+    rc, out = _cli("run", "recipes/tiny.yaml", tmp_path=tmp_path, cwd=clone, prefect_api=prefect_api)
     assert rc == 0, out[-3000:]
     for stage in STAGES:
         assert f"{stage}: skipped" in out
@@ -143,12 +179,12 @@ def test_second_run_skips_every_stage_and_status_says_done(tiny_run, prefect_api
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     runs = client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
     assert len([r for r in runs if r.data.tags.get("ring.kind") == "pipeline"]) == 1
-    rc, out = _cli("status", "recipes/tiny.yaml", tmp_path=tmp_path)
+    rc, out = _cli("status", "recipes/tiny.yaml", tmp_path=tmp_path, cwd=clone)
     assert rc == 0
     assert sum(1 for line in out.splitlines() if " done " in line) == len(STAGES), out
 
 
-def test_decontamination_alone_against_a_new_benchmark_list(tiny_run, tmp_path):
+def test_decontamination_alone_against_a_new_benchmark_list(tiny_run, tmp_path, clone):
     store, _ = tiny_run
     curated = glob.glob(f"{store}/store/tiny/curate-*/curated.jsonl")[0]
     leaked = json.loads(open(curated).readline())["messages"][0]["content"]
@@ -157,7 +193,7 @@ def test_decontamination_alone_against_a_new_benchmark_list(tiny_run, tmp_path):
     blist = tmp_path / "benchmarks.yaml"
     blist.write_text(f"- {{name: leaked, path: {bench}, fields: [question]}}\n")
     rc, out = _cli("curate", "recipes/tiny.yaml", "--only", "decontaminate", "--benchmarks", str(blist),
-                   tmp_path=store)
+                   tmp_path=store, cwd=clone)
     assert rc == 0, out[-3000:]
     dirs = sorted(glob.glob(f"{store}/store/tiny/curate-*"))
     assert len(dirs) == 2  # a new artifact for the new list; the recipe's own one is untouched
