@@ -2,7 +2,7 @@
 
 A stage job started as a fresh `python -m ENTRY` spends most of a small CPU stage importing
 torch, transformers' model code and DeepSpeed before its first step (~10 CPU-s on a 2-core
-machine: README "Set-up"), and rank 0 of a tracked stage MLflow's client (~5.5 more); the tiny
+machine), and rank 0 of a tracked stage MLflow's client (~5.5 more); the tiny
 recipe starts seven such jobs. So the second CPU job a
 process launches starts this server (`python -m pipeline.job_server`), which imports them once,
 and that job and every later CPU job of the process are forked from it, as `pipeline.local_ranks`
