@@ -6,8 +6,9 @@ name each process by its command line, sampled from /proc while it runs.
     python scripts/suite_cpu.py -- python -m pytest -q tests/e2e
 
 Needs root and the `acct` package (`accton`, `dump-acct`: apt-get install acct). The suite is
-CPU-bound on 2 cores (benchmarks/RESULTS.md, "The test suite and the tiny recipe on 2-core CPUs"), so its wall time follows the CPU work counted here. A
-process shorter than the 0.2 s sampling interval is counted under its short command name.
+CPU-bound on 2 cores (benchmarks/RESULTS.md, "The test suite and the tiny recipe on 2-core
+CPUs"), so its wall time follows the CPU work counted here. A process shorter than the 0.2 s
+sampling interval is counted under its short command name.
 Accounting sees every process of the machine: run it with nothing else running.
 Issue 31's suite-time work used this to pick what to cut.
 """
