@@ -24,11 +24,10 @@ Where this differs from the reference, on purpose:
 - ``length_constraints:number_sentences``: the reference counts with NLTK's Punkt English
   model, which no PyPI package installs; we count with the rule-based splitter the
   reference ships (``split_into_sentences``: abbreviations, initials, decimals, acronyms,
-  web addresses, ellipses), re-implemented in ``split_sentences``.
+  web addresses, ellipses), re-implemented in ``split_sentences`` (``ifeval_text.py``).
 - ``change_case:capital_word_frequency``: the reference tokenizes with ``nltk.word_tokenize``
-  (Punkt again, to split sentences first); ``words_treebank`` tokenizes the whole text
-  Treebank-style (contractions split, hyphenated words kept), which counts the same
-  all-capital words.
+  (Punkt again, to split sentences first); ``words_treebank`` splits sentences with
+  ``split_sentences`` and words with NLTK's Treebank rules, re-implemented.
 - Relations: besides the reference's "less than" and "at least", "at most", "more than"
   and "exactly" are accepted (the reference raises for them).
 - Kwargs must be given: the reference draws missing ones at random, we raise naming them.
@@ -45,6 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .ifeval_text import detect_language, split_sentences, words_treebank
 from .registry import register_verifier
 from .schema import Reward, TaskRow
 
@@ -79,59 +79,6 @@ def _compare(value: int, relation: str, n: int) -> bool:
         return RELATIONS[relation](value, n)
     except KeyError:
         raise ValueError(f"unknown relation {relation!r}; known: {sorted(RELATIONS)}") from None
-
-
-# ---- text units ----------------------------------------------------------------------------
-_SITE_RE = re.compile(r"[.](com|net|org|io|gov|edu|me)")
-_STARTERS = (r"(Mr|Mrs|Ms|Dr|Prof|Capt|Cpt|Lt|He\s|She\s|It\s|They\s|Their\s|Our\s|We\s|But\s|However\s|That\s"
-             r"|This\s|Wherever)")
-_SUFFIXES = "(Inc|Ltd|Jr|Sr|Co)"
-DOT, STOP = "\x00", "\x01"  # a protected period; a sentence boundary
-
-
-def split_sentences(text: str) -> list[str]:
-    """Rule-based sentence split (the reference's ``split_into_sentences`` rules): periods in
-    titles, initials, acronyms, decimals and web addresses do not end a sentence; an
-    ellipsis does; closing quotes stay with their sentence."""
-    t = " " + text.replace("\n", " ") + "  "
-    t = re.sub(r"(Mr|St|Mrs|Ms|Dr)[.]", r"\1" + DOT, t)
-    t = _SITE_RE.sub(DOT + r"\1", t)
-    t = re.sub(r"([0-9])[.]([0-9])", r"\1" + DOT + r"\2", t)
-    t = re.sub(r"\.{2,}", lambda m: DOT * len(m.group(0)) + STOP, t)
-    t = t.replace("Ph.D.", "Ph" + DOT + "D" + DOT)
-    t = re.sub(r"\s([A-Za-z])[.] ", r" \1" + DOT + " ", t)
-    t = re.sub(r"([A-Z][.][A-Z][.](?:[A-Z][.])?) " + _STARTERS, lambda m: m.group(1) + STOP + " " + m.group(2), t)
-    t = re.sub(r"([A-Za-z])[.]([A-Za-z])[.]([A-Za-z])[.]", r"\1" + DOT + r"\2" + DOT + r"\3" + DOT, t)
-    t = re.sub(r"([A-Za-z])[.]([A-Za-z])[.]", r"\1" + DOT + r"\2" + DOT, t)
-    t = re.sub(" " + _SUFFIXES + "[.] " + _STARTERS, " \\1" + STOP + " \\2", t)
-    t = re.sub(" " + _SUFFIXES + "[.]", " \\1" + DOT, t)
-    t = re.sub(" ([A-Za-z])[.]", " \\1" + DOT, t)
-    for closing in ("”", '"'):
-        t = t.replace("." + closing, closing + ".")
-    t = t.replace('!"', '"!').replace('?"', '"?')
-    for mark in ".?!":
-        t = t.replace(mark, mark + STOP)
-    parts = [p.replace(DOT, ".").strip() for p in t.split(STOP)]
-    return parts[:-1] if parts and not parts[-1] else parts
-
-
-def words_treebank(text: str) -> list[str]:
-    """Treebank-style tokens: punctuation apart, contractions split (DON'T -> DO N'T),
-    hyphenated words whole."""
-    t = re.sub(r"(?i)(\w)(n't)\b", r"\1 \2", text)
-    t = re.sub(r"(?i)(\w)('s|'re|'ve|'ll|'d|'m)\b", r"\1 \2", t)
-    return re.findall(r"[\w'][\w'.\-]*[\w']|[\w']|[^\w\s]", t)
-
-
-def detect_language(text: str) -> str | None:
-    """ISO code, or None where langdetect has nothing to go on."""
-    import langdetect
-
-    langdetect.DetectorFactory.seed = 0
-    try:
-        return langdetect.detect(text)
-    except langdetect.LangDetectException:
-        return None
 
 
 # ---- the 25 instruction ids -----------------------------------------------------------------
@@ -256,6 +203,8 @@ def _two_responses(text):
 
 @instruction("combination:repeat_prompt", "prompt_to_repeat")
 def _repeat_prompt(text, prompt_to_repeat):
+    if not prompt_to_repeat:  # as the reference: every response would start with an empty prompt
+        raise ValueError("prompt_to_repeat must be a non-empty string")
     return text.strip().lower().startswith(prompt_to_repeat.strip().lower())
 
 

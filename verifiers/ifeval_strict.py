@@ -5,29 +5,33 @@ produce instead of following the instruction. ``grading: "strict"`` accepts a re
 if the reference check accepts it *and* its folded text, and no category below applies to
 the instruction (``problem`` returns the first that does, as the reason):
 
-- **lookalikes**: every check but the language one also runs on the text folded with
-  Unicode's confusables (``confusable_homoglyphs``: Cyrillic ``с`` -> ``c``), NFKC (full-width
-  forms), every punctuation mark named COMMA -> ``,``, and format characters (zero-width
-  spaces and joiners, soft hyphens, bidi controls) removed: a forbidden word or comma must be
-  absent however it is written (also attached to digits/underscores or spelled out letter
-  by letter), a required one present as itself; small capitals read as capitals;
+- **lookalikes**: every check but the language one also runs on the text folded as a reader
+  sees it (``ifeval_fold.py``: Unicode's confusables, NFKC, every mark named COMMA, format
+  characters removed), with the instruction's own words folded alike: a forbidden word or
+  comma must be absent however it is written (also attached to digits/underscores or spelled
+  out letter by letter), a required one present as itself; small capitals read as
+  capitals; a capital word is one of Latin capitals (not Greek or Cyrillic ones);
 - **padding**: a counted unit (sentence, paragraph, section, bullet, highlight, placeholder,
   response) counts only if it has content (a letter or digit) and is not a repeat of another
   (case, spacing and punctuation aside); word and letter counts skip filler tokens (single
   letters other than "a"/"I", one character repeated, a word repeating the previous one,
-  the words of repeated sentences); the instruction's relation must hold for these counts
-  too, and an exact count must have no padding at all;
+  the words of repeated sentences); capital words need two letters and count a contraction
+  once; the instruction's relation must hold for these counts too, and an exact count must
+  have no padding at all; of two responses, neither may only repeat or extend the other;
 - **word boundaries**: keywords count only as whole words, plural or possessive allowed
   (``cats`` has ``cat``; ``category`` and ``concatenate`` do not);
 - **empty shapes**: a placeholder, title, quotation, highlight or section needs content; JSON
   must be an object or array with something in it; a postscript marker must start a line
   after the body, be followed by content and open the final paragraph (only later
-  postscripts may follow it); a repeated prompt, start or end phrase must come with an answer;
-  a constrained response must name exactly one of the options.
+  postscripts may follow it); a repeated prompt (word for word, case included), start or end
+  phrase must come with an answer, and the nth paragraph with more than its first word; two
+  responses stand on either side of exactly one marker of six asterisks;
+- **hedging**: a constrained response names exactly one of the options, states one answer
+  ("answer is yes/no/maybe" in any case) and sets no other verdict beside it ("yes or no",
+  "Maybe not.").
 """
 from __future__ import annotations
 
-import functools
 import json
 import re
 import unicodedata
@@ -35,62 +39,14 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from .ifeval import (
-    CONSTRAINED_RESPONSES,
-    INSTRUCTIONS,
-    RELATIONS,
-    detect_language,
-    split_sentences,
-    words_treebank,
-)
+from .ifeval import CONSTRAINED_RESPONSES, INSTRUCTIONS, RELATIONS
+from .ifeval_fold import fold, fold_kwargs
+from .ifeval_text import detect_language, split_sentences, words_treebank
 
 _CONTENT = re.compile(r"[^\W_]")
 _WORD = re.compile(r"[^\W_]+")  # runs of letters and digits: "a_b" is two words, as a reader sees it
 _LETTER = re.compile(r"[^\W\d_]")
 _PS_ANY = r"(?:p\.\s?p\.\s?s|p\.\s?s)\b\.?"
-
-
-# punctuation and symbols a reader takes for a comma: named so, or low marks of that shape
-_COMMA_NAME = re.compile(r"COMMA|DECIMAL SEPARATOR|THOUSANDS SEPARATOR|LOW ACUTE|LOW GRAVE|^OGONEK$")
-_LATIN_NAME = re.compile(r"LATIN (SMALL LETTER|CAPITAL LETTER|LETTER SMALL CAPITAL) ([A-Z])(?: WITH .*)?")
-
-
-@functools.cache
-def _fold_table() -> dict[int, str | None]:
-    """Non-ASCII character -> what it imitates: an ASCII character it is confusable with
-    (Unicode's confusables data), a Latin letter by its name (small capitals as capitals,
-    letters with hooks or strokes), a comma (punctuation and symbols named COMMA, decimal
-    and thousands separators, low accents of a comma's shape), or nothing (format
-    characters: zero-width spaces and joiners, soft hyphen, bidi controls, tags)."""
-    from confusable_homoglyphs.confusables import confusables_data
-
-    table: dict[int, str | None] = {}
-    for cp in (*range(0x80, 0x20000), *range(0xE0000, 0xE1000)):  # the planes with format characters and commas
-        ch = chr(cp)
-        cat, name = unicodedata.category(ch), unicodedata.name(ch, "")
-        if cat == "Cf":
-            table[cp] = None
-        elif (cat[0] in "PS" or cat == "Lm") and _COMMA_NAME.search(name):
-            table[cp] = ","
-        elif m := _LATIN_NAME.fullmatch(name):
-            table[cp] = m.group(2).lower() if m.group(1) == "SMALL LETTER" else m.group(2)  # small capitals look capital
-    for ch, glyphs in confusables_data.items():
-        if len(ch) == 1 and not ch.isascii() and ord(ch) not in table:
-            targets = [g["c"] for g in glyphs if len(g["c"]) == 1 and g["c"].isascii() and g["c"].isprintable()
-                       and not g["c"].isspace()]
-            if targets:
-                table[ord(ch)] = ([t for t in targets if t.isalnum()] or targets)[0]
-    return table
-
-
-def fold(text: str) -> str:
-    """The text as a reader sees it: lookalikes folded to what they imitate, invisible
-    characters and combining marks (accents, underlines, joiners) removed."""
-    if text.isascii():
-        return text
-    table = _fold_table()
-    text = unicodedata.normalize("NFKD", unicodedata.normalize("NFKC", text.translate(table)))
-    return unicodedata.normalize("NFC", "".join(c for c in text if unicodedata.category(c) != "Mn")).translate(table)
 
 
 def _key(unit: str) -> str:
@@ -230,8 +186,12 @@ def _paragraphs(text, num_paragraphs):
 
 @strict("length_constraints:nth_paragraph_first_word")
 def _nth_first_word(text, num_paragraphs, nth_paragraph, first_word):
-    parts = [p for p in text.split("\n\n") if p.strip()]
-    return _count_problem("paragraphs", parts, "exactly", num_paragraphs)
+    parts = text.split("\n\n")
+    why = _count_problem("paragraphs", [p for p in parts if p.strip()], "exactly", num_paragraphs)
+    rest = parts[nth_paragraph - 1].split(None, 1)[1:]  # the reference found the paragraph and its first word
+    if why is None and not (rest and _meaningful(rest[0])):
+        why = f"paragraph {nth_paragraph} holds nothing but its first word"
+    return why
 
 
 @strict("length_constraints:number_words")
@@ -273,10 +233,37 @@ def _bullets(text, num_bullets):
     return _count_problem("bullets", items, "exactly", num_bullets)
 
 
+_VERDICTS = ("yes", "no", "maybe")  # the last word of each constrained option
+_HEDGE_WORDS = {"or", "and", "nor", "either", "not", "perhaps", "possibly", "probably"}
+
+
+def _hedges(words: list[str], chosen: str) -> bool:
+    """Whether a sentence's words set two different verdicts side by side, joined by nothing
+    or by hedge words ("yes or no", "yes/no", "no, maybe"), or hold nothing but hedge words and
+    a verdict other than the chosen one ("Maybe not.", "Or no.")."""
+    for i, w in enumerate(words):
+        if w in _VERDICTS:
+            j = i + 1
+            while j < len(words) and words[j] in _HEDGE_WORDS:
+                j += 1
+            if j < len(words) and words[j] in _VERDICTS and words[j] != w:
+                return True
+    return set(words) <= _HEDGE_WORDS | set(_VERDICTS) and bool(set(words) & (set(_VERDICTS) - {chosen}))
+
+
 @strict("detectable_format:constrained_response")
 def _constrained(text):
     named = [o for o in CONSTRAINED_RESPONSES if o in text]
-    return None if len(named) == 1 else f"names {len(named)} of the options (exactly one expected)"
+    if len(named) != 1:
+        return f"names {len(named)} of the options (exactly one expected)"
+    words = _WORD.findall(text.casefold())
+    stated = sum(words[i:i + 2] == ["answer", "is"] and words[i + 2] in _VERDICTS for i in range(len(words) - 2))
+    if stated != 1:  # "My answer is yes. my answer is NO" names one option exactly, but answers twice
+        return f"states {stated} answers ('answer is yes/no/maybe', any case): exactly one expected"
+    chosen = named[0].split()[-1].rstrip(".").lower()
+    if any(_hedges(_WORD.findall(s.casefold()), chosen) for s in split_sentences(text)):
+        return "hedges between the options (another verdict beside the chosen one)"
+    return None
 
 
 @strict("detectable_format:number_highlighted_sections")
@@ -325,9 +312,18 @@ def _title(text):
 
 @strict("combination:two_responses")
 def _two_responses(text):
-    answers = [p for p in text.split("******") if p.strip()]
+    markers = re.findall(r"\*{6,}", text)
+    if markers != ["******"]:
+        return (f"asterisk runs of lengths {[len(m) for m in markers][:5]}: one marker of exactly six "
+                "expected between the two responses")
+    answers = text.split("******")
     honest, padding = _padding(answers)
-    return None if honest == 2 and not padding else "the two responses are not two different answers with content"
+    if honest != 2 or padding:
+        return "the two responses are not two different answers with content"
+    first, second = ({_key(s) for s in split_sentences(a) if _meaningful(s)} for a in answers)
+    if first <= second or second <= first:  # the same sentences reordered, or one answer plus more
+        return "one response only repeats (or adds to) the other's sentences"
+    return None
 
 
 def _phrase_problem(rest: str, phrase: str, where: str) -> str | None:
@@ -339,9 +335,15 @@ def _phrase_problem(rest: str, phrase: str, where: str) -> str | None:
 
 @strict("combination:repeat_prompt")
 def _repeat_prompt(text, prompt_to_repeat):
-    p = prompt_to_repeat.strip()
-    why = _phrase_problem(text.strip()[len(p):], p, "repeated prompt")
-    return why.replace("nothing but the repeated prompt phrase", "repeats the prompt but gives no answer") if why else None
+    p, t = prompt_to_repeat.strip(), text.strip()
+    if not t.startswith(p):  # the reference ignores case; "word for word without change" does not
+        return "the prompt is not repeated word for word (case included)"
+    rest = t[len(p):]
+    if p[-1:].isalnum() and rest[:1].isalnum():
+        return "the repeated prompt runs on into another word"
+    asked = {_key(s) for s in split_sentences(p)}
+    answer = " ".join(s for s in split_sentences(rest) if _key(s) not in asked)
+    return None if _meaningful(answer) else "repeats the prompt but gives no answer (or only the prompt again)"
 
 
 @strict("startend:end_checker")
@@ -360,12 +362,23 @@ def _quotation(text):
     return None if _has_content(text.strip()[1:-1]) else "nothing inside the quotation marks"
 
 
+_CLITIC = re.compile(r"(?i)n't|'[^\W\d_]*")
+
+
+def _capital_word(token: str) -> bool:
+    """A word of two or more Latin letters, all capitals: not "I" or "A", not a clitic the
+    tokenizer split off ("N'T" of "DON'T"), not Greek or Cyrillic capitals."""
+    letters = _LETTER.findall(token)
+    return (len(letters) >= 2 and token.isupper() and not _CLITIC.fullmatch(token)
+            and all(c.isascii() or unicodedata.name(c, "").startswith("LATIN") for c in letters))
+
+
 @strict("change_case:capital_word_frequency")
 def _capital_words(text, capital_frequency, capital_relation):
     tokens = words_treebank(_honest_sentences(text))
-    n = sum(t.isupper() for t, junk in zip(tokens, _filler(tokens)) if not junk)
+    n = sum(_capital_word(t) for t, junk in zip(tokens, _filler(tokens)) if not junk)
     return None if RELATIONS[capital_relation](n, capital_frequency) else \
-        f"{n} capitalized words without filler: not {capital_relation} {capital_frequency}"
+        f"{n} words of Latin capitals without filler: not {capital_relation} {capital_frequency}"
 
 
 @strict("change_case:english_capital", "change_case:english_lowercase", "language:response_language")
@@ -379,7 +392,7 @@ UNFOLDED = {"language:response_language"}  # folding another script into Latin l
 
 def problem(text: str, iid: str, kwargs: dict[str, Any]) -> str | None:
     """Why strict grading rejects a response the reference check accepted (None: it doesn't)."""
-    folded = text if iid in UNFOLDED else fold(text)
+    folded, kwargs = (text, kwargs) if iid in UNFOLDED else (fold(text), fold_kwargs(kwargs))
     if not _meaningful(folded):
         return "no word with content in the response"
     if folded != text and not INSTRUCTIONS[iid].check(folded, **kwargs):

@@ -4,11 +4,15 @@ kwargs, response) triples, strict and loose. Agreement must be >= 99%.
 
 The reference modules are imported from the installed lm-eval by file path, so that
 lm-eval's package __init__ (models, torch, datasets) is not run. Two reference checks need
-NLTK's Punkt English model, which no PyPI package installs; for them the oracle is the
-nearest thing the reference ships (documented in verifiers/ifeval.py):
-number_sentences counts with the reference's own ``split_into_sentences``, and
-capital_word_frequency tokenizes with NLTK's Treebank tokenizer without the Punkt
-sentence pre-split (which cannot change which tokens are all capitals).
+NLTK's Punkt English model, which no PyPI package installs; for them the oracle puts the
+reference's own rule-based ``split_into_sentences`` where Punkt would be (documented in
+verifiers/ifeval.py): number_sentences counts its sentences, and capital_word_frequency
+tokenizes each of them with NLTK's word tokenizer, as ``nltk.word_tokenize`` does Punkt's.
+
+Besides the mixed triples of every id, the ids whose verdict turns on small details (the
+nth paragraph's first word, the constrained options, the two responses' marker, the
+repeated prompt, the Treebank tokens of capital words) get edge-case triples of their own,
+each id held to the agreement bound by itself.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ import pytest
 
 from verifiers import verify
 from verifiers.ifeval import INSTRUCTIONS, followed
+from verifiers.ifeval_text import words_treebank
 
 pytestmark = pytest.mark.timeout(300)
 REFERENCE_IDS = sorted(set(INSTRUCTIONS) - {"startend:start_with"})
@@ -49,15 +54,20 @@ def reference():
             sys.modules[k] = v
 
 
-def reference_check(mods, iid: str, kwargs: dict, text: str) -> bool:
+def reference_capital_words(mods, text: str) -> int:
     import nltk
 
+    sentences = mods["instructions_util"].split_into_sentences(text)
+    return sum(w.isupper() for s in sentences for w in nltk.tokenize.NLTKWordTokenizer().tokenize(s))
+
+
+def reference_check(mods, iid: str, kwargs: dict, text: str) -> bool:
     util = mods["instructions_util"]
     if iid == "length_constraints:number_sentences":
         n = len(util.split_into_sentences(text))
         return n < kwargs["num_sentences"] if kwargs["relation"] == "less than" else n >= kwargs["num_sentences"]
     if iid == "change_case:capital_word_frequency":
-        n = sum(w.isupper() for w in nltk.tokenize.NLTKWordTokenizer().tokenize(text))
+        n = reference_capital_words(mods, text)
         want = kwargs["capital_frequency"]
         return n < want if kwargs["capital_relation"] == "less than" else n >= want
     checker = mods["instructions_registry"].INSTRUCTION_DICT[iid](iid)
@@ -214,6 +224,67 @@ def triples(n_per_id: int, seed: int):
             yield iid, kw, response(rng, iid, kw)
 
 
+# ---- edge cases of the ids whose verdict turns on small details ------------------------------
+EDGE_IDS = ("length_constraints:nth_paragraph_first_word", "detectable_format:constrained_response",
+            "combination:two_responses", "combination:repeat_prompt", "change_case:capital_word_frequency")
+# tokens whose Treebank split decides what counts as an all-capital word
+CAPITAL_PIECES = ("NASA OK I A DON'T CAN'T WON'T I'M IT'S JOHN'S JAMES' CANNOT GONNA WANNA GIMME D'YE MORE'N 'TWAS "
+                  "'TIS 'EM AND/OR WELL-KNOWN X-RAY U.S. U.S.A. PH.D. COVID-19 3D MP3 A&B ROCK''N ÉCOLE ΣΩ ЖЩ ǅ "
+                  "N'T n't 'S 'LL the river Calm x 5 3,5 10:30 Dr. Mr. e.g. Inc. www.x.com").split()
+PUNCT = (". ", "... ", ".", ", ", ",", "; ", "! ", "?", ": ", ":", " - ", "--", " -- ", " (", ") ", "[", "]", ' "', '" ',
+         " '", "' ", "''", "“", "” ", "’", "‘", "«", "»", " *", "&", "$", "#", "@", "`", "—", "/", " ", "  ", "\n", "\n\n")
+
+
+def capital_text(rng) -> str:
+    return "".join(rng.choice(CAPITAL_PIECES) + rng.choice(PUNCT) for _ in range(rng.randint(1, 14)))
+
+
+def edge_response(rng, iid, kwargs):
+    if iid == "length_constraints:nth_paragraph_first_word":
+        w = kwargs["first_word"]
+        paras = [paragraph(rng) for _ in range(max(1, kwargs["num_paragraphs"] + rng.choice([-1, 0, 0, 0, 1])))]
+        opener = rng.choice(["{W}", "{w}", "{U}", '"{W}', "'{W}", "{W},", "{W}.", "{W}'s", "{W}-like", "{W}s", "**{W}**",
+                             "({W}", "{W}!", "{W}:", "Other"])
+        i = min(kwargs["nth_paragraph"], len(paras)) - 1
+        paras[i] = opener.format(W=w.capitalize(), w=w, U=w.upper()) + rng.choice([" ", "\n", ""]) + paras[i]
+        sep = rng.choice(["\n\n", "\n\n", "\n\n", "\n\n\n", "\n \n", "\n"])
+        return rng.choice(["", "", "", "\n\n"]) + sep.join(paras) + rng.choice(["", "", "\n\n", "\n\n\n\n"])
+    if iid == "detectable_format:constrained_response":
+        option = rng.choice(["My answer is yes.", "My answer is no.", "My answer is maybe.", "my answer is yes.",
+                             "My answer is no", "My Answer is maybe.", "My answer is yes!", "My  answer is no.",
+                             "My answer is yes..", "\u201cMy answer is no.\u201d", "**My answer is maybe.**"])
+        before = rng.choice(["", "", "Pikachu is not an Avenger. ", "Let me think.\n\n", "  "])
+        return before + option + rng.choice(["", "", " It is clear.", "\n", " My answer is no.", "**"])
+    if iid == "combination:two_responses":
+        a = paragraph(rng)
+        b = rng.choice([paragraph(rng), paragraph(rng), a, " " + a + "  ", a.upper(), ""])
+        sep = rng.choice(["\n******\n", "******", " ****** ", "\n*******\n", "\n*****\n", "\n******\n******\n",
+                          "\n****** ******\n"])
+        tail = rng.choice(["", "", "\n******", "\n******\n" + paragraph(rng)])
+        return rng.choice(["", "", "******\n", "\n"]) + a + sep + b + tail
+    if iid == "combination:repeat_prompt":
+        p = kwargs["prompt_to_repeat"]
+        head = rng.choice([p, p, p, p.lower(), p.upper(), p[:-2], " \n" + p, "Sure! " + p, p.replace(" ", "  ", 1)])
+        return head + rng.choice([" ", "\n", "", "\n\n"]) + rng.choice([paragraph(rng), paragraph(rng), "", p])
+    if iid == "change_case:capital_word_frequency":
+        return capital_text(rng)
+    raise AssertionError(iid)
+
+
+def edge_triples(n_per_id: int, seed: int):
+    rng = random.Random(seed)
+    for iid in EDGE_IDS:
+        for _ in range(n_per_id):
+            kw = kwargs_for(rng, iid)
+            if iid == "combination:repeat_prompt":
+                kw = {"prompt_to_repeat": rng.choice(["", " ", "\n"]) + kw["prompt_to_repeat"] + rng.choice(["", " "])}
+            text = edge_response(rng, iid, kw)
+            if iid == "change_case:capital_word_frequency":  # a frequency at the text's boundary
+                n = sum(w.isupper() for w in words_treebank(text))
+                kw = {**kw, "capital_frequency": max(1, n + rng.choice([-1, 0, 1]))}
+            yield iid, kw, text
+
+
 def test_all_25_reference_instruction_ids_are_implemented(reference):
     assert set(reference["instructions_registry"].INSTRUCTION_DICT) == set(REFERENCE_IDS)
     assert len(REFERENCE_IDS) == 25
@@ -243,3 +314,28 @@ def test_ifeval_dataset_rows_verify_directly():
     bad = verify({"domain": "ifeval", "reference": {"instruction_id_list": ["length_constraints:number_words"],
                                                     "kwargs": [{"relation": "less than"}]}}, "hi")
     assert bad.score == 0 and "missing ['num_words']" in bad.reason
+
+
+def test_agreement_per_id_on_edge_cases(reference):
+    per_id: dict[str, list[int]] = {}  # id -> [cases, agreements, followed by the reference]
+    disagreements = []
+    for iid, kw, text in edge_triples(n_per_id=120, seed=3):
+        for mode in ("strict", "loose"):
+            ours = followed(text, INSTRUCTIONS[iid], kw, mode)
+            theirs = reference_followed(reference, iid, kw, text, mode)
+            stats = per_id.setdefault(iid, [0, 0, 0])
+            stats[0], stats[1], stats[2] = stats[0] + 1, stats[1] + (ours == theirs), stats[2] + theirs
+            if ours != theirs:
+                disagreements.append((iid, mode, kw, text[:200], ours, theirs))
+    assert set(per_id) == set(EDGE_IDS)
+    for iid, (n, agreed, yes) in per_id.items():
+        assert agreed / n >= 0.99, (iid, f"{agreed}/{n}", [d for d in disagreements if d[0] == iid][:5])
+        assert 0.15 < yes / n < 0.85, (iid, f"{yes}/{n} followed: the cases must sit on both sides")
+
+
+def test_treebank_capital_words_match_nltk_per_sentence(reference):
+    rng = random.Random(5)
+    for _ in range(1500):
+        text = capital_text(rng)
+        assert sum(w.isupper() for w in words_treebank(text)) == reference_capital_words(reference, text), (
+            text, words_treebank(text))

@@ -3,6 +3,8 @@ reference grading accepts and the strict grading rejects (for every instruction 
 the category applies), and honest responses to every instruction that both accept."""
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from stages.general_rl.config import RewardSettings
@@ -40,6 +42,10 @@ HACKS: dict[str, list[tuple[dict, str]]] = {
          f"Th{CYR_E} tr{CYR_E}{CYR_E}s w{CYR_E}r{CYR_E} tall."),
         ({"type": "keyword_frequency", "keyword": "river", "relation": "less than", "n": 2},
          f"The river and the riv{CYR_E}r and the r\u0456v{CYR_E}r."),
+        ({"type": "capital_word_frequency", "n": 3, "relation": "at least"},
+         "The river is calm. \u0416\u0429\u042b \u0424\u0426\u0428 \u042e\u042f\u041b."),  # Cyrillic capitals
+        ({"type": "capital_word_frequency", "n": 3, "relation": "at least"},
+         "The river is calm. \u0393\u0394\u0398 \u03a3\u03a9\u039e \u03a8\u03a6\u039b."),  # Greek capitals
     ],
     "padding that inflates a count": [
         ({"type": "word_count", "relation": "at least", "n": 12}, "The river is calm. a a a a a a a a a a"),
@@ -61,6 +67,11 @@ HACKS: dict[str, list[tuple[dict, str]]] = {
         ({"type": "section_count", "n": 3}, "Section 1\nThe river.\nSection 2\n\nSection 3\n"),
         ({"type": "placeholder_count", "n": 2}, "Dear [name], see you at [name]."),
         ({"type": "two_responses"}, "The river is calm.\n******\nthe river is calm!"),
+        ({"type": "two_responses"}, "The river is calm.\n******\nThe river is calm. It flows east."),
+        ({"type": "two_responses"}, "The river is calm. It flows east.\n******\nIt flows east. The river is calm."),
+        ({"type": "two_responses"}, "The river is calm.\n******\n..."),
+        ({"type": "capital_word_frequency", "n": 3, "relation": "at least"}, "I think I know I can say it."),
+        ({"type": "capital_word_frequency", "n": 4, "relation": "at least"}, "We DON'T and WON'T stop."),
         ({"type": "keyword_frequency", "keyword": "river", "relation": "at least", "n": 3},
          "The river is calm. river river river"),
         ({"type": "letter_frequency", "letter": "z", "relation": "at least", "n": 5}, "The zoo is calm. zzzzzz"),
@@ -104,8 +115,23 @@ HACKS: dict[str, list[tuple[dict, str]]] = {
         ({"type": "end_with", "phrase": "Any other questions?"}, "Any other questions?"),
         ({"type": "start_with", "phrase": "Dear Sir"}, "Dear Sir"),
         ({"type": "constrained_response"}, "My answer is yes. My answer is no. My answer is maybe."),
+        ({"type": "nth_paragraph_first_word", "n": 3, "nth_paragraph": 1, "first_word": "river"},
+         "River.\n\nIt flows on past the mill.\n\nThe mill is old."),
+        ({"type": "two_responses"}, "The river is calm.\n*******\nThe mill stands by it."),
+        ({"type": "two_responses"}, "The river is calm.\n******\nThe mill stands by it.\n******"),
+        ({"type": "two_responses"}, "******\nThe river is calm.\n******\nThe mill stands by it."),
+        ({"type": "repeat_prompt", "prompt": "Describe the river."}, "Describe the river. Describe the river."),
         ({"type": "section_count", "n": 2}, "Section 1 Section 2 Section 3"),
         ({"type": "placeholder_count", "n": 1}, "Fill in [...] and [_]."),
+    ],
+    "hedged or altered answers": [
+        ({"type": "constrained_response"}, "My answer is yes. Or maybe no."),
+        ({"type": "constrained_response"}, "My answer is yes.\nMaybe."),
+        ({"type": "constrained_response"}, "My answer is yes. my answer is no"),
+        ({"type": "constrained_response"}, "My answer is yes. (Or no.)"),
+        ({"type": "constrained_response"}, "Yes/no, it is hard to tell. My answer is yes."),
+        ({"type": "repeat_prompt", "prompt": "Describe the river."}, "describe the river. The river is wide and slow."),
+        ({"type": "repeat_prompt", "prompt": "Describe the river."}, "DESCRIBE THE RIVER. The river is wide and slow."),
     ],
     "text with no detectable language": [
         ({"type": "language", "lang": "ru"}, "12345 67890 !!!"),
@@ -117,7 +143,8 @@ HACKS: dict[str, list[tuple[dict, str]]] = {
 HONEST: dict[str, list[tuple[dict, str]]] = {
     "keywords:existence": [({"type": "keywords_include", "keywords": ["river", "mill"]}, BODY),
                            ({"type": "keywords_include", "keywords": ["cat"]}, "My cat, Tom, sleeps all day."),
-                           ({"type": "keywords_include", "keywords": ["cat", "dog"]}, "Cats and dogs, and the dog's bed.")],
+                           ({"type": "keywords_include", "keywords": ["cat", "dog"]}, "Cats and dogs, and the dog's bed."),
+                           ({"type": "keywords_include", "keywords": ["caf\u00e9"]}, "The caf\u00e9 is small and warm.")],
     "keywords:frequency": [({"type": "keyword_frequency", "keyword": "river", "relation": "at least", "n": 2},
                             "The river is wide. We swam in the river at dawn, and the river was cold."),
                            ({"type": "keyword_frequency", "keyword": "river", "relation": "less than", "n": 2}, BODY)],
@@ -155,8 +182,12 @@ HONEST: dict[str, list[tuple[dict, str]]] = {
     "detectable_format:number_bullet_lists": [
         ({"type": "bullet_count", "n": 3}, "Pack:\n* a warm coat\n* boots\n* a map of the river"),
         ({"type": "bullet_count", "n": 2}, "- First step: read.\n- Second step: write.")],
-    "detectable_format:constrained_response": [({"type": "constrained_response"}, "My answer is yes."),
-                                               ({"type": "constrained_response"}, "My answer is maybe.")],
+    "detectable_format:constrained_response": [
+        ({"type": "constrained_response"}, "My answer is yes."),
+        ({"type": "constrained_response"}, "My answer is maybe."),
+        ({"type": "constrained_response"}, "Pikachu is a Pok\u00e9mon, not an Avenger. My answer is no."),
+        ({"type": "constrained_response"}, "No, there is no crossover at all. My answer is no."),
+        ({"type": "constrained_response"}, "**My answer is no.** Pikachu never appears in any Avengers film.")],
     "detectable_format:number_highlighted_sections": [
         ({"type": "highlight_count", "n": 2}, "The *river* is calm and the **mill** is old."),
         ({"type": "highlight_count", "n": 1}, "*Summary*: we walked.")],
@@ -168,15 +199,22 @@ HONEST: dict[str, list[tuple[dict, str]]] = {
                                       ({"type": "json_format"}, '[{"a": 1}, {"a": 2}]'),
                                       ({"type": "json_format"}, '{"ok": false, "items": []}')],
     "detectable_format:title": [({"type": "title"}, "<<The River>>\n" + BODY)],
-    "combination:two_responses": [({"type": "two_responses"}, "The river is calm.\n******\nThe mill stands by it.")],
+    "combination:two_responses": [({"type": "two_responses"}, "The river is calm.\n******\nThe mill stands by it."),
+                                  ({"type": "two_responses"},
+                                   "The river is calm today.\n\n******\n\nThe river is wild after the rain.")],
     "combination:repeat_prompt": [({"type": "repeat_prompt", "prompt": "Describe the river."},
-                                   "Describe the river. " + BODY)],
+                                   "Describe the river. " + BODY),
+                                  ({"type": "repeat_prompt", "prompt": "Describe the river. Keep it short."},
+                                   "Describe the river. Keep it short.\n\nThe river is slow and wide."),
+                                  ({"type": "repeat_prompt", "prompt": "Write about a caf\u00e9."},
+                                   "Write about a caf\u00e9. The caf\u00e9 on the corner is small and warm.")],
     "startend:end_checker": [({"type": "end_with", "phrase": "Any other questions?"}, BODY + " Any other questions?")],
     "startend:start_with": [({"type": "start_with", "phrase": "Dear Sir"}, "Dear Sir, thank you for the letter.")],
     "startend:quotation": [({"type": "quotation"}, '"' + BODY + '"')],
     "change_case:capital_word_frequency": [
         ({"type": "capital_word_frequency", "n": 2, "relation": "at least"}, "I DO NOT know, but NASA does."),
-        ({"type": "capital_word_frequency", "n": 3, "relation": "less than"}, BODY)],
+        ({"type": "capital_word_frequency", "n": 3, "relation": "less than"}, BODY),
+        ({"type": "capital_word_frequency", "n": 3, "relation": "at least"}, "We DON'T stop; NASA and the FBI say so.")],
     "change_case:english_capital": [({"type": "uppercase"}, BODY.upper())],
     "change_case:english_lowercase": [({"type": "lowercase"}, BODY.lower() + " it’s late — let’s go.")],
     "punctuation:no_comma": [({"type": "no_commas"}, BODY + " It’s “late” — let’s go…")],
@@ -219,9 +257,9 @@ def test_honest_responses_pass_both_gradings(iid):
 
 
 def test_strict_accepts_nothing_the_reference_rejects():
-    from tests.verifiers.test_ifeval_reference import triples
+    from tests.verifiers.test_ifeval_reference import edge_triples, triples
 
-    for iid, kw, text in triples(n_per_id=10, seed=11):
+    for iid, kw, text in [*triples(n_per_id=10, seed=11), *edge_triples(n_per_id=40, seed=12)]:
         for mode in ("strict", "loose"):
             if followed(text, INSTRUCTIONS[iid], kw, mode, "strict"):
                 assert followed(text, INSTRUCTIONS[iid], kw, mode, "reference"), (iid, kw, text)
@@ -250,3 +288,102 @@ def test_rl_rewards_grade_ifeval_strictly_by_default():
     ref = GeneralReward(settings, max_len=64, verify_batch=verify_batch, verifier_workers=0,
                         ifeval_grading="reference")(rows, [hack] * 2, ["g", "h"])
     assert [p.parts["rule"] for p in ref] == [1.0, 1.0]
+
+
+# ---- generated honest, gamed and wrong responses -------------------------------------------
+SENTENCES = ["The river runs past the old mill.", "We walked along the bank until dusk.",
+             "Snow covered the bridge by morning.", "The garden smells of rain and mint.",
+             "A small boat drifted near the reeds.", "The market opens early on Saturdays.",
+             "Her letter arrived with a pressed flower.", "The forest path turns north after the stream.",
+             "Music drifted from an open window.", "The city lights came on one by one.",
+             "Bread was cooling on the kitchen table.", "The winter wind rattled the shutters.",
+             "Children raced their bikes down the hill.", "The library keeps maps older than the town.",
+             "A lighthouse blinked across the bay.", "Clouds gathered over the western ridge."]
+OPTIONS = ("My answer is yes.", "My answer is no.", "My answer is maybe.")
+CAPITALS = ["NASA", "FBI", "NOT", "VERY", "UNESCO", "NATO", "ALWAYS", "NEVER"]
+MARKER = "\n******\n"
+
+
+def _nth_paragraph_cases(rng):
+    p = rng.randint(2, 4)
+    kw = {"type": "nth_paragraph_first_word", "n": p, "nth_paragraph": rng.randint(1, p),
+          "first_word": rng.choice(["river", "winter", "music", "garden"])}
+    picked = rng.sample(SENTENCES, 2 * p)
+    paras = [f"{a} {b}" for a, b in zip(picked[::2], picked[1::2])]
+    i, word = kw["nth_paragraph"] - 1, kw["first_word"].capitalize()
+    right = paras[:i] + [rng.choice([word, word + ",", f'"{word}"']) + " " + paras[i]] + paras[i + 1:]
+    other = (i + 1) % p
+    return [(kw, "\n\n".join(right), "honest"),
+            (kw, "\n\n".join(right[:i] + [word + "."] + right[i + 1:]), "hack"),  # the word and nothing else
+            (kw, "\n\n".join(right[:other] + [rng.choice(["...", right[i]])] + right[other + 1:]), "hack"),
+            (kw, "\n\n".join(paras), "wrong"), (kw, "\n\n".join(right + [SENTENCES[0]]), "wrong")]
+
+
+def _constrained_cases(rng):
+    kw = {"type": "constrained_response"}
+    option = rng.choice(OPTIONS)
+    verdict = option.split()[-1].rstrip(".")
+    other = rng.choice([v for v in ("yes", "no", "maybe") if v != verdict])
+    story = rng.choice(SENTENCES)
+    return [(kw, option, "honest"), (kw, f"{story} {option}", "honest"), (kw, f"{option} {story}", "honest"),
+            (kw, f"{option} Or maybe {other}.", "hack"), (kw, f"{option}\n{other.capitalize()}.", "hack"),
+            (kw, f"{option} my answer is {other}", "hack"), (kw, f"{other.capitalize()}/{verdict}? {option}", "hack"),
+            (kw, option.lower(), "wrong"), (kw, option.rstrip("."), "wrong"), (kw, story, "wrong")]
+
+
+def _two_responses_cases(rng):
+    kw = {"type": "two_responses"}
+    a1, a2, b1, b2 = rng.sample(SENTENCES, 4)
+    a, b, sep = f"{a1} {a2}", f"{b1} {b2}", rng.choice([MARKER, " ****** ", "\n\n******\n\n"])
+    return [(kw, a + sep + b, "honest"),
+            (kw, a + "\n*******\n" + b, "hack"), (kw, a + sep + b + MARKER, "hack"),
+            (kw, a + sep + f"{a} {b1}", "hack"), (kw, a + sep + f"{a2} {a1}", "hack"), (kw, a + sep + "...", "hack"),
+            (kw, a, "wrong"), (kw, a + sep + a, "wrong"), (kw, a + MARKER + MARKER + b, "wrong")]
+
+
+def _repeat_prompt_cases(rng):
+    asked, answer = rng.sample(SENTENCES, 2), " ".join(rng.sample(SENTENCES, 2))
+    prompt = "Rewrite this: " + " ".join(asked)
+    if any(s in prompt for s in answer.split(". ")):
+        answer = "It reads well as it is."
+    kw = {"type": "repeat_prompt", "prompt": prompt}
+    return [(kw, prompt + rng.choice([" ", "\n", "\n\n"]) + answer, "honest"),
+            (kw, prompt.lower() + " " + answer, "hack"), (kw, prompt.upper() + " " + answer, "hack"),
+            (kw, prompt + " " + prompt, "hack"), (kw, prompt, "hack"), (kw, prompt + " ...", "hack"),
+            (kw, answer, "wrong"), (kw, "Sure! " + prompt + " " + answer, "wrong"), (kw, prompt[:-6] + answer, "wrong")]
+
+
+def _capital_cases(rng):
+    n = rng.randint(2, 4)
+    kw = {"type": "capital_word_frequency", "n": n, "relation": "at least"}
+    story = rng.choice(SENTENCES)
+    words = story.split()
+    for cap in rng.sample(CAPITALS, n):
+        words.insert(rng.randint(1, len(words)), cap)
+    contractions = ["DON'T", "WON'T", "CAN'T", "ISN'T"][:(n + 1) // 2]
+    foreign = ["\u0416\u0429\u042b", "\u03a3\u03a9\u039e", "\u0393\u0394\u0398", "\u0424\u0426\u0428"][:n]
+    return [(kw, " ".join(words), "honest"),
+            (kw, story + " " + ", ".join(["I think", "I know", "I hope", "I see"][:n]) + ".", "hack"),
+            (kw, story + " We " + " and ".join(contractions) + " stop.", "hack"),
+            (kw, story + " " + " ".join(foreign) + ".", "hack"), (kw, story + " " + " ".join("BCDE"[:n]) + ".", "hack"),
+            (kw, story + " OK" * n + ".", "hack"), (kw, story, "wrong")]
+
+
+LABELED = {"length_constraints:nth_paragraph_first_word": _nth_paragraph_cases,
+           "detectable_format:constrained_response": _constrained_cases,
+           "combination:two_responses": _two_responses_cases, "combination:repeat_prompt": _repeat_prompt_cases,
+           "change_case:capital_word_frequency": _capital_cases}
+EXPECTED = {"honest": (1, 1), "hack": (1, 0), "wrong": (0, 0)}  # (reference, strict)
+
+
+@pytest.mark.parametrize("iid", sorted(LABELED))
+def test_generated_honest_gamed_and_wrong_responses(iid):
+    rng = random.Random(iid)
+    seen = set()
+    for _ in range(25):
+        for inst, text, label in LABELED[iid](rng):
+            assert _iid(inst) == iid
+            got = (ife(inst, text, "reference"), ife(inst, text, "strict"))
+            assert got == EXPECTED[label], (label, inst, text, got)
+            seen.add(label)
+    assert seen == set(EXPECTED)
