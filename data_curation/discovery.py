@@ -104,10 +104,9 @@ def discover(inputs: "list[str | DataInput]", storage_options: dict | None = Non
                 continue
             out.extend(_discover_dir(*filesystem("file://" + local), lambda p: "file://" + p, raw, split))
             continue
-        for key in ("revision", "config"):
+        for key, what in (("revision", "a version"), ("config", "a configuration (subset)")):
             if getattr(inp, key) is not None:
-                raise CurationError(f"input {raw}: `{key}` selects a version or subset of a hub dataset "
-                                    "(org/name), not of a path")
+                raise CurationError(f"input {raw}: `{key}` selects {what} of a hub dataset (org/name), not of a path")
         url = normalise_url(raw)
         fs, path = filesystem(url, storage_options)
         proto = url.split("://", 1)[0]
