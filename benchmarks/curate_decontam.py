@@ -5,7 +5,7 @@ adversarial corpus.
     pip install --no-deps --target /tmp/lmeval-pkg lm-eval==0.4.9   # benchmark only
     python benchmarks/curate_decontam.py --lmeval-path /tmp/lmeval-pkg --num-proc 2
 
-The corpus (chat rows, built from ../shared/benchmarks at run time; nothing is copied into
+The corpus (chat rows, built from $RING_BENCHMARKS_DIR's public sets at run time; nothing is copied into
 the repository): every benchmark's items are split 75/25 by a seeded shuffle; the 75% are
 the decontamination references (written as filtered copies under --work), the 25% are
 held-out real problems that must be kept. Positive rows, `--per-form` of each, from
@@ -52,8 +52,12 @@ from pathlib import Path
 
 import numpy as np
 
+from data_curation.benchmarks import BENCHMARKS_DIR_ENV, benchmarks_dir
+
 REPO = Path(__file__).resolve().parents[1]
-BENCH_DIR = REPO.parent / "shared" / "benchmarks"
+# the public benchmark test sets (gsm8k.jsonl, ...): the project holds no copy
+BENCH_DIR = benchmarks_dir() or sys.exit(f"{BENCHMARKS_DIR_ENV} must name a directory of the public benchmark "
+                                         "sets (aime24.jsonl, gsm8k.jsonl, math500.jsonl, ...)")
 # text field, answer field, solution field of each benchmark file
 BENCH = {"aime24": ("problem", "answer", "solution"), "aime25": ("problem", "answer", None),
          "amc23": ("problem", "answer", None), "gsm8k": ("question", None, "answer"),

@@ -9,7 +9,7 @@ only: datatrove's normalisation maps digits to 0), split into 4 jsonl shards, wi
 - exact duplicates (half verbatim, half with case/whitespace changes),
 - near duplicates: copies with 1, 3 or 6 of 120 words replaced (Jaccard reported),
 - far copies: 40 of 120 words replaced (must be kept: not duplicates),
-- contamination: a benchmark question/problem from ../shared/benchmarks pasted into a
+- contamination: a benchmark question/problem from $RING_BENCHMARKS_DIR's public sets pasted into a
   longer prompt, verbatim / re-cased and re-spaced / with LaTeX spacing changes,
 - decoys: templated math word problems that are in no benchmark (must be kept).
 Every copy has its own source (sources are distinct), rows are shuffled, and the first
@@ -38,8 +38,12 @@ from pathlib import Path
 
 import numpy as np
 
+from data_curation.benchmarks import BENCHMARKS_DIR_ENV, benchmarks_dir
+
 REPO = Path(__file__).resolve().parents[1]
-BENCH_DIR = REPO.parent / "shared" / "benchmarks"
+# the public benchmark test sets (gsm8k.jsonl, ...): the project holds no copy
+BENCH_DIR = benchmarks_dir() or sys.exit(f"{BENCHMARKS_DIR_ENV} must name a directory of the public benchmark "
+                                         "sets (aime24.jsonl, gsm8k.jsonl, math500.jsonl, ...)")
 BENCH_FIELDS = {"aime24": "problem", "aime25": "problem", "amc23": "problem", "gsm8k": "question",
                 "math500": "problem", "minerva_math": "problem"}
 SHARDS = 4
