@@ -8,12 +8,15 @@ See verifiers/README.md. This package imports nothing from the rest of the repos
 # domain modules register themselves on import
 from . import (
     code_exec,  # noqa: E402,F401
+    code_strict,  # noqa: E402,F401
     ifeval,  # noqa: E402,F401
     math_answer,  # noqa: E402,F401
+    math_strict,  # noqa: E402,F401
     rgym,  # noqa: E402,F401
+    rgym_strict,  # noqa: E402,F401
 )
 from .api import VerifierPool, VerifierPoolError, shutdown_pool, verify, verify_batch
-from .logic import arc, countdown, knights_knaves, maze, sudoku  # noqa: E402,F401
+from .logic import arc, countdown, knights_knaves, maze, strict, sudoku  # noqa: E402,F401
 from .registry import VERIFIERS, get_verifier, register_verifier
 from .schema import Reward, TaskRow
 

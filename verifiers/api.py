@@ -29,6 +29,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from .extract import NoAnswer, final_text
+from .grading import grade
 from .mp_tempdir import SocketDirError, short_socket_dir
 from .registry import VERIFIERS, WORKER_PRELOAD, get_verifier
 from .sandbox import SandboxUnavailable
@@ -47,14 +48,17 @@ class VerifierPoolError(RuntimeError):
 
 
 def verify(row: TaskRow | dict[str, Any], response: str, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> Reward:
-    """Verify one response in this process. Never raises for bad answers, malformed rows or
+    """Verify one response in this process, under the row's grading (``grading.py``: reference
+    unless the row says strict). Never raises for bad answers, malformed rows or
     verifier bugs: those give score 0 with the reason. Raises SandboxUnavailable when code
     cannot be run safely here (an environment problem that must stop training, not score 0)."""
     t0 = time.perf_counter()
     try:
         row = TaskRow.coerce(row)
     except Exception as e:  # pydantic.ValidationError
-        return Reward(score=0.0, reason=f"invalid task row: {e}".splitlines()[0], source="invalid_row",
+        errors = getattr(e, "errors", lambda: [])()
+        why = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'row'}: {err['msg']}" for err in errors) or str(e)
+        return Reward(score=0.0, reason=f"invalid task row: {why}".splitlines()[0], source="invalid_row",
                       elapsed_s=time.perf_counter() - t0)
     try:
         fn = get_verifier(row.domain)
@@ -64,7 +68,7 @@ def verify(row: TaskRow | dict[str, Any], response: str, timeout_s: float | None
         require_think = bool((row.extraction or {}).get("require_think", False))
         text = final_text(response, require_think=require_think)
         with time_limit(timeout_s):
-            reward = fn(row, text)
+            reward = grade(row, text, fn(row, text))
     except NoAnswer as e:
         reward = Reward.zero(str(e), source="no_answer")
     except VerifierTimeout as e:

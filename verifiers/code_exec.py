@@ -30,7 +30,8 @@ from .sandbox import SandboxConfig, run_python, sandbox_info
 from .schema import Reward, TaskRow
 from .timeouts import remaining_s
 
-_FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
+FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
+PYTHON_FENCES = ("python", "py", "python3", "")
 
 HARNESS = r'''
 import json, sys, io, contextlib
@@ -68,9 +69,9 @@ for i, c in enumerate(calls):
 def extract_code(text: str) -> tuple[str | None, str]:
     """(program, source): the last fenced block ("fenced_code"; a python one preferred),
     else the whole final answer ("unfenced_code", a fallback)."""
-    blocks = _FENCE_RE.findall(text)
+    blocks = FENCE_RE.findall(text)
     if blocks:
-        py = [b for lang, b in blocks if lang.lower() in ("python", "py", "python3", "")]
+        py = [b for lang, b in blocks if lang.lower() in PYTHON_FENCES]
         return (py or [b for _, b in blocks])[-1], "fenced_code"
     return (text, "unfenced_code") if text.strip() else (None, "no_answer")
 

@@ -25,6 +25,7 @@ All of it runs under the per-call timeout of ``verifiers.verify`` (signal based,
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import partial
@@ -347,14 +348,19 @@ def _tolerance(ref: Any) -> Tolerance:
     return Tolerance(**values)
 
 
-@register_verifier("math", "science")
-def verify_math(row: TaskRow, text: str) -> Reward:
+def row_equal(row: TaskRow) -> Callable[[str, str], tuple[bool, str]]:
+    """``math_equal`` with the row's options, tolerance and units."""
     ref = row.reference if isinstance(row.reference, dict) else {}
     units = ref.get("units") or []
     if not isinstance(units, list) or not all(isinstance(u, str) for u in units):
         raise ValueError("math reference: units must be a list of words")
-    equal = partial(math_equal, options=task_options(row), tol=_tolerance(row.reference),
-                    extra_units=frozenset(" ".join(u.lower().split()) for u in units))
+    return partial(math_equal, options=task_options(row), tol=_tolerance(row.reference),
+                   extra_units=frozenset(" ".join(u.lower().split()) for u in units))
+
+
+@register_verifier("math", "science")
+def verify_math(row: TaskRow, text: str) -> Reward:
+    equal = row_equal(row)
     golds = gold_answers(row.reference)
     try:
         pred, source = extract_answer(text, ExtractionOptions.from_dict(row.extraction),

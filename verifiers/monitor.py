@@ -15,6 +15,11 @@ it in ``details["domain"]``) and for "all", ``step_metrics`` gives, under "<doma
   that learns to be scored by a fallback shows up here first;
 - ``length_reward_corr``: Pearson correlation of response length and reward (present when
   both vary). A climb means length itself is being rewarded;
+- ``hedge_share``: of the responses their domain's own verdict rewards (the reference
+  grading's score, kept in ``details["reference_score"]`` where strict grading took it), the
+  share whose answer states several candidates (``details["hedged"]``, grading.py): measured
+  under either grading, so a policy learning to hedge shows up whether or not its hedges are
+  paid (present when some rewarded response was checked: every domain with a hedge check);
 - ``rm_rule_disagreement`` (when reward-model scores are given): how often the reward model
   ranks a response that fails the rule check above one that passes it, over all such
   pairs (ties count half): 0 = full agreement, 0.5 = unrelated, 1 = inverted.
@@ -41,6 +46,21 @@ def _fields(r: Reward | Mapping[str, Any]) -> tuple[float, str, str]:
     if isinstance(r, Reward):
         return r.score, r.source, str(r.details.get("domain", "unknown"))
     return float(r.get("score", 0.0)), str(r.get("source", "")), str((r.get("details") or {}).get("domain", "unknown"))
+
+
+def _hedging(r: Reward | Mapping[str, Any]) -> tuple[bool, bool | None]:
+    """(rewarded by its domain's own verdict, its answer hedges; None where no check ran: a
+    domain without one, IFEval, whose strict grading is its own): under strict grading a
+    hedge's score is 0 and ``details["reference_score"]`` the score it had (grading.py)."""
+    details = r.details if isinstance(r, Reward) else (r.get("details") or {})
+    score = r.score if isinstance(r, Reward) else float(r.get("score", 0.0))
+    hedged = details.get("hedged")
+    return float(details.get("reference_score", score)) > 0, None if hedged is None else bool(hedged)
+
+
+def _hedge_share(hedging: Sequence[tuple[bool, bool | None]]) -> float | None:
+    checked = [hedged for paid, hedged in hedging if paid and hedged is not None]
+    return sum(checked) / len(checked) if checked else None
 
 
 def _pearson(xs: Sequence[float], ys: Sequence[float]) -> float | None:
@@ -75,6 +95,7 @@ def step_metrics(rewards: Sequence[Reward | Mapping[str, Any]], lengths: Sequenc
                          + (f" and {len(rm_scores)} rm_scores" if rm_scores is not None else ""))
     groups: dict[str, list[int]] = defaultdict(list)
     fields = [_fields(r) for r in rewards]
+    hedging = [_hedging(r) for r in rewards]
     for i, (_, _, domain) in enumerate(fields):
         groups[domain].append(i)
         groups[ALL].append(i)
@@ -88,6 +109,7 @@ def step_metrics(rewards: Sequence[Reward | Mapping[str, Any]], lengths: Sequenc
             "pass_rate": sum(s >= 1.0 for s in scores) / len(idx),
             "fallback_share": (sum(fields[i][0] for i in idx if fields[i][1] in fallback_sources) / mass) if mass else 0.0,
             "length_reward_corr": _pearson([float(lengths[i]) for i in idx], scores),
+            "hedge_share": _hedge_share([hedging[i] for i in idx]),
         }
         if rm_scores is not None:
             pairs = [(fields[i][0], float(rm_scores[i])) for i in idx if rm_scores[i] is not None]

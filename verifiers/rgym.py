@@ -18,7 +18,9 @@ then the final answer inside ``<answer> </answer>`` (multi-line answers such as 
 in a tag better than in ``\\boxed{}``). ``extract`` reads, from the text after the last
 ``</think>`` (``verifiers.api.verify`` does that split): the last closed ``<answer>`` tag
 ("answer_tag"), else the last ``\\boxed{}`` ("boxed"), else the last "Answer:" / "final
-answer is" line ("answer_is"), else the whole final text when it is short ("whole_text").
+answer is" marker ("answer_is": the rest of its line, or the block below it, as
+``extract.block_after`` reads a grid or table), else the whole final text when it is short
+("whole_text").
 Every scan is linear in the text: hostile responses (megabytes, thousands of nested
 braces) get an answer or a reason, never a timeout. Answers that a family's scorer would
 execute (eval / sympy.parse_expr) are screened first (`rgym_safety.py`).
@@ -28,14 +30,13 @@ from __future__ import annotations
 import importlib
 import json
 import math
-import re
 import signal
 import threading
 from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
-from .extract import NoAnswer
+from .extract import NoAnswer, last_answer_is_block
 from .registry import WORKER_PRELOAD, register_verifier
 from .rgym_safety import unsafe_answer
 from .schema import Reward, TaskRow
@@ -46,6 +47,7 @@ ANSWER_FORMAT = ("Think step by step inside <think> </think>. Then write only yo
                  "<think>\nyour reasoning\n</think>\n<answer>your final answer</answer>")
 MAX_ANSWER_CHARS = 20_000     # an extracted answer longer than this is not scored (no family needs it)
 MAX_WHOLE_TEXT_CHARS = 2_000  # an unmarked final text is taken whole only up to this length
+ROUNDING = 1e-9  # a family score this far outside [0, 1] is float rounding, clamped
 # families whose metadata is not plain JSON: their scorer compares against tuples that
 # JSON turns into lists (ARC grids: `parse_board(answer) == metadata["output"]`)
 TUPLE_GRID_FIELDS = {"arc_agi": ("output",), "rearc": ("output",)}
@@ -55,7 +57,6 @@ EXCLUDED_FAMILIES = {"composite"}
 WORKER_PRELOAD.append("reasoning_gym")  # the pool's workers start with it imported
 
 _OPEN, _CLOSE = "<answer>", "</answer>"
-_ANSWER_LINE_RE = re.compile(r"(?:final\s+answer|answer)\s*(?:is|:)\s*:?[ \t]*([^\n]*)", re.IGNORECASE)
 _BOX = "\\boxed{"
 
 
@@ -104,9 +105,9 @@ def extract(text: str) -> tuple[str, str]:
             if not found.strip():
                 raise NoAnswer(f"the {source.replace('_', ' ')} is empty")
             return found.strip(), source
-    lines = _ANSWER_LINE_RE.findall(text[-MAX_ANSWER_CHARS:])
-    if lines and lines[-1].strip():
-        return lines[-1].strip().strip("*_").strip(), "answer_is"
+    block = last_answer_is_block(text[-MAX_ANSWER_CHARS:])
+    if block and block.strip("*").strip():  # "**Answer:** 5" leaves the bold's closing stars
+        return block.strip("*").strip(), "answer_is"
     whole = text.strip()
     if not whole:
         raise NoAnswer("empty final answer")
@@ -185,7 +186,7 @@ def readings(answer: str) -> list[str]:
     return [answer] if bare == answer or not bare else [answer, bare]
 
 
-def _score(ref: dict[str, Any], family: str, answer: str) -> tuple[float, str, str | None]:
+def score_readings(ref: dict[str, Any], family: str, answer: str) -> tuple[float, str, str | None]:
     """(the family's best score over the answer's readings, that reading, why none could be
     scored or None)."""
     best, best_reading, refused = -1.0, answer, None
@@ -194,8 +195,9 @@ def _score(ref: dict[str, Any], family: str, answer: str) -> tuple[float, str, s
         if refused:
             return 0.0, reading, refused
         raw = family_score(ref, reading)
-        if math.isnan(raw) or not 0.0 <= raw <= 1.0:  # a scorer bug, not a reward
+        if math.isnan(raw) or not -ROUNDING <= raw <= 1.0 + ROUNDING:  # a scorer bug, not a reward
             raise ValueError(f"{family}.score_answer returned {raw!r}")
+        raw = min(max(raw, 0.0), 1.0)  # spell_backward sums 1/n per letter: 1.0000000000000002
         if raw > best:
             best, best_reading = raw, reading
     return best, best_reading, None
@@ -212,7 +214,7 @@ def verify_reasoning_gym(row: TaskRow, text: str) -> Reward:
         return Reward.zero(f"answer of {len(answer)} chars (limit {MAX_ANSWER_CHARS})", source=source)
     family = ref["family"]
     try:
-        raw, answer, refused = _score(ref, family, answer)
+        raw, answer, refused = score_readings(ref, family, answer)
     except KeyError as e:
         return Reward.zero(str(e.args[0]), source="invalid_row")
     except ValueError as e:

@@ -94,8 +94,9 @@ class DistillConfig(StageConfig, _DISTILL_DATA, _DISTILL_GENERATION):
 
 
 KIND = register(StageKind(
-    name="distill", config=DistillConfig, version=2,
+    name="distill", config=DistillConfig, version=3,
     # 2: the bf16 torch engine keeps the rotary frequencies in fp32, as the trainer does
+    # 3: multi-line final answers, logic games' answer tags and markers are read (verifiers/extract.py)
     sources=("stages.distill", "stages.common", "stages.rl.engines", "stages.rl.decoding", "stages.rl.prompts",
              "stages.rl.verified_sampling", "stages.reasoning_rl.data", "verifiers"),
     distributed=False,

@@ -167,8 +167,9 @@ class EvalConfig(StageConfig, GenerationSettings):
 
 
 KIND = register(StageKind(
-    name="eval", config=EvalConfig, version=3,
+    name="eval", config=EvalConfig, version=4,
     # 3: the bf16 torch engine keeps the rotary frequencies in fp32, as the trainer does
+    # 4: multi-line final answers, logic games' answer tags and markers are read (verifiers/extract.py)
     sources=("stages.eval", "stages.common", "stages.rl.engines", "stages.rl.decoding", "stages.rl.prompts",
              "stages.rl.verified_sampling", "stages.reasoning_rl.data", "verifiers"),
     distributed=False,

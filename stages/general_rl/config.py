@@ -140,9 +140,10 @@ class GeneralRLConfig(with_defaults(RLConfig, lr=3e-6)):  # the paper's general-
 
 
 KIND = register(StageKind(
-    name="general_rl", config=GeneralRLConfig, version=3,  # 2: torch engine prefills longest first (other samples per seed)
+    name="general_rl", config=GeneralRLConfig, version=4,  # 2: torch engine prefills longest first (other samples per seed)
     # 3: the reasoning guard scores a row with its own `domain` unless reasoning_eval.domain is set;
     # and the bf16 torch engine keeps the rotary frequencies in fp32, as the trainer does
+    # 4: verified rewards graded strictly in every domain (verifiers/grading.py): a hedged answer earns 0
     sources=("stages.general_rl", "stages.rl", "stages.reward_model", "stages.common", "verifiers"),
     distributed=True, speed="rl",
     description="RLHF: GRPO on a weighted prompt mix, reward model + rule rewards, reasoning guard",

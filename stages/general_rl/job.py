@@ -24,6 +24,7 @@ from stages.general_rl.reasoning_guard import ReasoningGuard
 from stages.general_rl.rewards import GeneralReward
 from stages.reward_model.scoring import RewardScorer
 from stages.rl.prompts import PromptSet, render_prompts
+from stages.rl.settings import reward_grading
 from stages.rl.spec import RLContext, RLSpec
 from stages.rl.trainer import RLTrainer
 from verifiers import VERIFIERS, verify_batch
@@ -63,11 +64,12 @@ def build_reward(ctx: RLContext) -> GeneralReward:
             raise StageError(f"reward_model {cfg.reward_model}: {e}") from None
     return GeneralReward(cfg.reward, cfg.max_len, scorer=scorer, verify_batch=verify_batch,
                          verifier_workers=cfg.verifier_workers, verifier_timeout_s=cfg.verifier_timeout_s,
-                         ifeval_grading=cfg.ifeval_grading)
+                         grading=reward_grading(cfg))
 
 
 def reward_metrics(reward_fn: GeneralReward) -> dict[str, float]:
-    """Means of the reward's parts over the last batch, overall and per source."""
+    """Means of the reward's parts over the last batch, overall and per source, and the reward
+    monitor's metrics of its verified rows."""
     rows, results = reward_fn.last_batch
     if not results:
         return {}
@@ -83,6 +85,7 @@ def reward_metrics(reward_fn: GeneralReward) -> dict[str, float]:
     for s, v in sorted(per.items()):
         out[f"reward_mean_source/{s}"] = sum(v) / len(v)
     out.update(reward_fn.last_seconds)
+    out.update(reward_fn.last_monitor)
     return out
 
 

@@ -13,8 +13,9 @@ in a step makes two groups, normalised apart):
 z_g(x) = (x - mean_g) / (std_g + eps) (population std); a group of one, or whose RM scores
 are all equal, gets 0 (the RM then says nothing about it). With rm_normalization "none",
 the raw score is used. The RM score comes from `stages.reward_model.scoring.RewardScorer`
-(batched on its own device), the rule score from `verifiers.verify_batch` (IFEval rows graded
-with the stage's `ifeval_grading`, strict by default); a row with no
+(batched on its own device), the rule score from `verifiers.verify_batch` (rows graded with the
+stage's `grading`, strict by default: verifiers/grading.py; watched by the reward monitor,
+`verifiers.monitor`, whose per-step metrics are `monitor/<domain>/<name>`); a row with no
 `reference` gets no rule term (general chat prompts are judged by the RM alone), and a row a
 verifier scored gets no RM term unless `rm_on_verified`: a z-scored RM term has unit spread in
 every group while a 0/1 verifier's is at most 0.5, so on checkable rows (math, instruction
@@ -35,7 +36,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from verifiers.ifeval import with_grading
+from stages.common.stage_log import info
+from verifiers.grading import with_grading
+from verifiers.monitor import RewardMonitor
 
 EPS = 1e-6
 
@@ -142,11 +145,13 @@ class GeneralReward:
     `messages`, and `domain` + `reference` when a verifier checks them)."""
 
     def __init__(self, settings: Any, max_len: int, scorer=None, verify_batch=None,
-                 verifier_workers: int = 2, verifier_timeout_s: float = 10.0, ifeval_grading: str = "strict"):
+                 verifier_workers: int = 2, verifier_timeout_s: float = 10.0, grading: str | None = None,
+                 ifeval_grading: str = "strict"):
         if settings.rm_weight > 0 and scorer is None:
             raise ValueError("rm_weight > 0 needs a reward-model scorer")
         self.settings, self.max_len, self.scorer = settings, max_len, scorer
-        self.verify_batch, self.ifeval_grading = verify_batch, ifeval_grading
+        self.verify_batch, self.grading = verify_batch, grading or ifeval_grading  # the setting's earlier name
+        self.monitor, self.last_monitor = RewardMonitor(), {}
         self.workers, self.timeout_s = verifier_workers, verifier_timeout_s
         self.last_seconds: dict[str, float] = {}
         self.last_batch: tuple[list[dict], list[RewardParts]] = ([], [])  # for per-step metrics
@@ -171,12 +176,13 @@ class GeneralReward:
             if self.verify_batch is None:
                 raise ValueError("rows with a reference need a verifier (verify_batch)")
 
-            rewards = self.verify_batch(with_grading([rows[i] for i in checked], self.ifeval_grading),
+            rewards = self.verify_batch(with_grading([rows[i] for i in checked], self.grading),
                                         [str(texts[i]) for i in checked],
                                         num_workers=self.workers, timeout_s=self.timeout_s)
             for i, r in zip(checked, rewards):
                 rule[i] = float(r.score)
                 facts[i].rule_reason = str(getattr(r, "reason", ""))
+            self._watch([rows[i] for i in checked], [str(texts[i]) for i in checked], rewards)
         t1 = time.perf_counter()
         rm: list[float | None] | None = None
         if s.rm_weight > 0:
@@ -191,3 +197,14 @@ class GeneralReward:
         out = combine(rm, rule, facts, s, self.max_len)
         self.last_batch = (list(rows), out)
         return out
+
+    def _watch(self, rows: list[dict], texts: list[str], rewards: list[Any]) -> None:
+        """The reward monitor's step over the verified rows (fallback share, hedge share, ...);
+        a metric that jumps prints a warning the console shows even when quiet."""
+        seen = [{"score": float(r.score), "source": str(getattr(r, "source", "")),
+                 "details": {**(getattr(r, "details", None) or {}), "domain": row.get("domain", "unknown")}}
+                for row, r in zip(rows, rewards)]
+        metrics, warnings = self.monitor.step(seen, [len(t) for t in texts])
+        self.last_monitor = {f"monitor/{k}": v for k, v in metrics.items()}
+        for w in warnings:
+            info(f"general_rl: warning: reward monitor: {w}")

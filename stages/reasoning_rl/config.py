@@ -73,8 +73,10 @@ class ReasoningRLConfig(RLConfig, VerifiableData):
 
 
 KIND = register(StageKind(
-    name="reasoning_rl", config=ReasoningRLConfig, version=3,  # 2: torch engine prefills longest first (other samples per seed)
+    name="reasoning_rl", config=ReasoningRLConfig, version=4,  # 2: torch engine prefills longest first (other samples per seed)
     # 3: the bf16 torch engine keeps the rotary frequencies in fp32, as the trainer does
+    # 4: rewards graded strictly in every domain (verifiers/grading.py): a hedged answer earns 0;
+    #    multi-line final answers are read whole
     sources=("stages.reasoning_rl", "stages.rl", "stages.common", "verifiers"), distributed=True, speed="rl",
     description="RLVR: GRPO with IcePop, C3PO++ rollout scheduling, verifiable rewards",
     metrics=rl_metrics(Curve("icepop/masked_fraction", ("masked_fraction",)))))

@@ -6,7 +6,8 @@ sync), trained by the one RL trainer (stages/rl/trainer.py). What this stage plu
   longer than `prompt_max_len` skipped; sampled by domain, weighted by `domain_weights`
   (default: each domain's row count); every domain needs a registered verifier;
 - reward: the verifiers' score of each response (`verifiers.verify_batch`, in
-  `verifier_workers` processes).
+  `verifier_workers` processes), under the stage's `grading` (strict by default:
+  verifiers/grading.py).
 """
 from __future__ import annotations
 
@@ -19,10 +20,11 @@ from stages.common.stage_log import info
 from stages.reasoning_rl.config import ReasoningRLConfig
 from stages.reasoning_rl.data import load_rows, require_verifiers, rows_by_domain
 from stages.rl.prompts import PromptSet, render_prompts
+from stages.rl.settings import reward_grading
 from stages.rl.spec import RLContext, RLSpec
 from stages.rl.trainer import RLTrainer
 from verifiers import verify_batch
-from verifiers.ifeval import with_grading
+from verifiers.grading import with_grading
 from verifiers.monitor import RewardMonitor
 
 
@@ -49,7 +51,8 @@ def load_prompts(ctx: RLContext) -> PromptSet:
 class MonitoredReward:
     """The verifiers' rewards of one step (`verify_batch`), watched by
     `verifiers.monitor.RewardMonitor`: per domain, the reward mass that came through a fallback
-    extraction path, the length-reward correlation and the pass rate go to the step's metrics
+    extraction path, the share of rewarded answers that hedge (several candidates, under either
+    grading), the length-reward correlation and the pass rate go to the step's metrics
     (`monitor/<domain>/<name>`), and a value that leaves its recent history prints a warning the
     console shows even when quiet: the first signs of a policy learning to game a verifier."""
 
@@ -59,8 +62,8 @@ class MonitoredReward:
 
     def __call__(self, rows: list[dict], texts: list[str], groups: list[str]) -> list[Any]:
         texts = [str(t) for t in texts]
-        rewards = verify_batch(with_grading(rows, self.cfg.ifeval_grading), texts, num_workers=self.cfg.verifier_workers,
-                               timeout_s=self.cfg.verifier_timeout_s)
+        rewards = verify_batch(with_grading(rows, reward_grading(self.cfg)), texts,
+                               num_workers=self.cfg.verifier_workers, timeout_s=self.cfg.verifier_timeout_s)
         metrics, warnings = self.monitor.step(rewards, [len(t) for t in texts])
         self.last = {f"monitor/{k}": v for k, v in metrics.items()}
         for w in warnings:

@@ -227,10 +227,15 @@ class RLConfig(StageConfig, optimizer_settings(lr=2e-6, adam_betas=(0.9, 0.999),
         "MoE policies: the learner routes each token to the experts the rollout engine chose for it "
         "(R3; stages/rl/routing.py), in the theta_old pass and the update; needs rollout.engine torch "
         "and a router type with a replay rule (ring_moe)"))
+    grading: Literal["strict", "reference"] | None = added_later(None, description=(
+        "how the reward grades rows that name no grading, in every domain (verifiers/grading.py): strict (an "
+        "RL reward: an answer stating several candidates, i.e. alternatives, a list or a range where one value "
+        "is asked, several answers that disagree, gets 0; IFEval's lookalike characters, padding, keywords "
+        "inside words, empty shapes too) or reference (each domain's own verdict, as evaluation uses). "
+        "Unset: ifeval_grading's value, strict by default"))
     ifeval_grading: Literal["strict", "reference"] = Field("strict", description=(
-        "grading of IFEval rows that name none: strict (an RL reward: lookalike characters, padding, "
-        "keywords inside words, empty shapes are rejected; verifiers/ifeval_strict.py) or reference "
-        "(lm-eval's verdicts, as evaluation uses)"))
+        "the earlier name of `grading`, from when only IFEval rows had a grading; read where `grading` is unset, "
+        "so recipes that set it keep loading with their stage hashes"))
     checkpoint_every: int = cosmetic(10, ge=1, description="steps between checkpoints")
     sample_rollouts: int = cosmetic(4, ge=0, description="rollouts per step logged as text to MLflow")
 
@@ -261,6 +266,13 @@ class RLConfig(StageConfig, optimizer_settings(lr=2e-6, adam_betas=(0.9, 0.999),
                              f"({', '.join(ROUTE_RECORDING_ENGINES)}); rollout.engine is {self.rollout.engine!r}")
         return self
 
+    @model_validator(mode="after")
+    def _one_grading(self) -> "RLConfig":
+        if self.grading is not None and "ifeval_grading" in self.model_fields_set and self.grading != self.ifeval_grading:
+            raise ValueError(f"grading ({self.grading}) and ifeval_grading ({self.ifeval_grading}), its earlier "
+                             "name, disagree: set only grading")
+        return self
+
     def _check_truncated_sampling(self) -> None:
         """IcePop and TIS compare pi_infer with the trainer's pi_train, the untruncated
         softmax(logits / T): an engine that reports log-probs after top-p / top-k truncation
@@ -287,6 +299,11 @@ class RLConfig(StageConfig, optimizer_settings(lr=2e-6, adam_betas=(0.9, 0.999),
     @property
     def micro_tokens(self) -> int:
         return self.micro_batch_tokens or max(DEFAULT_MICRO_BATCH_TOKENS, self.prompt_max_len + self.max_len)
+
+
+def reward_grading(cfg: Any) -> str:
+    """The grading an RL reward gives rows that name none: `grading`, else `ifeval_grading`."""
+    return getattr(cfg, "grading", None) or cfg.ifeval_grading
 
 
 def rl_metrics(*extra_headline: Curve) -> KindMetrics:

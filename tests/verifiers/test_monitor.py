@@ -74,3 +74,37 @@ def test_jump_rules():
     assert w.startswith("math/pass_rate rose to 0.950")
     (w,) = jump_warnings(history, {"math/pass_rate": 0.1})
     assert "fell" in w
+
+
+def hedging_step(rng, n: int, hedge_share: float, grading: str) -> tuple[list, list]:
+    """Real rewards of right answers, some of them hedged (a wrong answer stated before the right
+    one: the reference reads the last), under `grading`."""
+    row = {**MATH, "grading": grading}
+    texts = ["</think> The answer is 41.\nThe answer is 42." if rng.random() < hedge_share else r"</think> \boxed{42}"
+             for _ in range(n)]
+    return [verify(row, t) for t in texts], [len(t) for t in texts]
+
+
+@pytest.mark.parametrize("grading", ["reference", "strict"])
+def test_hedge_share_is_measured_under_either_grading_and_a_jump_is_warned_about(grading):
+    """The share of the rewarded answers (by their domain's own verdict) that state several
+    candidates: under reference grading the hedges are paid, under strict grading they score 0
+    but are still counted, so a policy learning to hedge shows either way."""
+    rng = random.Random(2)
+    monitor = RewardMonitor(window=10, min_history=5)
+    for step in range(8):
+        metrics, warnings = monitor.step(*hedging_step(rng, 40, hedge_share=0.02, grading=grading))
+        assert metrics["math/hedge_share"] < 0.15 and warnings == [], (step, warnings)
+    metrics, warnings = monitor.step(*hedging_step(rng, 40, hedge_share=0.6, grading=grading))
+    assert 0.4 < metrics["math/hedge_share"] == metrics["all/hedge_share"] < 0.8
+    assert metrics["math/pass_rate"] == (1.0 if grading == "reference" else 1 - metrics["math/hedge_share"])
+    assert any(w.startswith("math/hedge_share rose") for w in warnings), warnings
+
+
+def test_hedge_share_leaves_out_unrewarded_responses_and_needs_a_rewarded_one():
+    wrong_hedge = verify({**MATH, "grading": "strict"}, "</think> The answer is 42.\nThe answer is 41.")
+    right = verify({**MATH, "grading": "strict"}, r"</think> \boxed{42}")
+    assert step_metrics([wrong_hedge, right], [1, 1])["math/hedge_share"] == 0.0
+    assert "math/hedge_share" not in step_metrics([wrong_hedge], [1])
+    as_dicts = [r.model_dump() for r in (right, verify({**MATH, "grading": "strict"}, r"</think> \boxed{42 \approx 41}"))]
+    assert step_metrics(as_dicts, [1, 1])["math/hedge_share"] == 0.5  # rewards as the pool's JSON

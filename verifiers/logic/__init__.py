@@ -6,16 +6,24 @@ from __future__ import annotations
 import json
 import re
 
-from ..extract import find_boxed
+from ..extract import answer_tag_spans, find_boxed, last_answer_is_block
 
 ANSWER_INSTRUCTION = "Think inside <think> </think>, then give only the final answer after </think>."
 
 
 def answer_region(text: str) -> tuple[str, str]:
-    """(the part of the final text that is the answer, its source): the last boxed answer
-    if any ("boxed"), else the whole final text ("whole_text")."""
+    """(the part of the final text that is the answer, its source): the last closed answer
+    tag ("answer_tag"), else the last boxed answer ("boxed"), else the block after the last
+    "answer:" marker ("answer_is": its line, or a grid on the lines below it), else the whole
+    final text ("whole_text")."""
+    tags = answer_tag_spans(text)
+    if tags:
+        return text[tags[-1][0]: tags[-1][1]], "answer_tag"
     boxed = find_boxed(text)
-    return (boxed[-1], "boxed") if boxed else (text, "whole_text")
+    if boxed:
+        return boxed[-1], "boxed"
+    block = last_answer_is_block(text)
+    return (block, "answer_is") if block else (text, "whole_text")
 
 
 def one_line(region: str) -> str | None:
@@ -30,7 +38,7 @@ def parse_int_grids(text: str) -> list[list[list[int]]]:
     rows of numbers separated by spaces/commas/bars, or rows of single digits ("0120").
     A block of consecutive numeric lines is one grid (table rules like "---+---" inside it
     are skipped); text lines separate grids. Verifiers require exactly one."""
-    text = text.replace("\\\\", "\n")
+    text = re.sub(r"\\\\[ \t]*\r?\n?", "\n", text)  # LaTeX's row break, with or without a line break after it
     grids: list[list[list[int]]] = []
     rest, pos = [], 0
     for m in re.finditer(r"\[\s*\[", text):

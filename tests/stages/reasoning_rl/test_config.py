@@ -21,7 +21,7 @@ MIN = {"kind": "reasoning_rl", "model": "m", "data": "d.jsonl", "steps": 10}
 
 def test_registered_with_paper_defaults():
     kind = STAGE_KINDS["reasoning_rl"]
-    assert kind.entry == "stages.reasoning_rl.job" and kind.distributed and kind.version == 3
+    assert kind.entry == "stages.reasoning_rl.job" and kind.distributed and kind.version == 4
     assert kind.sources == ("stages.reasoning_rl", "stages.rl", "stages.common", "verifiers")
     c = ReasoningRLConfig.model_validate(MIN)
     assert (c.lr, c.adam_betas, c.weight_decay, c.kl_coef, c.temperature) == (2e-6, (0.9, 0.999), 0.01, 0.0, 1.0)
